@@ -1,0 +1,19 @@
+//! `testbed`: the harness socialweb's integration tests run on.
+//!
+//! Hosts, nodes and pods are network namespaces on this machine, linked with veth pairs and
+//! bridges. Everything a test creates is named with the `swt-<pid>-` prefix, removed when its
+//! handle drops (also on panic), and swept by the next run if the process was killed. The
+//! harness never changes the root namespace's interfaces, routes or nftables: every command it
+//! issues names the namespace it acts in.
+//!
+//! Tests that use it need root; without root they fail with a message that says so.
+
+pub mod link;
+pub mod netns;
+pub mod probe;
+pub mod process;
+pub mod root;
+pub mod topology;
+
+pub use netns::Netns;
+pub use topology::{Node, Pod, Reach, Topology};
