@@ -1,0 +1,263 @@
+//! The verbs, each a short sequence of store and netlink steps. Every failure after a
+//! reservation undoes what was done, so a failed ADD leaves the node as it found it.
+
+use std::fs::File;
+use std::net::Ipv4Addr;
+
+use sha2::{Digest, Sha256};
+
+use crate::config::{self, NetConf};
+use crate::ipam::{Phase, Request};
+use crate::netlink;
+use crate::spec::{CniError, CniResult, Code, Env, Interface, IpConfig, Route, Verb};
+use crate::store::Store;
+use crate::world::Os;
+
+/// Environment variable that makes ADD stop (sleep) right after it reserved an address, so a
+/// test can kill it there. Only for tests of crash recovery; documented in docs/cni.md.
+pub const FAULT_ENV: &str = "SOCIALWEB_CNI_FAULT";
+
+/// Runs one verb. `Ok(Some(json))` is printed on stdout; `Ok(None)` prints nothing (DEL, GC).
+pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<serde_json::Value>, CniError> {
+    if env.verb == Verb::Version {
+        return Ok(Some(crate::spec::version_result()));
+    }
+    let conf = config::parse(stdin, env.verb)?;
+    match env.verb {
+        Verb::Add => add(env, &conf).map(Some),
+        Verb::Del => del(env, &conf).map(|()| None),
+        Verb::Check => check(env, &conf).map(|()| None),
+        Verb::Status => status(&conf).map(|()| None),
+        Verb::Gc => gc(&conf).map(|()| None),
+        Verb::Version => unreachable!("answered above"),
+    }
+}
+
+/// The host end's name: derived from the attachment, so DEL and GC find it without state.
+pub fn host_veth_name(container_id: &str, ifname: &str) -> String {
+    let digest = Sha256::digest(format!("{container_id}/{ifname}").as_bytes());
+    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    format!("sw{}", &hex[..11])
+}
+
+fn add(env: &Env, conf: &NetConf) -> Result<serde_json::Value, CniError> {
+    let netns_path = env.netns.as_deref().expect("ADD has CNI_NETNS (checked by Env)");
+    let netns = File::open(netns_path).map_err(|e| {
+        CniError::new(Code::ContainerUnknown, format!("CNI_NETNS {netns_path}: {e}"))
+    })?;
+    let os = Os::new();
+    let store = Store::new(&conf.data_dir, &conf.name);
+    let request =
+        Request { container_id: &env.container_id, ifname: &env.ifname, netns: Some(netns_path) };
+    let ip = store.update(|t| {
+        t.reclaim(&os);
+        t.allocate(conf.subnet, conf.gateway, request, os.me(), os.boot_id_str())
+    })?;
+
+    if std::env::var(FAULT_ENV).as_deref() == Ok("hang-after-reserve") {
+        eprintln!("socialweb-cni: {FAULT_ENV}=hang-after-reserve: reserved {ip}, now hanging");
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+
+    match attach(env, conf, &netns, ip) {
+        Ok(result) => {
+            store.update(|t| Ok(t.mark_attached(&env.container_id, &env.ifname)))?;
+            Ok(serde_json::to_value(
+                result.append_to(conf.prev_result.clone()).for_version(&conf.cni_version),
+            )
+            .expect("a result serialises"))
+        }
+        Err(e) => {
+            let host = host_veth_name(&env.container_id, &env.ifname);
+            let _ = netlink::run(None, |h| async move { netlink::delete_link(&h, &host).await });
+            let _ = store.update(|t| Ok(t.release(&env.container_id, &env.ifname)));
+            Err(e)
+        }
+    }
+}
+
+fn attach(env: &Env, conf: &NetConf, netns: &File, ip: Ipv4Addr) -> Result<CniResult, CniError> {
+    let host = host_veth_name(&env.container_id, &env.ifname);
+    let prefix = conf.subnet.prefix_len();
+    let host_name = host.as_str();
+    let (bridge_mac, host_mac) = netlink::run(None, |h| async move {
+        let (bridge_index, bridge_mac) =
+            netlink::ensure_bridge(&h, &conf.bridge, conf.gateway, prefix, conf.mtu).await?;
+        let host_mac = netlink::create_veth(
+            &h,
+            host_name,
+            bridge_index,
+            conf.hairpin,
+            conf.mtu,
+            netns,
+            &env.ifname,
+        )
+        .await?;
+        Ok((bridge_mac, host_mac))
+    })?;
+    let pod_mac = netlink::run(env.netns.as_deref(), |h| async move {
+        netlink::configure_pod_end(&h, &env.ifname, ip, prefix, conf.gateway, conf.default_route)
+            .await
+    })?;
+    let gateway = conf.gateway.to_string();
+    Ok(CniResult {
+        cni_version: conf.cni_version.clone(),
+        interfaces: vec![
+            Interface { name: conf.bridge.clone(), mac: bridge_mac, mtu: None, sandbox: String::new() },
+            Interface { name: host.clone(), mac: host_mac, mtu: Some(conf.mtu), sandbox: String::new() },
+            Interface {
+                name: env.ifname.clone(),
+                mac: pod_mac,
+                mtu: Some(conf.mtu),
+                sandbox: env.netns.clone().unwrap_or_default(),
+            },
+        ],
+        ips: vec![IpConfig {
+            address: format!("{ip}/{prefix}"),
+            gateway: Some(gateway.clone()),
+            interface: Some(2),
+            version: None,
+        }],
+        routes: if conf.default_route {
+            vec![Route { dst: "0.0.0.0/0".into(), gw: Some(gateway) }]
+        } else {
+            Vec::new()
+        },
+        dns: serde_json::Value::Null,
+    })
+}
+
+fn del(env: &Env, conf: &NetConf) -> Result<(), CniError> {
+    let store = Store::new(&conf.data_dir, &conf.name);
+    store.update(|t| Ok(t.release(&env.container_id, &env.ifname)))?;
+    let host = host_veth_name(&env.container_id, &env.ifname);
+    // Deleting the host end deletes the pair, wherever the other end is.
+    netlink::run(None, |h| async move { netlink::delete_link(&h, &host).await })?;
+    if let Some(ns) = env.netns.as_deref().filter(|p| std::path::Path::new(p).exists()) {
+        // A namespace that cannot be entered any more is as good as gone.
+        let _ = netlink::run(Some(ns), |h| async move { netlink::delete_link(&h, &env.ifname).await });
+    }
+    Ok(())
+}
+
+fn check_failed(msg: impl Into<String>) -> CniError {
+    CniError::new(Code::CheckFailed, msg)
+}
+
+fn check(env: &Env, conf: &NetConf) -> Result<(), CniError> {
+    let prev = conf.prev_result.as_ref().ok_or_else(|| {
+        CniError::new(Code::InvalidConfig, "prevResult: is required for CHECK")
+    })?;
+    let sandbox = env.netns.as_deref().unwrap_or_default();
+    let ours = prev
+        .interfaces
+        .iter()
+        .position(|i| i.name == env.ifname && i.sandbox == sandbox)
+        .ok_or_else(|| {
+            check_failed(format!("prevResult has no interface {} in {sandbox}", env.ifname))
+        })?;
+    let want_ip = prev
+        .ips
+        .iter()
+        .find(|ip| ip.interface == Some(ours))
+        .ok_or_else(|| check_failed(format!("prevResult has no address on {}", env.ifname)))?;
+    let want: ipnet::Ipv4Net = want_ip
+        .address
+        .parse()
+        .map_err(|_| check_failed(format!("prevResult address {:?} is not IPv4", want_ip.address)))?;
+
+    let table = Store::new(&conf.data_dir, &conf.name).read()?;
+    match table.get(&env.container_id, &env.ifname) {
+        Some(a) if a.ip == want.addr() && a.phase == Phase::Attached => {}
+        Some(a) => {
+            return Err(check_failed(format!(
+                "the allocation table gives {} to this container, prevResult says {}",
+                a.ip,
+                want.addr()
+            )));
+        }
+        None => return Err(check_failed(format!("no address is allocated to {}", env.container_id))),
+    }
+
+    let host = host_veth_name(&env.container_id, &env.ifname);
+    let ports = netlink::run(None, |h| async move { netlink::bridge_ports(&h, &conf.bridge).await })?;
+    if !ports.contains(&host) {
+        return Err(check_failed(format!("host end {host} is not on bridge {}", conf.bridge)));
+    }
+
+    let end = netlink::run(Some(sandbox), |h| async move {
+        netlink::read_pod_end(&h, &env.ifname).await
+    })?
+    .ok_or_else(|| check_failed(format!("{} is missing from {sandbox}", env.ifname)))?;
+    if !end.up {
+        return Err(check_failed(format!("{} is down", env.ifname)));
+    }
+    if !end.addrs.contains(&(want.addr(), want.prefix_len())) {
+        return Err(check_failed(format!(
+            "{} does not hold {want} (it holds {:?})",
+            env.ifname, end.addrs
+        )));
+    }
+    let want_mac = &prev.interfaces[ours].mac;
+    if !want_mac.is_empty() && *want_mac != end.mac {
+        return Err(check_failed(format!("{} has MAC {}, expected {want_mac}", env.ifname, end.mac)));
+    }
+    if conf.default_route && end.default_gateway != Some(conf.gateway) {
+        return Err(check_failed(format!(
+            "the default route is {:?}, expected via {}",
+            end.default_gateway, conf.gateway
+        )));
+    }
+    Ok(())
+}
+
+fn status(conf: &NetConf) -> Result<(), CniError> {
+    let bridge = conf.bridge.clone();
+    let present = netlink::run(None, |h| async move { netlink::link_by_name(&h, &bridge).await })?;
+    if present.is_none() {
+        return Err(CniError::new(Code::NotAvailable, format!("bridge {} is not present", conf.bridge))
+            .with_details("the node agent creates it once it knows this node's pod CIDR"));
+    }
+    let table = Store::new(&conf.data_dir, &conf.name).read()?;
+    let free = table.free(conf.subnet, conf.gateway);
+    if free == 0 {
+        return Err(CniError::new(Code::NotAvailable, format!("no free address in {}", conf.subnet)));
+    }
+    Ok(())
+}
+
+fn gc(conf: &NetConf) -> Result<(), CniError> {
+    let valid = conf.valid_attachments.as_deref().unwrap_or_default();
+    let os = Os::new();
+    Store::new(&conf.data_dir, &conf.name).update(|t| {
+        t.reclaim(&os);
+        Ok(t.gc(valid, &os))
+    })?;
+    // Host ends this plugin made (sw…) for attachments nobody vouches for.
+    let keep: Vec<String> =
+        valid.iter().map(|a| host_veth_name(&a.container_id, &a.ifname)).collect();
+    netlink::run(None, |h| async move {
+        for port in netlink::bridge_ports(&h, &conf.bridge).await? {
+            if port.starts_with("sw") && port.len() == 13 && !keep.contains(&port) {
+                netlink::delete_link(&h, &port).await?;
+            }
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_names_are_stable_short_and_distinct() {
+        let a = host_veth_name("abc", "eth0");
+        assert_eq!(a, host_veth_name("abc", "eth0"));
+        assert_eq!(a.len(), 13);
+        assert_ne!(a, host_veth_name("abc", "eth1"));
+        assert_ne!(a, host_veth_name("abd", "eth0"));
+    }
+}
