@@ -34,8 +34,15 @@ const STANDARD_KEYS: &[&str] = &[
 ];
 
 /// Keys of this plugin.
-const OWN_KEYS: &[&str] =
-    &["bridge", "subnet", "gateway", "mtu", "hairpinMode", "isDefaultGateway", "dataDir"];
+const OWN_KEYS: &[&str] = &[
+    "bridge",
+    "subnet",
+    "gateway",
+    "mtu",
+    "hairpinMode",
+    "isDefaultGateway",
+    "dataDir",
+];
 
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,11 +105,17 @@ pub fn peek_version(stdin: &[u8]) -> Option<String> {
 /// Parses and validates a configuration for `verb`.
 pub fn parse(stdin: &[u8], verb: Verb) -> Result<NetConf, CniError> {
     let value: serde_json::Value = serde_json::from_slice(stdin).map_err(|e| {
-        CniError::new(Code::Decode, "the network configuration on stdin is not valid JSON")
-            .with_details(e.to_string())
+        CniError::new(
+            Code::Decode,
+            "the network configuration on stdin is not valid JSON",
+        )
+        .with_details(e.to_string())
     })?;
     let object = value.as_object().ok_or_else(|| {
-        CniError::new(Code::Decode, "the network configuration on stdin is not a JSON object")
+        CniError::new(
+            Code::Decode,
+            "the network configuration on stdin is not a JSON object",
+        )
     })?;
     for (key, val) in object {
         if !STANDARD_KEYS.contains(&key.as_str()) && !OWN_KEYS.contains(&key.as_str()) {
@@ -119,19 +132,30 @@ pub fn parse(stdin: &[u8], verb: Verb) -> Result<NetConf, CniError> {
         }
     }
     let raw: Raw = serde_json::from_value(value).map_err(|e| {
-        CniError::new(Code::Decode, "the network configuration has a field of the wrong type")
-            .with_details(e.to_string())
+        CniError::new(
+            Code::Decode,
+            "the network configuration has a field of the wrong type",
+        )
+        .with_details(e.to_string())
     })?;
 
-    let cni_version = raw.cni_version.ok_or_else(|| invalid("cniVersion", "is required"))?;
+    let cni_version = raw
+        .cni_version
+        .ok_or_else(|| invalid("cniVersion", "is required"))?;
     check_version(&cni_version, verb)?;
     let name = raw.name.ok_or_else(|| invalid("name", "is required"))?;
     if name.is_empty() || name.contains('/') || name.starts_with('.') {
-        return Err(invalid("name", format!("{name:?} is not a usable network name")));
+        return Err(invalid(
+            "name",
+            format!("{name:?} is not a usable network name"),
+        ));
     }
     let bridge = raw.bridge.unwrap_or_else(|| DEFAULT_BRIDGE.to_string());
     if bridge.is_empty() || bridge.len() > 15 || bridge.contains('/') {
-        return Err(invalid("bridge", format!("{bridge:?} is not a valid interface name")));
+        return Err(invalid(
+            "bridge",
+            format!("{bridge:?} is not a valid interface name"),
+        ));
     }
 
     let subnet_text = raw.subnet.ok_or_else(|| invalid("subnet", "is required"))?;
@@ -148,14 +172,21 @@ pub fn parse(stdin: &[u8], verb: Verb) -> Result<NetConf, CniError> {
         ));
     }
     if subnet.prefix_len() > 30 {
-        return Err(invalid("subnet", format!("{subnet_text:?} has no room for pods (/30 at most)")));
+        return Err(invalid(
+            "subnet",
+            format!("{subnet_text:?} has no room for pods (/30 at most)"),
+        ));
     }
     let gateway = match raw.gateway {
         Some(g) => {
-            let gw: Ipv4Addr =
-                g.parse().map_err(|_| invalid("gateway", format!("{g:?} is not an IPv4 address")))?;
+            let gw: Ipv4Addr = g
+                .parse()
+                .map_err(|_| invalid("gateway", format!("{g:?} is not an IPv4 address")))?;
             if !subnet.contains(&gw) || gw == subnet.network() || gw == subnet.broadcast() {
-                return Err(invalid("gateway", format!("{g} is not a host address of {subnet}")));
+                return Err(invalid(
+                    "gateway",
+                    format!("{g} is not a host address of {subnet}"),
+                ));
             }
             gw
         }
@@ -168,7 +199,8 @@ pub fn parse(stdin: &[u8], verb: Verb) -> Result<NetConf, CniError> {
     let prev_result = match raw.prev_result {
         None | Some(serde_json::Value::Null) => None,
         Some(v) => Some(serde_json::from_value(v).map_err(|e| {
-            CniError::new(Code::Decode, "prevResult is not a CNI result").with_details(e.to_string())
+            CniError::new(Code::Decode, "prevResult is not a CNI result")
+                .with_details(e.to_string())
         })?),
     };
     if verb == Verb::Gc && raw.valid_attachments.is_none() {
@@ -216,25 +248,76 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let cases = [
-            (r#"{"cniVersion":"1.1.0","name":"p","subnet":"10.42.3.7/24"}"#, Code::InvalidConfig, "subnet"),
-            (r#"{"cniVersion":"1.1.0","name":"p","subnet":"banana"}"#, Code::InvalidConfig, "subnet"),
-            (r#"{"cniVersion":"1.1.0","name":"p"}"#, Code::InvalidConfig, "subnet"),
-            (r#"{"cniVersion":"1.1.0","subnet":"10.0.0.0/24"}"#, Code::InvalidConfig, "name"),
-            (r#"{"name":"p","subnet":"10.0.0.0/24"}"#, Code::InvalidConfig, "cniVersion"),
-            (r#"{"cniVersion":"0.2.0","name":"p","subnet":"10.0.0.0/24"}"#, Code::IncompatibleVersion, "0.2.0"),
-            (r#"{"cniVersion":"1.1.0","name":"p","subnet":"10.0.0.0/24","gateway":"10.0.1.1"}"#, Code::InvalidConfig, "gateway"),
-            (r#"{"cniVersion":"1.1.0","name":"p","subnet":"10.0.0.0/24","mtu":100}"#, Code::InvalidConfig, "mtu"),
-            (r#"{"cniVersion":"1.1.0","name":"p","subnet":"10.0.0.0/24","subnett":"x"}"#, Code::UnsupportedField, "subnett"),
-            (r#"{"cniVersion":"1.1.0","name":"p","subnet":"10.0.0.0/24","ipam":{}}"#, Code::UnsupportedField, "ipam"),
-            (r#"{"cniVersion":"1.1.0","name":"p","subnet":"10.0.0.0/24","mtu":"big"}"#, Code::Decode, "type"),
-            (r#"{"cniVersion":"1.1.0","name":"p","subnet":"10.0.0.0/31"}"#, Code::InvalidConfig, "subnet"),
+            (
+                r#"{"cniVersion":"1.1.0","name":"p","subnet":"10.42.3.7/24"}"#,
+                Code::InvalidConfig,
+                "subnet",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"p","subnet":"banana"}"#,
+                Code::InvalidConfig,
+                "subnet",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"p"}"#,
+                Code::InvalidConfig,
+                "subnet",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","subnet":"10.0.0.0/24"}"#,
+                Code::InvalidConfig,
+                "name",
+            ),
+            (
+                r#"{"name":"p","subnet":"10.0.0.0/24"}"#,
+                Code::InvalidConfig,
+                "cniVersion",
+            ),
+            (
+                r#"{"cniVersion":"0.2.0","name":"p","subnet":"10.0.0.0/24"}"#,
+                Code::IncompatibleVersion,
+                "0.2.0",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"p","subnet":"10.0.0.0/24","gateway":"10.0.1.1"}"#,
+                Code::InvalidConfig,
+                "gateway",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"p","subnet":"10.0.0.0/24","mtu":100}"#,
+                Code::InvalidConfig,
+                "mtu",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"p","subnet":"10.0.0.0/24","subnett":"x"}"#,
+                Code::UnsupportedField,
+                "subnett",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"p","subnet":"10.0.0.0/24","ipam":{}}"#,
+                Code::UnsupportedField,
+                "ipam",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"p","subnet":"10.0.0.0/24","mtu":"big"}"#,
+                Code::Decode,
+                "type",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"p","subnet":"10.0.0.0/31"}"#,
+                Code::InvalidConfig,
+                "subnet",
+            ),
             ("{not json", Code::Decode, "JSON"),
             ("[1,2]", Code::Decode, "object"),
         ];
         for (json, code, needle) in cases {
             let e = conf(json).unwrap_err();
             assert_eq!(e.code, code, "{json}: {e}");
-            assert!(e.to_string().contains(needle), "{json}: {e} should mention {needle}");
+            assert!(
+                e.to_string().contains(needle),
+                "{json}: {e} should mention {needle}"
+            );
         }
     }
 
@@ -244,8 +327,10 @@ mod tests {
         let e = parse(format!("{base}}}").as_bytes(), Verb::Gc).unwrap_err();
         assert!(e.msg.contains("cni.dev/valid-attachments"));
         let c = parse(
-            format!(r#"{base},"cni.dev/valid-attachments":[{{"containerID":"a","ifname":"eth0"}}]}}"#)
-                .as_bytes(),
+            format!(
+                r#"{base},"cni.dev/valid-attachments":[{{"containerID":"a","ifname":"eth0"}}]}}"#
+            )
+            .as_bytes(),
             Verb::Gc,
         )
         .unwrap();
@@ -254,7 +339,42 @@ mod tests {
 
     #[test]
     fn the_version_is_read_even_from_a_broken_document() {
-        assert_eq!(peek_version(br#"{"cniVersion":"1.0.0","subnet":7}"#).as_deref(), Some("1.0.0"));
+        assert_eq!(
+            peek_version(br#"{"cniVersion":"1.0.0","subnet":7}"#).as_deref(),
+            Some("1.0.0")
+        );
         assert_eq!(peek_version(b"{nope"), None);
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Arbitrary bytes on stdin: an error result, never a panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            for verb in [Verb::Add, Verb::Del, Verb::Check, Verb::Status, Verb::Gc] {
+                let _ = parse(&bytes, verb);
+            }
+            let _ = peek_version(&bytes);
+        }
+
+        /// Structurally valid JSON with arbitrary values in our fields.
+        #[test]
+        fn arbitrary_field_values_never_panic(
+            subnet in ".{0,24}", gateway in ".{0,20}", mtu in any::<i64>(),
+            bridge in ".{0,20}", name in ".{0,20}",
+        ) {
+            let doc = serde_json::json!({
+                "cniVersion": "1.1.0", "name": name, "subnet": subnet, "gateway": gateway,
+                "mtu": mtu, "bridge": bridge,
+            });
+            let _ = parse(doc.to_string().as_bytes(), Verb::Add);
+        }
     }
 }

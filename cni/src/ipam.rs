@@ -32,7 +32,11 @@ pub struct Table {
 
 impl Default for Table {
     fn default() -> Table {
-        Table { format: FORMAT, last: None, allocations: Vec::new() }
+        Table {
+            format: FORMAT,
+            last: None,
+            allocations: Vec::new(),
+        }
     }
 }
 
@@ -93,7 +97,8 @@ impl Table {
 
     /// The allocation of a (container, interface), if any.
     pub fn get(&self, container_id: &str, ifname: &str) -> Option<&Allocation> {
-        self.find(container_id, ifname).map(|i| &self.allocations[i])
+        self.find(container_id, ifname)
+            .map(|i| &self.allocations[i])
     }
 
     /// Drops allocations that cannot be in use: made in an earlier boot, or reserved by a
@@ -111,8 +116,10 @@ impl Table {
             if let Phase::Reserved { owner } = a.phase
                 && !world.alive(owner)
             {
-                let attached =
-                    a.netns.as_deref().is_some_and(|ns| world.holds(ns, &a.ifname, a.ip));
+                let attached = a
+                    .netns
+                    .as_deref()
+                    .is_some_and(|ns| world.holds(ns, &a.ifname, a.ip));
                 if !attached {
                     dropped.push((a, Reclaimed::AbandonedReservation));
                     continue;
@@ -169,13 +176,15 @@ impl Table {
             self.last = Some(candidate);
             return Ok(candidate);
         }
-        Err(CniError::new(Code::PoolExhausted, format!("no free address in {subnet}"))
-            .with_details(format!(
-                "{} of {} host addresses are allocated and the gateway {gateway} is reserved; \
+        Err(
+            CniError::new(Code::PoolExhausted, format!("no free address in {subnet}"))
+                .with_details(format!(
+                    "{} of {} host addresses are allocated and the gateway {gateway} is reserved; \
                  delete pods, or give the node a larger pod CIDR",
-                used.len(),
-                size
-            )))
+                    used.len(),
+                    size
+                )),
+        )
     }
 
     /// Marks the allocation of (container, interface) as attached.
@@ -191,17 +200,22 @@ impl Table {
 
     /// Releases the allocation of (container, interface); releasing twice is not an error.
     pub fn release(&mut self, container_id: &str, ifname: &str) -> Option<Allocation> {
-        self.find(container_id, ifname).map(|i| self.allocations.remove(i))
+        self.find(container_id, ifname)
+            .map(|i| self.allocations.remove(i))
     }
 
     /// Releases every allocation the runtime no longer vouches for, except reservations of
     /// ADDs still running (the runtime cannot list an attachment it has not been told of).
     pub fn gc(&mut self, valid: &[Attachment], world: &dyn World) -> Vec<Allocation> {
         let (keep, drop): (Vec<Allocation>, Vec<Allocation>) =
-            std::mem::take(&mut self.allocations).into_iter().partition(|a| {
-                valid.iter().any(|v| v.container_id == a.container_id && v.ifname == a.ifname)
-                    || matches!(a.phase, Phase::Reserved { owner } if world.alive(owner))
-            });
+            std::mem::take(&mut self.allocations)
+                .into_iter()
+                .partition(|a| {
+                    valid
+                        .iter()
+                        .any(|v| v.container_id == a.container_id && v.ifname == a.ifname)
+                        || matches!(a.phase, Phase::Reserved { owner } if world.alive(owner))
+                });
         self.allocations = keep;
         drop
     }
@@ -251,13 +265,24 @@ mod tests {
     }
 
     fn world(alive: &[u32]) -> FakeWorld {
-        FakeWorld { boot: "b1".into(), alive: alive.iter().copied().collect(), holds: HashSet::new() }
+        FakeWorld {
+            boot: "b1".into(),
+            alive: alive.iter().copied().collect(),
+            holds: HashSet::new(),
+        }
     }
 
-    const ME: Owner = Owner { pid: 1, start_time: 1 };
+    const ME: Owner = Owner {
+        pid: 1,
+        start_time: 1,
+    };
 
     fn req(id: &str) -> Request<'_> {
-        Request { container_id: id, ifname: "eth0", netns: Some("/run/netns/x") }
+        Request {
+            container_id: id,
+            ifname: "eth0",
+            netns: Some("/run/netns/x"),
+        }
     }
 
     fn net(s: &str) -> Ipv4Net {
@@ -271,7 +296,10 @@ mod tests {
         let mut t = Table::default();
         let mut got = Vec::new();
         for i in 0..5 {
-            got.push(t.allocate(subnet, gw, req(&format!("c{i}")), ME, "b1").unwrap());
+            got.push(
+                t.allocate(subnet, gw, req(&format!("c{i}")), ME, "b1")
+                    .unwrap(),
+            );
         }
         let want: Vec<Ipv4Addr> = (2..=6).map(|h| Ipv4Addr::new(10, 0, 0, h)).collect();
         assert_eq!(got, want);
@@ -286,8 +314,12 @@ mod tests {
         let subnet = net("10.0.0.0/29");
         let gw = Ipv4Addr::new(10, 0, 0, 3);
         let mut t = Table::default();
-        let got: Vec<_> =
-            (0..5).map(|i| t.allocate(subnet, gw, req(&format!("c{i}")), ME, "b1").unwrap()).collect();
+        let got: Vec<_> = (0..5)
+            .map(|i| {
+                t.allocate(subnet, gw, req(&format!("c{i}")), ME, "b1")
+                    .unwrap()
+            })
+            .collect();
         assert!(!got.contains(&gw));
         assert!(got.contains(&Ipv4Addr::new(10, 0, 0, 1)));
     }
@@ -309,7 +341,10 @@ mod tests {
         let gw = Ipv4Addr::new(10, 0, 0, 1);
         let a = t.allocate(s, gw, req("a"), ME, "b1").unwrap();
         assert!(t.release("a", "eth0").is_some());
-        assert!(t.release("a", "eth0").is_none(), "a second release is a no-op");
+        assert!(
+            t.release("a", "eth0").is_none(),
+            "a second release is a no-op"
+        );
         let b = t.allocate(s, gw, req("b"), ME, "b1").unwrap();
         assert_ne!(a, b);
     }
@@ -332,7 +367,10 @@ mod tests {
         let mut t = Table::default();
         let s = net("10.0.0.0/24");
         let gw = Ipv4Addr::new(10, 0, 0, 1);
-        let dead = Owner { pid: 99, start_time: 5 };
+        let dead = Owner {
+            pid: 99,
+            start_time: 5,
+        };
         let lost = t.allocate(s, gw, req("crashed-early"), dead, "b1").unwrap();
         let held = t.allocate(s, gw, req("crashed-late"), dead, "b1").unwrap();
         let mut w = world(&[1]);
@@ -341,7 +379,10 @@ mod tests {
         assert_eq!(dropped.len(), 1);
         assert_eq!(dropped[0].0.ip, lost);
         assert_eq!(dropped[0].1, Reclaimed::AbandonedReservation);
-        assert_eq!(t.get("crashed-late", "eth0").unwrap().phase, Phase::Attached);
+        assert_eq!(
+            t.get("crashed-late", "eth0").unwrap().phase,
+            Phase::Attached
+        );
     }
 
     #[test]
@@ -349,7 +390,10 @@ mod tests {
         let mut t = Table::default();
         let s = net("10.0.0.0/24");
         let gw = Ipv4Addr::new(10, 0, 0, 1);
-        let busy = Owner { pid: 7, start_time: 1 };
+        let busy = Owner {
+            pid: 7,
+            start_time: 1,
+        };
         t.allocate(s, gw, req("in-flight"), busy, "b1").unwrap();
         t.allocate(s, gw, req("valid"), ME, "b1").unwrap();
         t.mark_attached("valid", "eth0");
@@ -357,16 +401,32 @@ mod tests {
         t.mark_attached("stale", "eth0");
         let w = world(&[1, 7]);
         assert!(t.reclaim(&w).is_empty());
-        let valid = [Attachment { container_id: "valid".into(), ifname: "eth0".into() }];
+        let valid = [Attachment {
+            container_id: "valid".into(),
+            ifname: "eth0".into(),
+        }];
         let dropped = t.gc(&valid, &w);
-        assert_eq!(dropped.iter().map(|a| a.container_id.as_str()).collect::<Vec<_>>(), ["stale"]);
+        assert_eq!(
+            dropped
+                .iter()
+                .map(|a| a.container_id.as_str())
+                .collect::<Vec<_>>(),
+            ["stale"]
+        );
         assert_eq!(t.allocations.len(), 2);
     }
 
     #[test]
     fn the_table_round_trips_through_json() {
         let mut t = Table::default();
-        t.allocate(net("10.0.0.0/24"), Ipv4Addr::new(10, 0, 0, 1), req("c"), ME, "b1").unwrap();
+        t.allocate(
+            net("10.0.0.0/24"),
+            Ipv4Addr::new(10, 0, 0, 1),
+            req("c"),
+            ME,
+            "b1",
+        )
+        .unwrap();
         let text = serde_json::to_string(&t).unwrap();
         assert_eq!(serde_json::from_str::<Table>(&text).unwrap(), t);
     }

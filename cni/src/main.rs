@@ -22,7 +22,13 @@ use socialweb_cni::{config, plugin};
 /// /var/lib/cni/socialweb). The node agent writes the configuration to
 /// /etc/cni/net.d/10-socialweb.conflist. Reference: docs/cni.md.
 #[derive(Debug, Parser)]
-#[command(name = "socialweb-cni", version, about, long_about, verbatim_doc_comment)]
+#[command(
+    name = "socialweb-cni",
+    version,
+    about,
+    long_about,
+    verbatim_doc_comment
+)]
 struct Cli {}
 
 fn main() {
@@ -33,13 +39,19 @@ fn main() {
             let _ = <Cli as clap::CommandFactory>::command().print_long_help();
             std::process::exit(2);
         }
-        fail(CURRENT_VERSION, &CniError::new(Code::InvalidEnvironment, "CNI_COMMAND is not set"));
+        fail(
+            CURRENT_VERSION,
+            &CniError::new(Code::InvalidEnvironment, "CNI_COMMAND is not set"),
+        );
     };
     let mut stdin = Vec::new();
     if (verb != "VERSION" || !std::io::stdin().is_terminal())
         && let Err(e) = std::io::stdin().read_to_end(&mut stdin)
     {
-        fail(CURRENT_VERSION, &CniError::new(Code::Io, format!("reading stdin: {e}")));
+        fail(
+            CURRENT_VERSION,
+            &CniError::new(Code::Io, format!("reading stdin: {e}")),
+        );
     }
     let version = config::peek_version(&stdin).unwrap_or_else(|| CURRENT_VERSION.to_string());
     let env = match Env::from_lookup(|k| std::env::var(k).ok()) {

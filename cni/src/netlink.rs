@@ -9,10 +9,13 @@ use std::os::fd::AsRawFd;
 
 use futures_util::TryStreamExt;
 use netlink_packet_route::address::AddressAttribute;
-use netlink_packet_route::link::{LinkAttribute, LinkMessage};
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage};
 use netlink_packet_route::route::{RouteAddress, RouteAttribute};
 use nix::sched::{CloneFlags, setns};
-use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use rtnetlink::{
+    Handle, LinkBridge, LinkBridgePort, LinkMessageBuilder, LinkUnspec, LinkVeth,
+    RouteMessageBuilder,
+};
 
 use crate::spec::{CniError, Code};
 
@@ -38,7 +41,10 @@ where
 {
     let ns_file = match netns {
         Some(path) => Some(File::open(path).map_err(|e| {
-            CniError::new(Code::ContainerUnknown, format!("network namespace {path}: {e}"))
+            CniError::new(
+                Code::ContainerUnknown,
+                format!("network namespace {path}: {e}"),
+            )
         })?),
         None => None,
     };
@@ -67,7 +73,14 @@ where
 
 /// A link by name, or `None` if there is none.
 pub async fn link_by_name(h: &Handle, name: &str) -> Result<Option<LinkMessage>, CniError> {
-    match h.link().get().match_name(name.to_string()).execute().try_next().await {
+    match h
+        .link()
+        .get()
+        .match_name(name.to_string())
+        .execute()
+        .try_next()
+        .await
+    {
         Ok(link) => Ok(link),
         Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(None),
         Err(e) => Err(nl(format!("looking up {name}"), e)),
@@ -103,7 +116,10 @@ fn name_of(link: &LinkMessage) -> String {
 }
 
 pub fn format_mac(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(":")
+    b.iter()
+        .map(|x| format!("{x:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// The MAC a pod interface gets: `0a:58` followed by its IPv4 address, so the same address
@@ -134,23 +150,27 @@ pub async fn ensure_bridge(
         .await?
         .ok_or_else(|| CniError::new(Code::Netlink, format!("bridge {name} vanished")))?;
     let index = link.header.index;
-    let has_gw = h
-        .address()
-        .get()
-        .set_link_index_filter(index)
-        .execute()
-        .try_filter(|m| {
-            let found = m.attributes.iter().any(|a| {
-                matches!(a, AddressAttribute::Address(IpAddr::V4(ip)) if *ip == gateway)
-            });
-            std::future::ready(found)
-        })
-        .try_next()
-        .await
-        .map_err(|e| nl(format!("reading addresses of {name}"), e))?
-        .is_some();
+    let has_gw =
+        h.address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_filter(|m| {
+                let found = m.attributes.iter().any(
+                    |a| matches!(a, AddressAttribute::Address(IpAddr::V4(ip)) if *ip == gateway),
+                );
+                std::future::ready(found)
+            })
+            .try_next()
+            .await
+            .map_err(|e| nl(format!("reading addresses of {name}"), e))?
+            .is_some();
     if !has_gw
-        && let Err(e) = h.address().add(index, IpAddr::V4(gateway), prefix).execute().await
+        && let Err(e) = h
+            .address()
+            .add(index, IpAddr::V4(gateway), prefix)
+            .execute()
+            .await
         && errno(&e) != Some(libc::EEXIST)
     {
         return Err(nl(format!("adding {gateway}/{prefix} to {name}"), e));
@@ -164,7 +184,7 @@ pub async fn ensure_bridge(
 }
 
 /// Creates the veth pair: `host` stays here, on the bridge, up, with hairpin as asked; the
-/// other end moves into the namespace open as `netns` and is renamed `ifname` there.
+/// other end is `ifname` in the namespace open as `netns`.
 /// Returns the host end's MAC.
 pub async fn create_veth(
     h: &Handle,
@@ -175,37 +195,41 @@ pub async fn create_veth(
     netns: &File,
     ifname: &str,
 ) -> Result<String, CniError> {
-    // The peer gets a temporary name unique to this pair, since two ADDs may both be
-    // creating an `eth0` in the host namespace at the same moment.
-    let temp = format!("{host}p");
-    let msg = LinkVeth::new(host, &temp).mtu(mtu).build();
+    // The peer is created directly inside the container's namespace under its final name
+    // (IFLA_NET_NS_FD on the peer): moving a device between namespaces afterwards costs an RCU
+    // grace period, which doubled ADD's latency when this created it here and moved it.
+    let peer = LinkMessageBuilder::<LinkUnspec>::new()
+        .name(ifname.to_string())
+        .mtu(mtu)
+        .setns_by_fd(netns.as_raw_fd())
+        .build();
+    let msg = LinkMessageBuilder::<LinkVeth>::new_with_info_kind(InfoKind::Veth)
+        .name(host.to_string())
+        .mtu(mtu)
+        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
+        .build();
     if let Err(e) = h.link().add(msg).execute().await {
         let hint = if errno(&e) == Some(libc::EEXIST) {
             " (an interface of that name exists: a DEL for this container was missed?)"
         } else {
             ""
         };
-        return Err(nl(format!("creating veth {host}{hint}"), e));
+        return Err(nl(
+            format!("creating veth {host} with {ifname} in the container{hint}"),
+            e,
+        ));
     }
-    let peer = link_by_name(h, &temp)
-        .await?
-        .ok_or_else(|| CniError::new(Code::Netlink, format!("veth peer {temp} vanished")))?;
-    h.link()
-        .set(
-            LinkUnspec::new_with_index(peer.header.index)
-                .setns_by_fd(netns.as_raw_fd())
-                .name(ifname.to_string())
-                .build(),
-        )
-        .execute()
-        .await
-        .map_err(|e| nl(format!("moving {temp} into the container as {ifname}"), e))?;
     let host_link = link_by_name(h, host)
         .await?
         .ok_or_else(|| CniError::new(Code::Netlink, format!("veth {host} vanished")))?;
     let index = host_link.header.index;
     h.link()
-        .set(LinkUnspec::new_with_index(index).controller(bridge_index).up().build())
+        .set(
+            LinkUnspec::new_with_index(index)
+                .controller(bridge_index)
+                .up()
+                .build(),
+        )
         .execute()
         .await
         .map_err(|e| nl(format!("attaching {host} to the bridge"), e))?;
@@ -217,7 +241,8 @@ pub async fn create_veth(
     Ok(mac_of(&host_link))
 }
 
-/// Inside the container: sets the MAC, brings `ifname` up, adds the address and, if asked,
+/// Inside the container: sets the MAC and MTU (a veth peer does not inherit the MTU the pair
+/// was created with), brings `ifname` up, adds the address and, if asked,
 /// the default route. Returns the interface's MAC.
 pub async fn configure_pod_end(
     h: &Handle,
@@ -226,6 +251,7 @@ pub async fn configure_pod_end(
     prefix: u8,
     gateway: Ipv4Addr,
     default_route: bool,
+    mtu: u32,
 ) -> Result<String, CniError> {
     let link = link_by_name(h, ifname)
         .await?
@@ -233,7 +259,13 @@ pub async fn configure_pod_end(
     let index = link.header.index;
     let mac = mac_for(ip);
     h.link()
-        .set(LinkUnspec::new_with_index(index).address(mac.to_vec()).up().build())
+        .set(
+            LinkUnspec::new_with_index(index)
+                .address(mac.to_vec())
+                .mtu(mtu)
+                .up()
+                .build(),
+        )
         .execute()
         .await
         .map_err(|e| nl(format!("setting {ifname} up"), e))?;
@@ -256,14 +288,14 @@ pub async fn configure_pod_end(
     Ok(format_mac(&mac))
 }
 
-/// Deletes a link by name; a missing link is not an error.
-pub async fn delete_link(h: &Handle, name: &str) -> Result<(), CniError> {
+/// Deletes a link by name; a missing link is not an error. Returns whether it existed.
+pub async fn delete_link(h: &Handle, name: &str) -> Result<bool, CniError> {
     let Some(link) = link_by_name(h, name).await? else {
-        return Ok(());
+        return Ok(false);
     };
     match h.link().del(link.header.index).execute().await {
-        Ok(()) => Ok(()),
-        Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(false),
         Err(e) => Err(nl(format!("deleting {name}"), e)),
     }
 }
@@ -307,7 +339,10 @@ pub async fn read_pod_end(h: &Handle, ifname: &str) -> Result<Option<PodEnd>, Cn
         LinkAttribute::Mtu(m) => Some(*m),
         _ => None,
     });
-    let up = link.header.flags.contains(netlink_packet_route::link::LinkFlags::Up);
+    let up = link
+        .header
+        .flags
+        .contains(netlink_packet_route::link::LinkFlags::Up);
     let addrs = h
         .address()
         .get()
@@ -336,23 +371,35 @@ pub async fn read_pod_end(h: &Handle, ifname: &str) -> Result<Option<PodEnd>, Cn
         if r.header.destination_prefix_length != 0 {
             return None;
         }
-        let oif = r.attributes.iter().any(|a| matches!(a, RouteAttribute::Oif(i) if *i == index));
+        let oif = r
+            .attributes
+            .iter()
+            .any(|a| matches!(a, RouteAttribute::Oif(i) if *i == index));
         let gw = r.attributes.iter().find_map(|a| match a {
             RouteAttribute::Gateway(RouteAddress::Inet(g)) => Some(*g),
             _ => None,
         });
         if oif { gw } else { None }
     });
-    Ok(Some(PodEnd { mac: mac_of(&link), mtu, up, addrs, default_gateway }))
+    Ok(Some(PodEnd {
+        mac: mac_of(&link),
+        mtu,
+        up,
+        addrs,
+        default_gateway,
+    }))
 }
 
 /// Whether the namespace at `netns` exists and its `ifname` holds `ip` (best effort: any
 /// failure to look is "no").
 pub fn netns_holds(netns: &str, ifname: &str, ip: Ipv4Addr) -> bool {
-    run(Some(netns), |h| async move { read_pod_end(&h, ifname).await })
-        .ok()
-        .flatten()
-        .is_some_and(|end| end.addrs.iter().any(|(a, _)| *a == ip))
+    run(
+        Some(netns),
+        |h| async move { read_pod_end(&h, ifname).await },
+    )
+    .ok()
+    .flatten()
+    .is_some_and(|end| end.addrs.iter().any(|(a, _)| *a == ip))
 }
 
 #[cfg(test)]
@@ -361,6 +408,9 @@ mod tests {
 
     #[test]
     fn macs_follow_the_address() {
-        assert_eq!(format_mac(&mac_for(Ipv4Addr::new(10, 42, 1, 5))), "0a:58:0a:2a:01:05");
+        assert_eq!(
+            format_mac(&mac_for(Ipv4Addr::new(10, 42, 1, 5))),
+            "0a:58:0a:2a:01:05"
+        );
     }
 }

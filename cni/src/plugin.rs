@@ -41,17 +41,32 @@ pub fn host_veth_name(container_id: &str, ifname: &str) -> String {
 }
 
 fn add(env: &Env, conf: &NetConf) -> Result<serde_json::Value, CniError> {
-    let netns_path = env.netns.as_deref().expect("ADD has CNI_NETNS (checked by Env)");
+    let netns_path = env
+        .netns
+        .as_deref()
+        .expect("ADD has CNI_NETNS (checked by Env)");
     let netns = File::open(netns_path).map_err(|e| {
-        CniError::new(Code::ContainerUnknown, format!("CNI_NETNS {netns_path}: {e}"))
+        CniError::new(
+            Code::ContainerUnknown,
+            format!("CNI_NETNS {netns_path}: {e}"),
+        )
     })?;
     let os = Os::new();
     let store = Store::new(&conf.data_dir, &conf.name);
-    let request =
-        Request { container_id: &env.container_id, ifname: &env.ifname, netns: Some(netns_path) };
+    let request = Request {
+        container_id: &env.container_id,
+        ifname: &env.ifname,
+        netns: Some(netns_path),
+    };
     let ip = store.update(|t| {
         t.reclaim(&os);
-        t.allocate(conf.subnet, conf.gateway, request, os.me(), os.boot_id_str())
+        t.allocate(
+            conf.subnet,
+            conf.gateway,
+            request,
+            os.me(),
+            os.boot_id_str(),
+        )
     })?;
 
     if std::env::var(FAULT_ENV).as_deref() == Ok("hang-after-reserve") {
@@ -65,13 +80,18 @@ fn add(env: &Env, conf: &NetConf) -> Result<serde_json::Value, CniError> {
         Ok(result) => {
             store.update(|t| Ok(t.mark_attached(&env.container_id, &env.ifname)))?;
             Ok(serde_json::to_value(
-                result.append_to(conf.prev_result.clone()).for_version(&conf.cni_version),
+                result
+                    .append_to(conf.prev_result.clone())
+                    .for_version(&conf.cni_version),
             )
             .expect("a result serialises"))
         }
         Err(e) => {
             let host = host_veth_name(&env.container_id, &env.ifname);
-            let _ = netlink::run(None, |h| async move { netlink::delete_link(&h, &host).await });
+            let _ = netlink::run(
+                None,
+                |h| async move { netlink::delete_link(&h, &host).await },
+            );
             let _ = store.update(|t| Ok(t.release(&env.container_id, &env.ifname)));
             Err(e)
         }
@@ -98,15 +118,33 @@ fn attach(env: &Env, conf: &NetConf, netns: &File, ip: Ipv4Addr) -> Result<CniRe
         Ok((bridge_mac, host_mac))
     })?;
     let pod_mac = netlink::run(env.netns.as_deref(), |h| async move {
-        netlink::configure_pod_end(&h, &env.ifname, ip, prefix, conf.gateway, conf.default_route)
-            .await
+        netlink::configure_pod_end(
+            &h,
+            &env.ifname,
+            ip,
+            prefix,
+            conf.gateway,
+            conf.default_route,
+            conf.mtu,
+        )
+        .await
     })?;
     let gateway = conf.gateway.to_string();
     Ok(CniResult {
         cni_version: conf.cni_version.clone(),
         interfaces: vec![
-            Interface { name: conf.bridge.clone(), mac: bridge_mac, mtu: None, sandbox: String::new() },
-            Interface { name: host.clone(), mac: host_mac, mtu: Some(conf.mtu), sandbox: String::new() },
+            Interface {
+                name: conf.bridge.clone(),
+                mac: bridge_mac,
+                mtu: None,
+                sandbox: String::new(),
+            },
+            Interface {
+                name: host.clone(),
+                mac: host_mac,
+                mtu: Some(conf.mtu),
+                sandbox: String::new(),
+            },
             Interface {
                 name: env.ifname.clone(),
                 mac: pod_mac,
@@ -121,7 +159,10 @@ fn attach(env: &Env, conf: &NetConf, netns: &File, ip: Ipv4Addr) -> Result<CniRe
             version: None,
         }],
         routes: if conf.default_route {
-            vec![Route { dst: "0.0.0.0/0".into(), gw: Some(gateway) }]
+            vec![Route {
+                dst: "0.0.0.0/0".into(),
+                gw: Some(gateway),
+            }]
         } else {
             Vec::new()
         },
@@ -133,11 +174,22 @@ fn del(env: &Env, conf: &NetConf) -> Result<(), CniError> {
     let store = Store::new(&conf.data_dir, &conf.name);
     store.update(|t| Ok(t.release(&env.container_id, &env.ifname)))?;
     let host = host_veth_name(&env.container_id, &env.ifname);
-    // Deleting the host end deletes the pair, wherever the other end is.
-    netlink::run(None, |h| async move { netlink::delete_link(&h, &host).await })?;
-    if let Some(ns) = env.netns.as_deref().filter(|p| std::path::Path::new(p).exists()) {
+    // Deleting the host end deletes the pair, wherever the other end is. Only if there was no
+    // host end (someone renamed or deleted it) is the container's end looked for.
+    let found = netlink::run(
+        None,
+        |h| async move { netlink::delete_link(&h, &host).await },
+    )?;
+    if !found
+        && let Some(ns) = env
+            .netns
+            .as_deref()
+            .filter(|p| std::path::Path::new(p).exists())
+    {
         // A namespace that cannot be entered any more is as good as gone.
-        let _ = netlink::run(Some(ns), |h| async move { netlink::delete_link(&h, &env.ifname).await });
+        let _ = netlink::run(Some(ns), |h| async move {
+            netlink::delete_link(&h, &env.ifname).await
+        });
     }
     Ok(())
 }
@@ -147,26 +199,32 @@ fn check_failed(msg: impl Into<String>) -> CniError {
 }
 
 fn check(env: &Env, conf: &NetConf) -> Result<(), CniError> {
-    let prev = conf.prev_result.as_ref().ok_or_else(|| {
-        CniError::new(Code::InvalidConfig, "prevResult: is required for CHECK")
-    })?;
+    let prev = conf
+        .prev_result
+        .as_ref()
+        .ok_or_else(|| CniError::new(Code::InvalidConfig, "prevResult: is required for CHECK"))?;
     let sandbox = env.netns.as_deref().unwrap_or_default();
     let ours = prev
         .interfaces
         .iter()
         .position(|i| i.name == env.ifname && i.sandbox == sandbox)
         .ok_or_else(|| {
-            check_failed(format!("prevResult has no interface {} in {sandbox}", env.ifname))
+            check_failed(format!(
+                "prevResult has no interface {} in {sandbox}",
+                env.ifname
+            ))
         })?;
     let want_ip = prev
         .ips
         .iter()
         .find(|ip| ip.interface == Some(ours))
         .ok_or_else(|| check_failed(format!("prevResult has no address on {}", env.ifname)))?;
-    let want: ipnet::Ipv4Net = want_ip
-        .address
-        .parse()
-        .map_err(|_| check_failed(format!("prevResult address {:?} is not IPv4", want_ip.address)))?;
+    let want: ipnet::Ipv4Net = want_ip.address.parse().map_err(|_| {
+        check_failed(format!(
+            "prevResult address {:?} is not IPv4",
+            want_ip.address
+        ))
+    })?;
 
     let table = Store::new(&conf.data_dir, &conf.name).read()?;
     match table.get(&env.container_id, &env.ifname) {
@@ -178,13 +236,23 @@ fn check(env: &Env, conf: &NetConf) -> Result<(), CniError> {
                 want.addr()
             )));
         }
-        None => return Err(check_failed(format!("no address is allocated to {}", env.container_id))),
+        None => {
+            return Err(check_failed(format!(
+                "no address is allocated to {}",
+                env.container_id
+            )));
+        }
     }
 
     let host = host_veth_name(&env.container_id, &env.ifname);
-    let ports = netlink::run(None, |h| async move { netlink::bridge_ports(&h, &conf.bridge).await })?;
+    let ports = netlink::run(None, |h| async move {
+        netlink::bridge_ports(&h, &conf.bridge).await
+    })?;
     if !ports.contains(&host) {
-        return Err(check_failed(format!("host end {host} is not on bridge {}", conf.bridge)));
+        return Err(check_failed(format!(
+            "host end {host} is not on bridge {}",
+            conf.bridge
+        )));
     }
 
     let end = netlink::run(Some(sandbox), |h| async move {
@@ -202,7 +270,10 @@ fn check(env: &Env, conf: &NetConf) -> Result<(), CniError> {
     }
     let want_mac = &prev.interfaces[ours].mac;
     if !want_mac.is_empty() && *want_mac != end.mac {
-        return Err(check_failed(format!("{} has MAC {}, expected {want_mac}", env.ifname, end.mac)));
+        return Err(check_failed(format!(
+            "{} has MAC {}, expected {want_mac}",
+            env.ifname, end.mac
+        )));
     }
     if conf.default_route && end.default_gateway != Some(conf.gateway) {
         return Err(check_failed(format!(
@@ -215,15 +286,24 @@ fn check(env: &Env, conf: &NetConf) -> Result<(), CniError> {
 
 fn status(conf: &NetConf) -> Result<(), CniError> {
     let bridge = conf.bridge.clone();
-    let present = netlink::run(None, |h| async move { netlink::link_by_name(&h, &bridge).await })?;
+    let present = netlink::run(
+        None,
+        |h| async move { netlink::link_by_name(&h, &bridge).await },
+    )?;
     if present.is_none() {
-        return Err(CniError::new(Code::NotAvailable, format!("bridge {} is not present", conf.bridge))
-            .with_details("the node agent creates it once it knows this node's pod CIDR"));
+        return Err(CniError::new(
+            Code::NotAvailable,
+            format!("bridge {} is not present", conf.bridge),
+        )
+        .with_details("the node agent creates it once it knows this node's pod CIDR"));
     }
     let table = Store::new(&conf.data_dir, &conf.name).read()?;
     let free = table.free(conf.subnet, conf.gateway);
     if free == 0 {
-        return Err(CniError::new(Code::NotAvailable, format!("no free address in {}", conf.subnet)));
+        return Err(CniError::new(
+            Code::NotAvailable,
+            format!("no free address in {}", conf.subnet),
+        ));
     }
     Ok(())
 }
@@ -236,12 +316,14 @@ fn gc(conf: &NetConf) -> Result<(), CniError> {
         Ok(t.gc(valid, &os))
     })?;
     // Host ends this plugin made (sw…) for attachments nobody vouches for.
-    let keep: Vec<String> =
-        valid.iter().map(|a| host_veth_name(&a.container_id, &a.ifname)).collect();
+    let keep: Vec<String> = valid
+        .iter()
+        .map(|a| host_veth_name(&a.container_id, &a.ifname))
+        .collect();
     netlink::run(None, |h| async move {
         for port in netlink::bridge_ports(&h, &conf.bridge).await? {
             if port.starts_with("sw") && port.len() == 13 && !keep.contains(&port) {
-                netlink::delete_link(&h, &port).await?;
+                let _ = netlink::delete_link(&h, &port).await?;
             }
         }
         Ok(())

@@ -45,7 +45,11 @@ pub struct CniError {
 
 impl CniError {
     pub fn new(code: Code, msg: impl Into<String>) -> CniError {
-        CniError { code, msg: msg.into(), details: String::new() }
+        CniError {
+            code,
+            msg: msg.into(),
+            details: String::new(),
+        }
     }
 
     pub fn with_details(mut self, details: impl Into<String>) -> CniError {
@@ -136,10 +140,10 @@ impl Env {
     /// CNI_IFNAME; DEL needs CNI_CONTAINERID and CNI_IFNAME and tolerates a missing
     /// CNI_NETNS; STATUS, GC and VERSION need none of them.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Env, CniError> {
-        let verb = Verb::parse(
-            &get("CNI_COMMAND")
-                .ok_or_else(|| CniError::new(Code::InvalidEnvironment, "CNI_COMMAND is not set"))?,
-        )?;
+        let verb =
+            Verb::parse(&get("CNI_COMMAND").ok_or_else(|| {
+                CniError::new(Code::InvalidEnvironment, "CNI_COMMAND is not set")
+            })?)?;
         let need = |name: &str| -> Result<String, CniError> {
             match get(name) {
                 Some(v) if !v.is_empty() => Ok(v),
@@ -150,9 +154,11 @@ impl Env {
             }
         };
         let (container_id, netns, ifname) = match verb {
-            Verb::Add | Verb::Check => {
-                (need("CNI_CONTAINERID")?, Some(need("CNI_NETNS")?), need("CNI_IFNAME")?)
-            }
+            Verb::Add | Verb::Check => (
+                need("CNI_CONTAINERID")?,
+                Some(need("CNI_NETNS")?),
+                need("CNI_IFNAME")?,
+            ),
             Verb::Del => (
                 need("CNI_CONTAINERID")?,
                 get("CNI_NETNS").filter(|s| !s.is_empty()),
@@ -171,7 +177,13 @@ impl Env {
             validate_ifname(&ifname)?;
         }
         let args = parse_cni_args(&get("CNI_ARGS").unwrap_or_default())?;
-        Ok(Env { verb, container_id, netns, ifname, args })
+        Ok(Env {
+            verb,
+            container_id,
+            netns,
+            ifname,
+            args,
+        })
     }
 }
 
@@ -188,7 +200,9 @@ fn validate_ifname(name: &str) -> Result<(), CniError> {
         || name.len() > 15
         || name == "."
         || name == ".."
-        || name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace());
+        || name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace());
     if bad {
         return Err(CniError::new(
             Code::InvalidEnvironment,
@@ -204,7 +218,10 @@ fn parse_cni_args(s: &str) -> Result<BTreeMap<String, String>, CniError> {
     let mut out = BTreeMap::new();
     for pair in s.split(';').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').ok_or_else(|| {
-            CniError::new(Code::InvalidEnvironment, format!("CNI_ARGS: {pair:?} is not KEY=VALUE"))
+            CniError::new(
+                Code::InvalidEnvironment,
+                format!("CNI_ARGS: {pair:?} is not KEY=VALUE"),
+            )
         })?;
         out.insert(k.to_string(), v.to_string());
     }
@@ -219,7 +236,10 @@ pub fn check_version(cni_version: &str, verb: Verb) -> Result<(), CniError> {
             Code::IncompatibleVersion,
             format!("cniVersion {cni_version:?} is not supported"),
         )
-        .with_details(format!("supported versions: {}", SUPPORTED_VERSIONS.join(", "))));
+        .with_details(format!(
+            "supported versions: {}",
+            SUPPORTED_VERSIONS.join(", ")
+        )));
     }
     if version_lt(cni_version, verb.minimum_version()) {
         return Err(CniError::new(
@@ -332,23 +352,33 @@ mod tests {
     use super::*;
 
     fn env(vars: &[(&str, &str)]) -> Result<Env, CniError> {
-        let map: BTreeMap<String, String> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: BTreeMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Env::from_lookup(|k| map.get(k).cloned())
     }
 
     #[test]
     fn add_needs_every_variable_and_names_the_missing_one() {
-        let e = env(&[("CNI_COMMAND", "ADD"), ("CNI_CONTAINERID", "abc"), ("CNI_IFNAME", "eth0")])
-            .unwrap_err();
+        let e = env(&[
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "abc"),
+            ("CNI_IFNAME", "eth0"),
+        ])
+        .unwrap_err();
         assert_eq!(e.code, Code::InvalidEnvironment);
         assert!(e.msg.contains("CNI_NETNS"), "{e}");
     }
 
     #[test]
     fn del_tolerates_a_missing_netns() {
-        let e = env(&[("CNI_COMMAND", "DEL"), ("CNI_CONTAINERID", "abc"), ("CNI_IFNAME", "eth0")])
-            .unwrap();
+        let e = env(&[
+            ("CNI_COMMAND", "DEL"),
+            ("CNI_CONTAINERID", "abc"),
+            ("CNI_IFNAME", "eth0"),
+        ])
+        .unwrap();
         assert_eq!(e.netns, None);
     }
 
@@ -362,11 +392,21 @@ mod tests {
     #[test]
     fn bad_names_are_refused() {
         let base = [("CNI_COMMAND", "ADD"), ("CNI_NETNS", "/run/netns/x")];
-        let e = env(&[base[0], base[1], ("CNI_CONTAINERID", "-bad"), ("CNI_IFNAME", "eth0")])
-            .unwrap_err();
+        let e = env(&[
+            base[0],
+            base[1],
+            ("CNI_CONTAINERID", "-bad"),
+            ("CNI_IFNAME", "eth0"),
+        ])
+        .unwrap_err();
         assert!(e.msg.contains("CNI_CONTAINERID"));
-        let e = env(&[base[0], base[1], ("CNI_CONTAINERID", "ok"), ("CNI_IFNAME", "a/b")])
-            .unwrap_err();
+        let e = env(&[
+            base[0],
+            base[1],
+            ("CNI_CONTAINERID", "ok"),
+            ("CNI_IFNAME", "a/b"),
+        ])
+        .unwrap_err();
         assert!(e.msg.contains("CNI_IFNAME"));
         let e = env(&[("CNI_COMMAND", "FROB")]).unwrap_err();
         assert!(e.msg.contains("FROB"));
@@ -374,8 +414,11 @@ mod tests {
 
     #[test]
     fn cni_args_are_split() {
-        let e = env(&[("CNI_COMMAND", "VERSION"), ("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAME=p")])
-            .unwrap();
+        let e = env(&[
+            ("CNI_COMMAND", "VERSION"),
+            ("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAME=p"),
+        ])
+        .unwrap();
         assert_eq!(e.args.get("K8S_POD_NAME").map(String::as_str), Some("p"));
         assert!(env(&[("CNI_COMMAND", "VERSION"), ("CNI_ARGS", "novalue")]).is_err());
     }
@@ -383,11 +426,20 @@ mod tests {
     #[test]
     fn versions_are_checked_per_verb() {
         assert!(check_version("1.1.0", Verb::Gc).is_ok());
-        assert_eq!(check_version("1.0.0", Verb::Gc).unwrap_err().code, Code::IncompatibleVersion);
+        assert_eq!(
+            check_version("1.0.0", Verb::Gc).unwrap_err().code,
+            Code::IncompatibleVersion
+        );
         assert!(check_version("1.0.0", Verb::Check).is_ok());
         assert!(check_version("0.4.0", Verb::Add).is_ok());
-        assert_eq!(check_version("0.3.1", Verb::Add).unwrap_err().code, Code::IncompatibleVersion);
-        assert_eq!(check_version("9.9.9", Verb::Add).unwrap_err().code, Code::IncompatibleVersion);
+        assert_eq!(
+            check_version("0.3.1", Verb::Add).unwrap_err().code,
+            Code::IncompatibleVersion
+        );
+        assert_eq!(
+            check_version("9.9.9", Verb::Add).unwrap_err().code,
+            Code::IncompatibleVersion
+        );
     }
 
     #[test]
@@ -433,7 +485,10 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert_eq!(r.clone().for_version("0.4.0").ips[0].version.as_deref(), Some("4"));
+        assert_eq!(
+            r.clone().for_version("0.4.0").ips[0].version.as_deref(),
+            Some("4")
+        );
         assert_eq!(r.for_version("1.1.0").ips[0].version, None);
     }
 

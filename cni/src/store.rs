@@ -1,9 +1,14 @@
 //! The allocation table on disk: one JSON file per network, changed only under an exclusive
-//! `flock` and replaced atomically (write, fsync, rename, fsync the directory), so concurrent
-//! ADDs from separate processes serialise and a crash at any point leaves either the old table
-//! or the new one, never a torn file.
+//! `flock` and replaced atomically (write a temporary file, rename it over the table), so
+//! concurrent ADDs from separate processes serialise and a process killed at any point leaves
+//! either the old table or the new one, never a torn file.
+//!
+//! No fsync: allocations only mean something within one boot (the table records the boot id
+//! and the next ADD drops everything from an earlier boot), and a killed process cannot lose
+//! what it wrote to the page cache. Only a kernel crash could, and that is a reboot, after
+//! which the lost writes would have been reclaimed anyway.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -26,7 +31,9 @@ fn io(what: impl std::fmt::Display, e: impl std::fmt::Display) -> CniError {
 
 impl Store {
     pub fn new(data_dir: &Path, network: &str) -> Store {
-        Store { dir: data_dir.join(network) }
+        Store {
+            dir: data_dir.join(network),
+        }
     }
 
     pub fn table_path(&self) -> PathBuf {
@@ -63,11 +70,14 @@ impl Store {
         let path = self.table_path();
         let before = match fs::read(&path) {
             Ok(bytes) => serde_json::from_slice::<Table>(&bytes).map_err(|e| {
-                CniError::new(Code::Io, format!("{} is not a valid allocation table", path.display()))
-                    .with_details(format!(
-                        "{e}; it is left as it is: move it aside to start over (addresses it \
+                CniError::new(
+                    Code::Io,
+                    format!("{} is not a valid allocation table", path.display()),
+                )
+                .with_details(format!(
+                    "{e}; it is left as it is: move it aside to start over (addresses it \
                          records may then be handed out twice)"
-                    ))
+                ))
             })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Table::default(),
             Err(e) => return Err(io(format!("reading {}", path.display()), e)),
@@ -101,12 +111,9 @@ impl Store {
             .mode(0o600)
             .open(&tmp)
             .map_err(|e| io(format!("writing {}", tmp.display()), e))?;
-        f.write_all(&text).map_err(|e| io(format!("writing {}", tmp.display()), e))?;
-        f.sync_all().map_err(|e| io(format!("syncing {}", tmp.display()), e))?;
+        f.write_all(&text)
+            .map_err(|e| io(format!("writing {}", tmp.display()), e))?;
         fs::rename(&tmp, &path).map_err(|e| io(format!("replacing {}", path.display()), e))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io(format!("syncing {}", self.dir.display()), e))?;
         Ok(())
     }
 }

@@ -27,7 +27,10 @@ impl Os {
     /// This process, as an allocation owner.
     pub fn me(&self) -> Owner {
         let pid = std::process::id();
-        Owner { pid, start_time: start_time(pid).unwrap_or(0) }
+        Owner {
+            pid,
+            start_time: start_time(pid).unwrap_or(0),
+        }
     }
 }
 
@@ -73,7 +76,10 @@ mod tests {
         let os = Os::new();
         let me = os.me();
         assert!(os.alive(me));
-        assert!(!os.alive(Owner { pid: me.pid, start_time: me.start_time + 1 }));
+        assert!(!os.alive(Owner {
+            pid: me.pid,
+            start_time: me.start_time + 1
+        }));
         assert!(!os.boot_id().is_empty());
     }
 }

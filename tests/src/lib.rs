@@ -8,11 +8,13 @@
 //!
 //! Tests that use it need root; without root they fail with a message that says so.
 
+pub mod cni;
 pub mod link;
 pub mod netns;
 pub mod probe;
 pub mod process;
 pub mod root;
+pub mod tmp;
 pub mod topology;
 
 pub use netns::Netns;

@@ -46,6 +46,7 @@ impl Netns {
             if let Err(e) = sweep() {
                 eprintln!("testbed: sweeping leftovers failed: {e:#}");
             }
+            crate::tmp::sweep();
         });
         let seq = SEQ.fetch_add(1, Ordering::Relaxed);
         let role: String = role

@@ -45,6 +45,14 @@ impl Spawned {
         })
     }
 
+    /// Takes charge of a child started elsewhere.
+    pub fn from_child(child: Child, what: &str) -> Spawned {
+        Spawned {
+            child: Some(child),
+            what: what.to_string(),
+        }
+    }
+
     pub fn id(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
