@@ -9,6 +9,8 @@
 //! Tests that use it need root; without root they fail with a message that says so.
 
 pub mod cni;
+pub mod images;
+pub mod k8s;
 pub mod link;
 pub mod netns;
 pub mod probe;

@@ -47,6 +47,7 @@ impl Netns {
                 eprintln!("testbed: sweeping leftovers failed: {e:#}");
             }
             crate::tmp::sweep();
+            crate::k8s::sweep_cgroups();
         });
         let seq = SEQ.fetch_add(1, Ordering::Relaxed);
         let role: String = role

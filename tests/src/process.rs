@@ -45,6 +45,34 @@ impl Spawned {
         })
     }
 
+    /// Starts `cmd` with stdout and stderr appended to `log` (for chatty, long-running
+    /// programs, whose pipes nobody would drain).
+    pub fn start_logged(mut cmd: Command, what: &str, log: &std::path::Path) -> Result<Spawned> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("starting {what}"))?;
+        Ok(Spawned {
+            child: Some(child),
+            what: what.to_string(),
+        })
+    }
+
+    /// A placeholder that runs nothing (for fields filled in later).
+    pub fn none(what: &str) -> Spawned {
+        Spawned {
+            child: None,
+            what: what.to_string(),
+        }
+    }
+
     /// Takes charge of a child started elsewhere.
     pub fn from_child(child: Child, what: &str) -> Spawned {
         Spawned {
@@ -80,6 +108,14 @@ impl Spawned {
             std::thread::sleep(Duration::from_millis(10));
         }
         Ok(child.wait_with_output()?)
+    }
+
+    /// Kills the process (SIGKILL) and reaps it; the handle stays, empty.
+    pub fn kill_now(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// Kills the process and returns what it wrote to stderr (for diagnostics).

@@ -27,14 +27,27 @@ impl TempDir {
     }
 }
 
+/// Set to keep scratch directories (component logs, configs) after a test, for debugging.
+pub const KEEP_ENV: &str = "SOCIALWEB_KEEP_TMP";
+
 impl Drop for TempDir {
     fn drop(&mut self) {
+        if std::env::var_os(KEEP_ENV).is_some() {
+            eprintln!(
+                "testbed: keeping {} ({KEEP_ENV} is set)",
+                self.path.display()
+            );
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.path);
     }
 }
 
-/// Removes scratch directories of runs whose process is gone.
+/// Removes scratch directories of runs whose process is gone (unless they are being kept).
 pub fn sweep() {
+    if std::env::var_os(KEEP_ENV).is_some() {
+        return;
+    }
     let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
         return;
     };

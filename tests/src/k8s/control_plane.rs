@@ -1,0 +1,323 @@
+//! A Kubernetes control plane in a namespace: etcd, kube-apiserver, kube-controller-manager and
+//! kube-scheduler from the pinned build, configured as the product runs k3s
+//! (`--cluster-cidr=10.42.0.0/16`, node pod CIDRs allocated by the control plane, no overlay,
+//! no addons).
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::pki::Pki;
+use super::{Binaries, binaries, tail, wait_for};
+use crate::netns::Netns;
+use crate::process::Spawned;
+use crate::tmp::TempDir;
+
+pub const CLUSTER_CIDR: &str = "10.42.0.0/16";
+pub const SERVICE_CIDR: &str = "10.43.0.0/16";
+pub const API_PORT: u16 = 6443;
+
+/// A running control plane. Dropping it stops every component and removes its files.
+#[derive(Debug)]
+pub struct ControlPlane<'a> {
+    // Field order is drop order: components stop before their files go.
+    scheduler: Spawned,
+    controller_manager: Spawned,
+    apiserver: Spawned,
+    etcd: Spawned,
+    pub pki: Pki,
+    /// `https://<addr>:6443`
+    pub url: String,
+    pub addr: Ipv4Addr,
+    pub admin_kubeconfig: PathBuf,
+    pub bins: Binaries,
+    pub ns: &'a Netns,
+    /// Seconds each start step took: etcd, apiserver ready, controllers healthy.
+    pub timings: Vec<(&'static str, Duration)>,
+    dir: TempDir,
+}
+
+fn arg(k: &str, v: impl AsRef<std::ffi::OsStr>) -> std::ffi::OsString {
+    let mut s = std::ffi::OsString::from(format!("--{k}="));
+    s.push(v.as_ref());
+    s
+}
+
+impl<'a> ControlPlane<'a> {
+    /// Starts a control plane inside `ns`, the apiserver listening on `addr:6443` and
+    /// everything else on the namespace's loopback. Returns once the apiserver is ready and
+    /// the controller manager and scheduler are healthy.
+    pub fn start(ns: &'a Netns, addr: Ipv4Addr) -> Result<ControlPlane<'a>> {
+        let bins = binaries()?;
+        let dir = TempDir::new("cp")?;
+        let pki = Pki::new(&dir.path().join("pki"))?;
+        let url = format!("https://{addr}:{API_PORT}");
+        let mut sans: Vec<String> = vec![
+            addr.to_string(),
+            "127.0.0.1".into(),
+            "10.43.0.1".into(),
+            "localhost".into(),
+            "kubernetes".into(),
+            "kubernetes.default".into(),
+            "kubernetes.default.svc".into(),
+            "kubernetes.default.svc.cluster.local".into(),
+        ];
+        sans.dedup();
+        let serving = pki.server("apiserver", &sans)?;
+        let kubelet_client = pki.client(
+            "apiserver-kubelet-client",
+            "kube-apiserver-kubelet-client",
+            &["system:masters"],
+        )?;
+        let sa_key = pki.key("sa")?;
+        let admin = pki.client("admin", "admin", &["system:masters"])?;
+        let admin_kubeconfig = pki.kubeconfig("admin", &url, &admin)?;
+        let kcm = pki.client("kcm", "system:kube-controller-manager", &[])?;
+        let kcm_kubeconfig = pki.kubeconfig("kcm", &url, &kcm)?;
+        let sched = pki.client("scheduler", "system:kube-scheduler", &[])?;
+        let sched_kubeconfig = pki.kubeconfig("scheduler", &url, &sched)?;
+        let logs = dir.path().join("logs");
+        std::fs::create_dir_all(&logs)?;
+        let kube = bins.kube();
+        let mut timings = Vec::new();
+        let t = Instant::now();
+
+        let start = |name: &str, args: Vec<std::ffi::OsString>| -> Result<Spawned> {
+            let mut cmd = ns.command(&kube.to_string_lossy());
+            cmd.arg(name).args(args);
+            Spawned::start_logged(cmd, name, &logs.join(format!("{name}.log")))
+        };
+
+        let etcd = start(
+            "etcd",
+            vec![
+                arg("data-dir", dir.path().join("etcd")),
+                arg("listen-client-url", "http://127.0.0.1:2379"),
+                arg("listen-peer-url", "http://127.0.0.1:2380"),
+            ],
+        )?;
+        wait_for("etcd to listen", Duration::from_secs(30), || {
+            Ok(ns
+                .run(|| std::net::TcpStream::connect(("127.0.0.1", 2379)).is_ok())?
+                .then_some(()))
+        })
+        .with_context(|| tail(&logs.join("etcd.log"), 20))?;
+        timings.push(("etcd", t.elapsed()));
+
+        let pub_key = sa_key.with_extension("pub");
+        let apiserver = start(
+            "apiserver",
+            vec![
+                arg("etcd-servers", "http://127.0.0.1:2379"),
+                arg("bind-address", addr.to_string()),
+                arg("advertise-address", addr.to_string()),
+                arg("secure-port", API_PORT.to_string()),
+                arg("tls-cert-file", &serving.cert),
+                arg("tls-private-key-file", &serving.key),
+                arg("client-ca-file", pki.ca_cert()),
+                arg("kubelet-client-certificate", &kubelet_client.cert),
+                arg("kubelet-client-key", &kubelet_client.key),
+                arg("service-account-key-file", &pub_key),
+                arg("service-account-signing-key-file", &sa_key),
+                arg(
+                    "service-account-issuer",
+                    "https://kubernetes.default.svc.cluster.local",
+                ),
+                arg("service-cluster-ip-range", SERVICE_CIDR),
+                arg("authorization-mode", "Node,RBAC"),
+                arg("enable-admission-plugins", "NodeRestriction"),
+                arg("allow-privileged", "true"),
+                arg("profiling", "false"),
+                arg("enable-priority-and-fairness", "false"),
+                arg("kubelet-preferred-address-types", "InternalIP"),
+            ],
+        )?;
+        let mut cp = ControlPlane {
+            scheduler: Spawned::none("scheduler"),
+            controller_manager: Spawned::none("controller-manager"),
+            apiserver,
+            etcd,
+            pki,
+            url,
+            addr,
+            admin_kubeconfig,
+            bins,
+            ns,
+            timings,
+            dir,
+        };
+        wait_for("the apiserver to be ready", Duration::from_secs(60), || {
+            Ok(cp
+                .kubectl(&["get", "--raw", "/readyz"])
+                .ok()
+                .filter(|s| s.trim() == "ok"))
+        })
+        .with_context(|| tail(&cp.log("apiserver"), 30))?;
+        cp.timings.push(("apiserver ready", t.elapsed()));
+
+        let auth = |kc: &Path| {
+            vec![
+                arg("kubeconfig", kc),
+                arg("authentication-kubeconfig", kc),
+                arg("authorization-kubeconfig", kc),
+            ]
+        };
+        let mut kcm_args = auth(&kcm_kubeconfig);
+        kcm_args.extend([
+            arg("bind-address", "127.0.0.1"),
+            arg("leader-elect", "false"),
+            arg("allocate-node-cidrs", "true"),
+            arg("cluster-cidr", CLUSTER_CIDR),
+            arg("node-cidr-mask-size", "24"),
+            arg("service-cluster-ip-range", SERVICE_CIDR),
+            arg("cluster-signing-cert-file", cp.pki.ca_cert()),
+            arg("cluster-signing-key-file", cp.pki.ca_key()),
+            arg("root-ca-file", cp.pki.ca_cert()),
+            arg("service-account-private-key-file", &sa_key),
+            arg("use-service-account-credentials", "true"),
+            arg("profiling", "false"),
+        ]);
+        let logs = cp.dir.path().join("logs");
+        let start = |name: &str, args: Vec<std::ffi::OsString>| -> Result<Spawned> {
+            let mut cmd = ns.command(&cp.bins.kube().to_string_lossy());
+            cmd.arg(name).args(args);
+            Spawned::start_logged(cmd, name, &logs.join(format!("{name}.log")))
+        };
+        let kcm_proc = start("controller-manager", kcm_args)?;
+        let mut sched_args = auth(&sched_kubeconfig);
+        sched_args.extend([
+            arg("bind-address", "127.0.0.1"),
+            arg("leader-elect", "false"),
+            arg("profiling", "false"),
+        ]);
+        let sched_proc = start("scheduler", sched_args)?;
+        cp.controller_manager = kcm_proc;
+        cp.scheduler = sched_proc;
+        for (name, port) in [("controller-manager", 10257), ("scheduler", 10259)] {
+            wait_for(
+                &format!("the {name} to be healthy"),
+                Duration::from_secs(60),
+                || {
+                    let out = ns.output(
+                        "curl",
+                        &[
+                            "-sk",
+                            "--max-time",
+                            "2",
+                            &format!("https://127.0.0.1:{port}/healthz"),
+                        ],
+                    )?;
+                    Ok((String::from_utf8_lossy(&out.stdout).trim() == "ok").then_some(()))
+                },
+            )
+            .with_context(|| tail(&cp.log(name), 30))?;
+        }
+        cp.timings.push(("controllers healthy", t.elapsed()));
+        Ok(cp)
+    }
+
+    /// A component's log file.
+    pub fn log(&self, component: &str) -> PathBuf {
+        self.dir
+            .path()
+            .join("logs")
+            .join(format!("{component}.log"))
+    }
+
+    /// Runs kubectl as the cluster admin, inside the control plane's namespace.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let out = self
+            .ns
+            .command(&self.bins.kube().to_string_lossy())
+            .arg("kubectl")
+            .arg(format!("--kubeconfig={}", self.admin_kubeconfig.display()))
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `kubectl ... -o json`, parsed.
+    pub fn kubectl_json(&self, args: &[&str]) -> Result<serde_json::Value> {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        Ok(serde_json::from_str(&self.kubectl(&a)?)?)
+    }
+
+    /// `kubectl apply -f -` with `manifest` on stdin.
+    pub fn apply(&self, manifest: &str) -> Result<String> {
+        use std::io::Write;
+        let mut child = self
+            .ns
+            .command(&self.bins.kube().to_string_lossy())
+            .arg("kubectl")
+            .arg(format!("--kubeconfig={}", self.admin_kubeconfig.display()))
+            .args(["apply", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(manifest.as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl apply: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Names of the Nodes the cluster has.
+    pub fn node_names(&self) -> Result<Vec<String>> {
+        let v = self.kubectl_json(&["get", "nodes"])?;
+        Ok(v["items"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// A kubeconfig a node's kubelet joins with: a client certificate for
+    /// `system:node:<name>` in `system:nodes`, as the join hands out.
+    pub fn node_kubeconfig(&self, name: &str) -> Result<PathBuf> {
+        let pair = self.pki.client(
+            &format!("node-{name}"),
+            &format!("system:node:{name}"),
+            &["system:nodes"],
+        )?;
+        self.pki
+            .kubeconfig(&format!("node-{name}"), &self.url, &pair)
+    }
+
+    /// A scratch directory that lives as long as the control plane.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Whether every component still runs (for diagnosing a failure).
+    pub fn running(&mut self) -> Vec<(&'static str, bool)> {
+        vec![
+            ("etcd", self.etcd.is_running()),
+            ("apiserver", self.apiserver.is_running()),
+            ("controller-manager", self.controller_manager.is_running()),
+            ("scheduler", self.scheduler.is_running()),
+        ]
+    }
+}

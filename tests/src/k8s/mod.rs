@@ -1,0 +1,106 @@
+//! Kubernetes for the tests: the pinned build (`tests/kube/build.sh`), a control plane in a
+//! namespace, and nodes (kubelet + containerd) in node namespaces.
+
+mod cgroup;
+mod control_plane;
+mod node;
+pub mod pki;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use anyhow::{Context, Result, bail};
+
+pub use control_plane::ControlPlane;
+pub use node::{KubeNode, NodeOptions};
+
+/// Environment variable naming a directory with a prebuilt `kube` multicall binary and `pause`
+/// (what `tests/kube/build.sh` prints); without it the harness runs build.sh itself.
+pub const KUBE_DIR_ENV: &str = "SOCIALWEB_KUBE_DIR";
+
+/// Removes cgroup roots of nodes from runs that were killed.
+pub fn sweep_cgroups() {
+    cgroup::sweep();
+}
+
+/// Where the pinned Kubernetes build lives.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub dir: PathBuf,
+}
+
+impl Binaries {
+    pub fn kube(&self) -> PathBuf {
+        self.dir.join("kube")
+    }
+
+    pub fn pause(&self) -> PathBuf {
+        self.dir.join("pause")
+    }
+}
+
+/// The Kubernetes build, from `SOCIALWEB_KUBE_DIR` or by running `tests/kube/build.sh`
+/// (seconds when cached, minutes cold). Fails loudly if neither works.
+pub fn binaries() -> Result<Binaries> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        if let Some(dir) = std::env::var_os(KUBE_DIR_ENV) {
+            return Ok(PathBuf::from(dir));
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kube/build.sh");
+        let out = std::process::Command::new(&script)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .map_err(|e| format!("running {}: {e}", script.display()))?;
+        if !out.status.success() {
+            return Err(format!("{} failed ({})", script.display(), out.status));
+        }
+        Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    });
+    let dir = dir.clone().map_err(anyhow::Error::msg)?;
+    let b = Binaries { dir };
+    for p in [b.kube(), b.pause()] {
+        if !p.is_file() {
+            bail!(
+                "{} is missing; unset {KUBE_DIR_ENV} or point it at tests/kube/build.sh's output",
+                p.display()
+            );
+        }
+    }
+    Ok(b)
+}
+
+/// Polls `f` every 100 ms until it returns `Ok(Some(v))` or `timeout` passes; the error says
+/// what was awaited and the last thing `f` said.
+pub fn wait_for<T>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut f: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut last = String::from("nothing yet");
+    loop {
+        match f() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last = format!("{e:#}"),
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(anyhow::anyhow!(
+                "timed out after {timeout:?} waiting for {what}; last: {last}"
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Reads a file of a component's log for an error message.
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| {
+            let v: Vec<&str> = s.lines().collect();
+            v[v.len().saturating_sub(lines)..].join("\n")
+        })
+        .with_context(|| format!("reading {}", path.display()))
+        .unwrap_or_else(|e| format!("{e:#}"))
+}
