@@ -12,6 +12,7 @@ pub mod cni;
 pub mod images;
 pub mod k8s;
 pub mod link;
+pub mod mesh;
 pub mod netns;
 pub mod probe;
 pub mod process;

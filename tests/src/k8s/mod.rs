@@ -94,6 +94,11 @@ pub fn wait_for<T>(
     }
 }
 
+/// The last `lines` lines of a log file (for failure messages).
+pub fn tail_of(path: &Path, lines: usize) -> String {
+    tail(path, lines)
+}
+
 /// Reads a file of a component's log for an error message.
 pub(crate) fn tail(path: &Path, lines: usize) -> String {
     std::fs::read_to_string(path)

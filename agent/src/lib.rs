@@ -1,0 +1,15 @@
+//! `socialweb-agent`: everything that runs on a node.
+//!
+//! - [`mesh`]: other nodes' pod CIDRs routed as QUIC datagrams over iroh (contract 3), the peer
+//!   directory (contract 2), the relay, egress masquerade, the diagnostics data.
+//! - [`ctl`]: the owner-only control socket and the CLI's client side of it.
+//!
+//! Pure cores (packet filter, ICMP Packet Too Big, directory diffs) do no I/O and are tested
+//! without sockets; the modules that touch the kernel or the network are named for what they
+//! touch.
+
+pub mod ctl;
+pub mod directory;
+pub mod mesh;
+pub mod node;
+pub mod run;

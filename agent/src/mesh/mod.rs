@@ -1,0 +1,17 @@
+//! The mesh: every other node's pod CIDR routed through a TUN device as QUIC datagrams over
+//! iroh, directly where a path exists and through the operator's relay where none does
+//! (contracts 2 and 3; docs/mesh.md).
+
+pub mod directory;
+pub mod egress;
+pub mod filter;
+pub mod icmp;
+pub mod packet;
+pub mod relay;
+pub mod routes;
+pub mod runtime;
+pub mod stats;
+pub mod transport;
+pub mod tun;
+
+pub use runtime::{Mesh, MeshConfig};

@@ -1,0 +1,619 @@
+//! The mesh at run time: peers from the directory, one QUIC connection per peer (the endpoint
+//! with the smaller id dials, the other accepts), a kernel route per connected peer, and the
+//! two data paths between the TUN device and the connections.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow};
+use arc_swap::{ArcSwap, ArcSwapOption};
+use bytes::Bytes;
+use ipnet::IpNet;
+use iroh::endpoint::{Connection, SendDatagramError};
+use iroh::{Endpoint, EndpointId, TransportAddr};
+use rtnetlink::Handle;
+use socialweb_wire::mesh::CLOSE_NOT_A_PEER;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use tun_rs::AsyncDevice;
+use url::Url;
+
+use super::directory::{self, Change, NodeEntry, View};
+use super::filter::{self, DropReason, Routes};
+use super::stats::{Drops, Flow, MeshStatus, PeerStatus, RouteStatus};
+use super::{icmp, routes, transport};
+
+/// How the mesh is set up.
+#[derive(Debug, Clone)]
+pub struct MeshConfig {
+    pub node: String,
+    pub endpoint: transport::EndpointConfig,
+    pub tun_name: String,
+    pub mtu: u16,
+}
+
+/// This node's own place in the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Own {
+    cidr: IpNet,
+    gateway: IpAddr,
+}
+
+/// A peer and its connection.
+#[derive(Debug)]
+struct PeerSlot {
+    entry: NodeEntry,
+    id: EndpointId,
+    conn: ArcSwapOption<Connection>,
+    tx: Flow,
+    rx: Flow,
+    drops: Drops,
+    last_error: Mutex<Option<String>>,
+    since: Mutex<Option<Instant>>,
+    /// Cancelled when the peer leaves the directory.
+    gone: CancellationToken,
+}
+
+impl PeerSlot {
+    fn set_error(&self, e: impl std::fmt::Display) {
+        *self.last_error.lock().expect("lock") = Some(e.to_string());
+    }
+}
+
+/// Everything the data path reads, swapped as a whole when the directory changes.
+#[derive(Debug, Default)]
+struct State {
+    own: Option<Own>,
+    by_node: BTreeMap<String, Arc<PeerSlot>>,
+    by_endpoint: HashMap<EndpointId, Arc<PeerSlot>>,
+    routes: Routes<Arc<PeerSlot>>,
+    rejected: Vec<(String, String)>,
+}
+
+/// The running mesh.
+#[derive(Debug, Clone)]
+pub struct Mesh {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: MeshConfig,
+    endpoint: Endpoint,
+    tun: AsyncDevice,
+    tun_index: u32,
+    nl: Handle,
+    state: ArcSwap<State>,
+    /// Serialises directory updates (the data path never takes it).
+    update: tokio::sync::Mutex<()>,
+    drops: Drops,
+    strangers: AtomicU64,
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mesh")
+            .field("node", &self.cfg.node)
+            .field("tun", &self.cfg.tun_name)
+            .finish()
+    }
+}
+
+impl Mesh {
+    /// Creates the TUN device, binds the endpoint and starts the accept loop and the TUN
+    /// reader. Peers come with [`Mesh::apply`].
+    pub async fn start(cfg: MeshConfig) -> Result<Mesh> {
+        let tun = super::tun::open(&cfg.tun_name, cfg.mtu)?;
+        let nl = routes::handle().await?;
+        let tun_index = routes::link_index(&nl, &cfg.tun_name).await?;
+        nl.link()
+            .set(
+                rtnetlink::LinkUnspec::new_with_index(tun_index)
+                    .up()
+                    .build(),
+            )
+            .execute()
+            .await
+            .context("bringing the TUN device up")?;
+        // Routes a crashed run left behind point at a device that no longer exists and are
+        // gone with it; nothing else to clean.
+        routes::enable_forwarding()?;
+        // The TUN is IPv4-only (pod CIDRs are); keep the kernel's IPv6 chatter off it.
+        let _ = std::fs::write(
+            format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", cfg.tun_name),
+            "1",
+        );
+        let mut cfg = cfg;
+        if cfg.endpoint.bind.ip().is_unspecified() {
+            let ip = routes::default_source_v4(&nl).await?;
+            cfg.endpoint.bind.set_ip(ip.into());
+            info!(addr = %cfg.endpoint.bind, "mesh binds the default route's address");
+        }
+        let endpoint = transport::bind(&cfg.endpoint).await?;
+        info!(endpoint = %endpoint.id(), tun = %cfg.tun_name, mtu = cfg.mtu, "mesh endpoint up");
+        let mesh = Mesh {
+            inner: Arc::new(Inner {
+                cfg,
+                endpoint,
+                tun,
+                tun_index,
+                nl,
+                state: ArcSwap::from_pointee(State::default()),
+                update: tokio::sync::Mutex::new(()),
+                drops: Drops::default(),
+                strangers: AtomicU64::new(0),
+                shutdown: CancellationToken::new(),
+            }),
+        };
+        tokio::spawn(mesh.clone().accept_loop());
+        tokio::spawn(mesh.clone().tun_loop());
+        Ok(mesh)
+    }
+
+    pub fn endpoint_id(&self) -> EndpointId {
+        self.inner.endpoint.id()
+    }
+
+    /// The UDP addresses the endpoint is bound to.
+    pub fn bound_addrs(&self) -> Vec<std::net::SocketAddr> {
+        self.inner.endpoint.bound_sockets()
+    }
+
+    /// Brings the peers in line with a directory view.
+    pub async fn apply(&self, view: &View) -> Result<()> {
+        let _guard = self.inner.update.lock().await;
+        let old = self.inner.state.load_full();
+        let own = view.own.as_ref().map(|o| Own {
+            cidr: o.pod_cidr,
+            gateway: o.gateway(),
+        });
+        let old_entries: BTreeMap<String, NodeEntry> = old
+            .by_node
+            .iter()
+            .map(|(k, v)| (k.clone(), v.entry.clone()))
+            .collect();
+        let mut by_node = old.by_node.clone();
+        let mut fresh = Vec::new();
+        let own_changed = own != old.own;
+        for change in directory::diff(&old_entries, &view.peers) {
+            match change {
+                Change::Removed(e) => {
+                    if let Some(slot) = by_node.remove(&e.node) {
+                        self.retire(&slot, "left the peer directory").await;
+                    }
+                }
+                Change::Updated { old: _, new } => {
+                    if let Some(slot) = by_node.remove(&new.node) {
+                        self.retire(&slot, "its directory entry changed").await;
+                    }
+                    fresh.push(new);
+                }
+                Change::Added(e) => fresh.push(e),
+            }
+        }
+        for e in fresh {
+            let id = match transport::parse_endpoint_id(&e.endpoint) {
+                Ok(id) => id,
+                Err(err) => {
+                    warn!(node = %e.node, "ignoring peer: {err:#}");
+                    continue;
+                }
+            };
+            info!(node = %e.node, cidr = %e.pod_cidr, endpoint = %id.fmt_short(), "peer added");
+            let slot = Arc::new(PeerSlot {
+                entry: e.clone(),
+                id,
+                conn: ArcSwapOption::empty(),
+                tx: Flow::default(),
+                rx: Flow::default(),
+                drops: Drops::default(),
+                last_error: Mutex::new(None),
+                since: Mutex::new(None),
+                gone: self.inner.shutdown.child_token(),
+            });
+            by_node.insert(e.node.clone(), slot);
+        }
+        let state = State {
+            own: own.clone(),
+            by_endpoint: by_node.values().map(|s| (s.id, s.clone())).collect(),
+            routes: Routes::new(by_node.values().map(|s| (s.entry.pod_cidr, s.clone()))),
+            by_node,
+            rejected: view.rejected.clone(),
+        };
+        for (node, reason) in &view.rejected {
+            warn!(node = %node, "peer refused: {reason}");
+        }
+        let new_state = Arc::new(state);
+        self.inner.state.store(new_state.clone());
+        // Dial the peers this side is responsible for; re-install routes of connected peers
+        // when our own CIDR (the routes' source address) changed.
+        for slot in new_state.by_node.values() {
+            let is_new = !old
+                .by_node
+                .get(&slot.entry.node)
+                .is_some_and(|o| Arc::ptr_eq(o, slot));
+            if is_new && self.dials(slot.id) {
+                tokio::spawn(self.clone().dial_loop(slot.clone()));
+            } else if own_changed && slot.conn.load().is_some() {
+                self.install_route(slot).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this node dials `peer` (the smaller endpoint id dials), so that each pair has
+    /// exactly one connection.
+    fn dials(&self, peer: EndpointId) -> bool {
+        self.inner.endpoint.id().as_bytes() < peer.as_bytes()
+    }
+
+    async fn retire(&self, slot: &Arc<PeerSlot>, why: &str) {
+        info!(node = %slot.entry.node, "peer removed: {why}");
+        slot.gone.cancel();
+        if let Some(conn) = slot.conn.swap(None) {
+            conn.close(0u32.into(), why.as_bytes());
+        }
+        if let Err(e) =
+            routes::del(&self.inner.nl, &slot.entry.pod_cidr, self.inner.tun_index).await
+        {
+            warn!("{e:#}");
+        }
+    }
+
+    async fn install_route(&self, slot: &PeerSlot) {
+        let src = self.inner.state.load().own.as_ref().map(|o| o.gateway);
+        if let Err(e) = routes::add(
+            &self.inner.nl,
+            &slot.entry.pod_cidr,
+            self.inner.tun_index,
+            src,
+        )
+        .await
+        {
+            // The bridge holding our gateway address may not exist yet: route without a
+            // preferred source rather than not at all.
+            debug!("{e:#}; retrying without a source address");
+            if let Err(e) = routes::add(
+                &self.inner.nl,
+                &slot.entry.pod_cidr,
+                self.inner.tun_index,
+                None,
+            )
+            .await
+            {
+                warn!(node = %slot.entry.node, "{e:#}");
+                slot.set_error(format!("{e:#}"));
+            }
+        }
+    }
+
+    /// Keeps a connection to `slot` up while the peer is in the directory: dial, serve, and
+    /// when the connection ends, dial again with backoff (250 ms doubling to 5 s).
+    async fn dial_loop(self, slot: Arc<PeerSlot>) {
+        let relay = self.inner.cfg.endpoint.relay_url.clone();
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            if slot.gone.is_cancelled() {
+                return;
+            }
+            let addr = transport::dial_addr(slot.id, &relay, &slot.entry.addrs);
+            let attempt = tokio::select! {
+                r = tokio::time::timeout(Duration::from_secs(10), self.inner.endpoint.connect(addr, socialweb_wire::mesh::ALPN)) => r,
+                _ = slot.gone.cancelled() => return,
+            };
+            match attempt {
+                Ok(Ok(conn)) => {
+                    backoff = Duration::from_millis(250);
+                    self.serve(slot.clone(), conn).await;
+                }
+                Ok(Err(e)) => slot.set_error(format!("connect: {e}")),
+                Err(_) => slot.set_error("connect: timed out after 10 s"),
+            }
+            let jitter = Duration::from_millis(rand::random::<u64>() % 100);
+            tokio::select! {
+                _ = tokio::time::sleep(backoff + jitter) => {}
+                _ = slot.gone.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    async fn accept_loop(self) {
+        while let Some(incoming) = self.inner.endpoint.accept().await {
+            let mesh = self.clone();
+            tokio::spawn(async move {
+                let conn = match incoming.await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        debug!("incoming connection failed: {e}");
+                        return;
+                    }
+                };
+                let id = conn.remote_id();
+                let slot = mesh.inner.state.load().by_endpoint.get(&id).cloned();
+                match slot {
+                    Some(slot) => mesh.serve(slot, conn).await,
+                    None => {
+                        mesh.inner.strangers.fetch_add(1, Ordering::Relaxed);
+                        warn!(endpoint = %id, "refused a connection from an endpoint not in the peer directory");
+                        conn.close(CLOSE_NOT_A_PEER.into(), b"not in the peer directory");
+                    }
+                }
+            });
+        }
+    }
+
+    /// Serves one connection for `slot` until it closes: installs the route, carries
+    /// datagrams into the TUN, answers pings; then withdraws the route if this connection was
+    /// still the peer's.
+    async fn serve(&self, slot: Arc<PeerSlot>, conn: Connection) {
+        let conn = Arc::new(conn);
+        if let Some(old) = slot.conn.swap(Some(conn.clone())) {
+            old.close(0u32.into(), b"replaced by a newer connection");
+        }
+        *slot.since.lock().expect("lock") = Some(Instant::now());
+        self.install_route(&slot).await;
+        info!(node = %slot.entry.node, path = %path_of(&conn), "peer connected");
+
+        let pings = answer_pings(conn.clone());
+        let datagrams = self.datagram_loop(&slot, &conn);
+        tokio::select! {
+            e = datagrams => slot.set_error(format!("connection closed: {e}")),
+            _ = pings => {}
+            _ = slot.gone.cancelled() => {}
+        }
+        // Only the connection currently installed may take the route down.
+        let current = slot.conn.load_full();
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+            slot.conn.store(None);
+            *slot.since.lock().expect("lock") = None;
+            if let Err(e) =
+                routes::del(&self.inner.nl, &slot.entry.pod_cidr, self.inner.tun_index).await
+            {
+                warn!("{e:#}");
+            }
+            info!(node = %slot.entry.node, "peer disconnected; route withdrawn");
+        }
+    }
+
+    /// Peer to TUN: each datagram is one IP packet, filtered, then written to the device.
+    async fn datagram_loop(
+        &self,
+        slot: &PeerSlot,
+        conn: &Connection,
+    ) -> iroh::endpoint::ConnectionError {
+        loop {
+            let datagram = match conn.read_datagram().await {
+                Ok(d) => d,
+                Err(e) => return e,
+            };
+            let state = self.inner.state.load();
+            let (Some(own), Some(peer)) = (state.own.as_ref(), state.by_endpoint.get(&slot.id))
+            else {
+                slot.drops.count(DropReason::UnknownPeer);
+                continue;
+            };
+            match filter::ingress(&datagram, &peer.entry.pod_cidr, &own.cidr) {
+                Ok(h) => match self.inner.tun.send(&datagram[..h.len]).await {
+                    Ok(_) => slot.rx.add(h.len),
+                    Err(e) => {
+                        slot.drops.count(DropReason::TunWriteFailed);
+                        debug!("writing to the TUN: {e}");
+                    }
+                },
+                Err(reason) => slot.drops.count(reason),
+            }
+        }
+    }
+
+    /// TUN to peers: each packet is routed by destination to its peer's connection.
+    async fn tun_loop(self) {
+        let mut buf = vec![0u8; 65536];
+        loop {
+            let n = tokio::select! {
+                r = self.inner.tun.recv(&mut buf) => match r {
+                    Ok(n) => n,
+                    Err(e) => {
+                        warn!("reading the TUN: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                _ = self.inner.shutdown.cancelled() => return,
+            };
+            let packet = &buf[..n];
+            let state = self.inner.state.load();
+            let Some(own) = state.own.as_ref() else {
+                self.inner.drops.count(DropReason::NoRoute);
+                continue;
+            };
+            let (h, slot) = match filter::egress(packet, &own.cidr, &state.routes) {
+                Ok(x) => x,
+                Err(reason) => {
+                    self.inner.drops.count(reason);
+                    continue;
+                }
+            };
+            let Some(conn) = slot.conn.load_full() else {
+                slot.drops.count(DropReason::NoConnection);
+                continue;
+            };
+            let packet = &packet[..h.len];
+            match conn
+                .send_datagram_wait(Bytes::copy_from_slice(packet))
+                .await
+            {
+                Ok(()) => slot.tx.add(packet.len()),
+                Err(SendDatagramError::TooLarge) => {
+                    slot.drops.count(DropReason::TooBig);
+                    let mtu = conn
+                        .max_datagram_size()
+                        .unwrap_or(1280)
+                        .min(usize::from(u16::MAX)) as u16;
+                    if let Some(err) = icmp::packet_too_big(packet, mtu, slot.entry.gateway()) {
+                        let _ = self.inner.tun.send(&err).await;
+                    }
+                }
+                Err(e) => {
+                    slot.drops.count(DropReason::SendFailed);
+                    slot.set_error(format!("send: {e}"));
+                }
+            }
+        }
+    }
+
+    /// Round trip to a peer's agent over its connection (a bidirectional stream echo).
+    pub async fn ping(&self, target: &str) -> Result<(String, Duration, String)> {
+        let state = self.inner.state.load();
+        let slot = match target.parse::<IpAddr>() {
+            Ok(ip) => state
+                .routes
+                .lookup(ip)
+                .cloned()
+                .ok_or_else(|| anyhow!("no peer's pod CIDR holds {ip}"))?,
+            Err(_) => state
+                .by_node
+                .get(target)
+                .cloned()
+                .ok_or_else(|| anyhow!("no peer named {target}"))?,
+        };
+        let conn = slot
+            .conn
+            .load_full()
+            .ok_or_else(|| anyhow!("{} is not connected", slot.entry.node))?;
+        let started = Instant::now();
+        let (mut send, mut recv) = conn.open_bi().await.context("opening a stream")?;
+        let nonce: [u8; 16] = rand::random();
+        send.write_all(&nonce).await.context("sending the ping")?;
+        send.finish().context("finishing the ping")?;
+        let back = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(64))
+            .await
+            .context("no answer within 5 s")?
+            .context("reading the answer")?;
+        if back != nonce {
+            return Err(anyhow!("the answer did not match"));
+        }
+        Ok((slot.entry.node.clone(), started.elapsed(), path_of(&conn)))
+    }
+
+    /// The whole mesh, for `mesh status`.
+    pub fn status(&self) -> MeshStatus {
+        let state = self.inner.state.load();
+        let addr = self.inner.endpoint.addr();
+        MeshStatus {
+            node: self.inner.cfg.node.clone(),
+            endpoint: self.inner.endpoint.id().to_string(),
+            pod_cidr: state.own.as_ref().map(|o| o.cidr.to_string()),
+            relay_url: self.inner.cfg.endpoint.relay_url.to_string(),
+            tun: self.inner.cfg.tun_name.clone(),
+            mtu: self.inner.cfg.mtu,
+            direct_addrs: addr.ip_addrs().map(|a| a.to_string()).collect(),
+            relay_connected: {
+                use iroh::Watcher;
+                self.inner
+                    .endpoint
+                    .home_relay_status()
+                    .get()
+                    .iter()
+                    .any(|r| r.is_connected())
+            },
+            peers: state.by_node.values().map(|s| peer_status(s)).collect(),
+            drops: self.inner.drops.snapshot(),
+            strangers_refused: self.inner.strangers.load(Ordering::Relaxed),
+            rejected: state.rejected.clone(),
+        }
+    }
+
+    /// Routes as the mesh means them, and whether the kernel has each.
+    pub async fn routes(&self) -> Result<Vec<RouteStatus>> {
+        let installed = routes::installed(&self.inner.nl).await?;
+        let state = self.inner.state.load();
+        Ok(state
+            .by_node
+            .values()
+            .map(|s| RouteStatus {
+                cidr: s.entry.pod_cidr.to_string(),
+                node: s.entry.node.clone(),
+                via: s
+                    .conn
+                    .load()
+                    .as_ref()
+                    .map(|c| path_of(c))
+                    .unwrap_or_else(|| "none".into()),
+                installed: installed.contains(&s.entry.pod_cidr),
+            })
+            .collect())
+    }
+
+    /// Closes every connection and removes every route the mesh installed.
+    pub async fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+        let state = self.inner.state.load_full();
+        for slot in state.by_node.values() {
+            self.retire(slot, "agent shutting down").await;
+        }
+        self.inner.endpoint.close().await;
+    }
+
+    /// The relay URL in use.
+    pub fn relay_url(&self) -> &Url {
+        &self.inner.cfg.endpoint.relay_url
+    }
+}
+
+fn peer_status(s: &PeerSlot) -> PeerStatus {
+    let conn = s.conn.load_full();
+    let (path, rtt) = conn
+        .as_ref()
+        .map(|c| {
+            let paths = c.paths();
+            let selected = paths.iter().find(|p| p.is_selected());
+            (path_of(c), selected.map(|p| p.rtt().as_secs_f64() * 1e3))
+        })
+        .unwrap_or_else(|| ("none".into(), None));
+    PeerStatus {
+        node: s.entry.node.clone(),
+        pod_cidr: s.entry.pod_cidr.to_string(),
+        endpoint: s.id.to_string(),
+        connected: conn.is_some(),
+        path,
+        rtt_ms: rtt,
+        tx: s.tx.snapshot(),
+        rx: s.rx.snapshot(),
+        drops: s.drops.snapshot(),
+        last_error: s.last_error.lock().expect("lock").clone(),
+        connected_for_s: s
+            .since
+            .lock()
+            .expect("lock")
+            .map(|t| t.elapsed().as_secs_f64()),
+        max_packet: conn.as_ref().and_then(|c| c.max_datagram_size()),
+    }
+}
+
+/// `direct <addr>` or `relay <url>` for the connection's selected path.
+fn path_of(conn: &Connection) -> String {
+    let paths = conn.paths();
+    let selected = paths.iter().find(|p| p.is_selected());
+    match selected.map(|p| p.remote_addr().clone()) {
+        Some(TransportAddr::Ip(a)) => format!("direct {a}"),
+        Some(TransportAddr::Relay(u)) => format!("relay {u}"),
+        Some(other) => format!("{other:?}"),
+        None => "none".into(),
+    }
+}
+
+/// Echoes every bidirectional stream the peer opens (the other side of [`Mesh::ping`]).
+async fn answer_pings(conn: Arc<Connection>) {
+    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+        tokio::spawn(async move {
+            if let Ok(data) = recv.read_to_end(64).await {
+                let _ = send.write_all(&data).await;
+                let _ = send.finish();
+            }
+        });
+    }
+}

@@ -1,0 +1,108 @@
+//! Counters the data path bumps (atomics, no locks) and the snapshots `mesh status` prints.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use super::filter::DropReason;
+
+/// Datagrams and bytes one way.
+#[derive(Debug, Default)]
+pub struct Flow {
+    datagrams: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Flow {
+    pub fn add(&self, bytes: usize) {
+        self.datagrams.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> FlowSnapshot {
+        FlowSnapshot {
+            datagrams: self.datagrams.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowSnapshot {
+    pub datagrams: u64,
+    pub bytes: u64,
+}
+
+/// Drops counted by reason.
+#[derive(Debug, Default)]
+pub struct Drops {
+    counts: [AtomicU64; DropReason::ALL.len()],
+}
+
+impl Drops {
+    pub fn count(&self, reason: DropReason) {
+        self.counts[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self, reason: DropReason) -> u64 {
+        self.counts[reason.index()].load(Ordering::Relaxed)
+    }
+
+    /// Non-zero counts only.
+    pub fn snapshot(&self) -> BTreeMap<DropReason, u64> {
+        DropReason::ALL
+            .iter()
+            .map(|r| (*r, self.get(*r)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+}
+
+/// One peer as `mesh status` / `mesh peers` show it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeerStatus {
+    pub node: String,
+    pub pod_cidr: String,
+    pub endpoint: String,
+    pub connected: bool,
+    /// `direct <ip:port>`, `relay <url>`, or `none`.
+    pub path: String,
+    pub rtt_ms: Option<f64>,
+    pub tx: FlowSnapshot,
+    pub rx: FlowSnapshot,
+    pub drops: BTreeMap<DropReason, u64>,
+    pub last_error: Option<String>,
+    /// Seconds since the current connection came up.
+    pub connected_for_s: Option<f64>,
+    /// Largest IP packet the current path carries.
+    pub max_packet: Option<usize>,
+}
+
+/// The whole mesh as `mesh status` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MeshStatus {
+    pub node: String,
+    pub endpoint: String,
+    pub pod_cidr: Option<String>,
+    pub relay_url: String,
+    pub tun: String,
+    pub mtu: u16,
+    pub direct_addrs: Vec<String>,
+    pub relay_connected: bool,
+    pub peers: Vec<PeerStatus>,
+    /// Drops not attributable to a peer (no route, malformed from the TUN, ...).
+    pub drops: BTreeMap<DropReason, u64>,
+    pub strangers_refused: u64,
+    pub rejected: Vec<(String, String)>,
+}
+
+/// A route as `mesh routes` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteStatus {
+    pub cidr: String,
+    pub node: String,
+    pub via: String,
+    /// Whether the kernel route is installed (it is while the peer's connection is up).
+    pub installed: bool,
+}

@@ -1,0 +1,353 @@
+//! A mesh cluster on this machine: the relay in the host namespace, a `socialweb-agent run` in
+//! each node namespace with a static peer directory, and pods attached by `socialweb-cni`
+//! from the configuration each agent writes. Used by the mesh tests, the benchmark and the
+//! demo.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::cni::{Call, result_ip, workspace_bin};
+use crate::k8s::wait_for;
+use crate::netns::Netns;
+use crate::process::Spawned;
+use crate::tmp::TempDir;
+use crate::topology::{CLUSTER_CIDR, HOST_SERVICE_ADDR, Node, Topology};
+
+/// The relay's port on the host's service address.
+pub const RELAY_PORT: u16 = 3340;
+/// The agents' UDP port for direct paths.
+pub const MESH_PORT: u16 = 7443;
+
+/// Knobs for a mesh cluster.
+#[derive(Debug, Clone)]
+pub struct MeshOptions {
+    pub mtu: u16,
+    /// Restrict the relay to the cluster's endpoints (as the broker does).
+    pub relay_allow_list: bool,
+    pub masquerade: bool,
+}
+
+impl Default for MeshOptions {
+    fn default() -> Self {
+        MeshOptions {
+            mtu: 1280,
+            relay_allow_list: true,
+            masquerade: true,
+        }
+    }
+}
+
+/// One node's agent.
+#[derive(Debug)]
+pub struct Agent {
+    pub index: u8,
+    pub name: String,
+    pub secret_key: String,
+    pub endpoint: String,
+    pub identity: PathBuf,
+    pub ctl: PathBuf,
+    pub cni_conf_dir: PathBuf,
+    pub log: PathBuf,
+    process: Spawned,
+}
+
+impl Agent {
+    pub fn is_running(&mut self) -> bool {
+        self.process.is_running()
+    }
+}
+
+/// A pod attached through the agent's CNI configuration.
+#[derive(Debug)]
+pub struct MeshPod {
+    pub ns: Netns,
+    pub addr: Ipv4Addr,
+    pub node: u8,
+}
+
+/// The relay and the agents of a [`Topology`].
+#[derive(Debug)]
+pub struct MeshCluster<'t> {
+    pub agents: Vec<Agent>,
+    relay: Spawned,
+    pub topo: &'t Topology,
+    pub opts: MeshOptions,
+    pub peers_file: PathBuf,
+    dir: TempDir,
+}
+
+fn keygen() -> Result<(String, String)> {
+    let out = std::process::Command::new(workspace_bin("socialweb-agent"))
+        .args(["keygen", "--json"])
+        .output()?;
+    let v: Value = serde_json::from_slice(&out.stdout).context("keygen output")?;
+    Ok((
+        v["secret_key"].as_str().unwrap_or_default().into(),
+        v["endpoint"].as_str().unwrap_or_default().into(),
+    ))
+}
+
+/// The relay URL nodes use.
+pub fn relay_url() -> String {
+    format!("http://{HOST_SERVICE_ADDR}:{RELAY_PORT}")
+}
+
+impl<'t> MeshCluster<'t> {
+    /// Starts the relay and one agent per node, and waits until every pair is connected.
+    pub fn start(topo: &'t Topology, opts: MeshOptions) -> Result<MeshCluster<'t>> {
+        let dir = TempDir::new("mesh")?;
+        let mut keys = Vec::new();
+        for _ in &topo.nodes {
+            keys.push(keygen()?);
+        }
+        let peers_file = dir.path().join("peers.json");
+        let nodes: Vec<Value> = topo
+            .nodes
+            .iter()
+            .zip(&keys)
+            .map(|(n, (_, ep))| {
+                json!({"node": format!("node-{}", n.index), "endpoint": ep, "pod_cidr": n.pod_cidr(),
+                       "addrs": [format!("{}:{MESH_PORT}", n.addr)]})
+            })
+            .collect();
+        std::fs::write(&peers_file, json!({ "nodes": nodes }).to_string())?;
+
+        let mut relay_args = vec![
+            "relay".to_string(),
+            "--listen".into(),
+            format!("{HOST_SERVICE_ADDR}:{RELAY_PORT}"),
+        ];
+        if opts.relay_allow_list {
+            for (_, ep) in &keys {
+                relay_args.extend(["--allow".into(), ep.clone()]);
+            }
+        }
+        let mut cmd = topo
+            .host
+            .command(&workspace_bin("socialweb-agent").to_string_lossy());
+        cmd.args(&relay_args);
+        let relay = Spawned::start_logged(cmd, "relay", &dir.path().join("relay.log"))?;
+        wait_for("the relay to listen", Duration::from_secs(10), || {
+            Ok(topo
+                .host
+                .run(|| std::net::TcpStream::connect((HOST_SERVICE_ADDR, RELAY_PORT)).is_ok())?
+                .then_some(()))
+        })?;
+
+        let mut cluster = MeshCluster {
+            agents: Vec::new(),
+            relay,
+            topo,
+            opts,
+            peers_file,
+            dir,
+        };
+        for (node, (secret, endpoint)) in topo.nodes.iter().zip(keys) {
+            let agent = cluster.spawn_agent(node, secret, endpoint)?;
+            cluster.agents.push(agent);
+        }
+        cluster.wait_all_connected(Duration::from_secs(30))?;
+        Ok(cluster)
+    }
+
+    fn spawn_agent(&self, node: &Node, secret_key: String, endpoint: String) -> Result<Agent> {
+        let name = format!("node-{}", node.index);
+        let base = self.dir.path().join(&name);
+        std::fs::create_dir_all(&base)?;
+        let identity = base.join("identity.json");
+        std::fs::write(
+            &identity,
+            json!({
+                "version": 1, "cluster": "test", "node": name,
+                "server_url": format!("https://{HOST_SERVICE_ADDR}:6443"), "join_token": "unused-by-the-mesh",
+                "relay_url": relay_url(), "mesh_secret_key": secret_key,
+                "cluster_cidr": CLUSTER_CIDR, "service_cidr": "10.43.0.0/16",
+                "cluster_domain": "cluster.local", "upstream_resolvers": [format!("{HOST_SERVICE_ADDR}")],
+            })
+            .to_string(),
+        )?;
+        let ctl = base.join("agent.sock");
+        let cni_conf_dir = base.join("net.d");
+        let log = base.join("agent.log");
+        let mut cmd = node
+            .ns
+            .command(&workspace_bin("socialweb-agent").to_string_lossy());
+        cmd.args(["--log", "stderr", "run"])
+            .arg("--identity")
+            .arg(&identity)
+            .arg("--peers")
+            .arg(&self.peers_file)
+            .arg("--ctl-socket")
+            .arg(&ctl)
+            .arg("--cni-conf-dir")
+            .arg(&cni_conf_dir)
+            .arg("--mtu")
+            .arg(self.opts.mtu.to_string())
+            .arg("--no-portmap")
+            .env("SOCIALWEB_LOG", "info,socialweb_agent=debug,iroh=warn");
+        if !self.opts.masquerade {
+            cmd.arg("--no-masquerade");
+        }
+        let process = Spawned::start_logged(cmd, &format!("agent {name}"), &log)?;
+        Ok(Agent {
+            index: node.index,
+            name,
+            secret_key,
+            endpoint,
+            identity,
+            ctl,
+            cni_conf_dir,
+            log,
+            process,
+        })
+    }
+
+    pub fn agent(&self, node: u8) -> &Agent {
+        &self.agents[usize::from(node) - 1]
+    }
+
+    /// Runs `socialweb-agent <args> --ctl-socket <node's>`.
+    pub fn cli(&self, node: u8, args: &[&str]) -> Result<String> {
+        let out = std::process::Command::new(workspace_bin("socialweb-agent"))
+            .args(args)
+            .arg("--ctl-socket")
+            .arg(&self.agent(node).ctl)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "socialweb-agent {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `mesh status --json` of a node.
+    pub fn status(&self, node: u8) -> Result<Value> {
+        Ok(serde_json::from_str(
+            &self.cli(node, &["mesh", "status", "--json"])?,
+        )?)
+    }
+
+    /// The status entry node `from` has for peer `to`.
+    pub fn peer(&self, from: u8, to: u8) -> Result<Value> {
+        let s = self.status(from)?;
+        s["peers"]
+            .as_array()
+            .and_then(|ps| {
+                ps.iter()
+                    .find(|p| p["node"] == format!("node-{to}"))
+                    .cloned()
+            })
+            .with_context(|| format!("node-{from} has no peer node-{to}: {s}"))
+    }
+
+    /// Waits until every agent reports every other node connected.
+    pub fn wait_all_connected(&self, timeout: Duration) -> Result<()> {
+        let n = self.agents.len();
+        wait_for("every pair of agents to connect", timeout, || {
+            for a in &self.agents {
+                let s = self.status(a.index)?;
+                let connected = s["peers"]
+                    .as_array()
+                    .map(|p| p.iter().filter(|p| p["connected"] == true).count())
+                    .unwrap_or(0);
+                if connected != n - 1 {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        })
+        .with_context(|| self.logs_tail())
+    }
+
+    /// Last lines of every agent's log and the relay's (for failure messages).
+    pub fn logs_tail(&self) -> String {
+        let mut out = String::new();
+        for a in &self.agents {
+            out.push_str(&format!(
+                "--- {} ---\n{}\n",
+                a.name,
+                crate::k8s::tail_of(&a.log, 15)
+            ));
+        }
+        out.push_str(&format!(
+            "--- relay ---\n{}\n",
+            crate::k8s::tail_of(&self.dir.path().join("relay.log"), 10)
+        ));
+        out
+    }
+
+    /// Attaches a pod on `node` with `socialweb-cni` and the configuration the node's agent
+    /// wrote, exactly as containerd would.
+    pub fn pod(&self, node: u8, name: &str) -> Result<MeshPod> {
+        let agent = self.agent(node);
+        let conflist_path = agent.cni_conf_dir.join("10-socialweb.conflist");
+        let conflist: Value = wait_for(
+            "the agent's CNI configuration",
+            Duration::from_secs(10),
+            || {
+                Ok(std::fs::read(&conflist_path)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok()))
+            },
+        )?;
+        let mut conf = conflist["plugins"][0].clone();
+        conf["cniVersion"] = conflist["cniVersion"].clone();
+        conf["name"] = conflist["name"].clone();
+        conf["dataDir"] = json!(self.dir.path().join(&agent.name).join("ipam"));
+        let ns = Netns::new(&format!("{name}-n{node}"))?;
+        let id = format!("{}-{}", agent.name, name);
+        let node_ns = &self.topo.node(node).ns;
+        let out =
+            Call::for_pod("ADD", &id, &ns).run(node_ns, &workspace_bin("socialweb-cni"), &conf)?;
+        let out = out.expect_ok("CNI ADD")?;
+        let addr: Ipv4Addr = result_ip(&out.json, "eth0")
+            .context("no address in the CNI result")?
+            .parse()?;
+        Ok(MeshPod { ns, addr, node })
+    }
+
+    /// Kills a node's agent (SIGKILL: no cleanup, as a crash or a lost VM).
+    pub fn kill_agent(&mut self, node: u8) {
+        self.agents[usize::from(node) - 1].process.kill_now();
+    }
+
+    /// Stops a node's agent with SIGTERM and waits for it to clean up.
+    pub fn stop_agent(&mut self, node: u8) -> Result<()> {
+        let a = &mut self.agents[usize::from(node) - 1];
+        let pid = nix::unistd::Pid::from_raw(a.process.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+        wait_for("the agent to exit", Duration::from_secs(10), || {
+            Ok((!a.process.is_running()).then_some(()))
+        })
+    }
+
+    /// Starts a node's agent again with the same identity.
+    pub fn restart_agent(&mut self, node: u8) -> Result<()> {
+        let i = usize::from(node) - 1;
+        let (secret, endpoint) = (
+            self.agents[i].secret_key.clone(),
+            self.agents[i].endpoint.clone(),
+        );
+        self.agents[i].process.kill_now();
+        let agent = self.spawn_agent(self.topo.node(node), secret, endpoint)?;
+        self.agents[i] = agent;
+        Ok(())
+    }
+
+    /// The scratch directory (peer file, logs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Whether the relay still runs.
+    pub fn relay_running(&mut self) -> bool {
+        self.relay.is_running()
+    }
+}

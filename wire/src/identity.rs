@@ -1,0 +1,484 @@
+//! Contract 1, the node identity: the small document the broker writes when a lease is
+//! awarded and the node reads, read-only, from its identity disk (a file in tests).
+//!
+//! Version 1, JSON:
+//!
+//! ```json
+//! {
+//!   "version": 1,
+//!   "cluster": "demo",
+//!   "node": "node-1",
+//!   "server_url": "https://172.31.255.1:6443",
+//!   "join_token": "K10…",
+//!   "relay_url": "http://172.31.255.1:3340",
+//!   "mesh_secret_key": "<64 hex digits>",
+//!   "cluster_cidr": "10.42.0.0/16",
+//!   "service_cidr": "10.43.0.0/16",
+//!   "cluster_domain": "cluster.local",
+//!   "upstream_resolvers": ["172.31.255.1:53"],
+//!   "labels": {"socialweb.computer/pool": "default"}
+//! }
+//! ```
+//!
+//! Every field is required except `upstream_resolvers` (empty: use the node's resolv.conf)
+//! and `labels`; unknown fields are refused. A malformed or partial document is an error that
+//! names the field, and the agent refuses to start on it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use serde_json::{Map, Value};
+use url::Url;
+
+/// The version this code writes and reads.
+pub const VERSION: u64 = 1;
+
+/// A validated node identity.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NodeIdentity {
+    pub cluster: String,
+    pub node: String,
+    pub server_url: Url,
+    pub join_token: String,
+    pub relay_url: Url,
+    pub mesh_secret_key: MeshSecretKey,
+    pub cluster_cidr: IpNet,
+    pub service_cidr: IpNet,
+    pub cluster_domain: String,
+    pub upstream_resolvers: Vec<SocketAddr>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The node's mesh secret key (an ed25519 key; its public half is the node's endpoint id).
+#[derive(Clone, PartialEq, Eq)]
+pub struct MeshSecretKey(pub [u8; 32]);
+
+impl fmt::Debug for MeshSecretKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MeshSecretKey(<redacted>)")
+    }
+}
+
+impl MeshSecretKey {
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl fmt::Debug for NodeIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Secrets stay out of logs.
+        f.debug_struct("NodeIdentity")
+            .field("cluster", &self.cluster)
+            .field("node", &self.node)
+            .field("server_url", &self.server_url.as_str())
+            .field("join_token", &"<redacted>")
+            .field("relay_url", &self.relay_url.as_str())
+            .field("mesh_secret_key", &self.mesh_secret_key)
+            .field("cluster_cidr", &self.cluster_cidr)
+            .field("service_cidr", &self.service_cidr)
+            .field("cluster_domain", &self.cluster_domain)
+            .field("upstream_resolvers", &self.upstream_resolvers)
+            .field("labels", &self.labels)
+            .finish()
+    }
+}
+
+/// What is wrong with an identity document, and where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("identity document: {field}: {problem}")]
+pub struct IdentityError {
+    /// The field at fault (`labels."x"` for a map entry, `(document)` for the whole).
+    pub field: String,
+    pub problem: String,
+}
+
+fn err(field: &str, problem: impl Into<String>) -> IdentityError {
+    IdentityError {
+        field: field.to_string(),
+        problem: problem.into(),
+    }
+}
+
+const FIELDS: &[&str] = &[
+    "version",
+    "cluster",
+    "node",
+    "server_url",
+    "join_token",
+    "relay_url",
+    "mesh_secret_key",
+    "cluster_cidr",
+    "service_cidr",
+    "cluster_domain",
+    "upstream_resolvers",
+    "labels",
+];
+
+fn string<'a>(doc: &'a Map<String, Value>, field: &str) -> Result<&'a str, IdentityError> {
+    match doc.get(field) {
+        None | Some(Value::Null) => Err(err(field, "is missing")),
+        Some(Value::String(s)) if s.trim().is_empty() => Err(err(field, "is empty")),
+        Some(Value::String(s)) => Ok(s),
+        Some(other) => Err(err(
+            field,
+            format!("must be a string, found {}", kind(other)),
+        )),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// RFC 1123 label: what Kubernetes accepts as a node name component.
+fn dns_label(field: &str, s: &str) -> Result<(), IdentityError> {
+    let ok = s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(err(
+            field,
+            format!("{s:?} is not a DNS label (a-z, 0-9, '-', at most 63)"),
+        ))
+    }
+}
+
+fn dns_name(field: &str, s: &str) -> Result<(), IdentityError> {
+    if s.len() > 253
+        || s.split('.')
+            .any(|l| l.is_empty() || dns_label(field, l).is_err())
+    {
+        return Err(err(field, format!("{s:?} is not a DNS name")));
+    }
+    Ok(())
+}
+
+fn url(doc: &Map<String, Value>, field: &str, schemes: &[&str]) -> Result<Url, IdentityError> {
+    let s = string(doc, field)?;
+    let u = Url::parse(s).map_err(|e| err(field, format!("{s:?} is not a URL: {e}")))?;
+    if !schemes.contains(&u.scheme()) {
+        return Err(err(
+            field,
+            format!("{s:?} must use {}", schemes.join(" or ")),
+        ));
+    }
+    if u.host().is_none() {
+        return Err(err(field, format!("{s:?} has no host")));
+    }
+    Ok(u)
+}
+
+fn cidr(doc: &Map<String, Value>, field: &str) -> Result<IpNet, IdentityError> {
+    let s = string(doc, field)?;
+    let net: IpNet = s
+        .parse()
+        .map_err(|_| err(field, format!("{s:?} is not a CIDR")))?;
+    if net.trunc() != net {
+        return Err(err(
+            field,
+            format!("{s:?} has host bits set (did you mean {}?)", net.trunc()),
+        ));
+    }
+    Ok(net)
+}
+
+impl NodeIdentity {
+    /// Parses and validates a document.
+    pub fn from_json(bytes: &[u8]) -> Result<NodeIdentity, IdentityError> {
+        let value: Value = serde_json::from_slice(bytes)
+            .map_err(|e| err("(document)", format!("not valid JSON: {e}")))?;
+        let Value::Object(doc) = value else {
+            return Err(err(
+                "(document)",
+                format!("must be a JSON object, found {}", kind(&value)),
+            ));
+        };
+        if let Some(unknown) = doc.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+            return Err(err(unknown, "is not a field of identity version 1"));
+        }
+        match doc.get("version") {
+            Some(Value::Number(n)) if n.as_u64() == Some(VERSION) => {}
+            Some(Value::Number(n)) => {
+                return Err(err(
+                    "version",
+                    format!("{n} is not supported (this agent reads {VERSION})"),
+                ));
+            }
+            None => return Err(err("version", "is missing")),
+            Some(other) => {
+                return Err(err(
+                    "version",
+                    format!("must be a number, found {}", kind(other)),
+                ));
+            }
+        }
+        let cluster = string(&doc, "cluster")?.to_string();
+        dns_label("cluster", &cluster)?;
+        let node = string(&doc, "node")?.to_string();
+        dns_label("node", &node)?;
+        let server_url = url(&doc, "server_url", &["https"])?;
+        let join_token = string(&doc, "join_token")?.to_string();
+        let relay_url = url(&doc, "relay_url", &["http", "https"])?;
+        let key_hex = string(&doc, "mesh_secret_key")?;
+        let mesh_secret_key = parse_key(key_hex).map_err(|p| err("mesh_secret_key", p))?;
+        let cluster_cidr = cidr(&doc, "cluster_cidr")?;
+        let service_cidr = cidr(&doc, "service_cidr")?;
+        if cluster_cidr.contains(&service_cidr) || service_cidr.contains(&cluster_cidr) {
+            return Err(err(
+                "service_cidr",
+                format!("{service_cidr} overlaps cluster_cidr {cluster_cidr}"),
+            ));
+        }
+        let cluster_domain = string(&doc, "cluster_domain")?
+            .trim_end_matches('.')
+            .to_string();
+        dns_name("cluster_domain", &cluster_domain)?;
+
+        let upstream_resolvers = match doc.get("upstream_resolvers") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let field = format!("upstream_resolvers[{i}]");
+                    let s = v.as_str().ok_or_else(|| {
+                        err(&field, format!("must be a string, found {}", kind(v)))
+                    })?;
+                    parse_resolver(s).ok_or_else(|| {
+                        err(&field, format!("{s:?} is not an IP address or IP:port"))
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            Some(other) => {
+                return Err(err(
+                    "upstream_resolvers",
+                    format!("must be an array, found {}", kind(other)),
+                ));
+            }
+        };
+        let labels = match doc.get("labels") {
+            None | Some(Value::Null) => BTreeMap::new(),
+            Some(Value::Object(m)) => m
+                .iter()
+                .map(|(k, v)| {
+                    let field = format!("labels.{k:?}");
+                    let v = v.as_str().ok_or_else(|| {
+                        err(&field, format!("must be a string, found {}", kind(v)))
+                    })?;
+                    validate_label(k, v).map_err(|p| err(&field, p))?;
+                    Ok((k.clone(), v.to_string()))
+                })
+                .collect::<Result<_, IdentityError>>()?,
+            Some(other) => {
+                return Err(err(
+                    "labels",
+                    format!("must be an object, found {}", kind(other)),
+                ));
+            }
+        };
+        Ok(NodeIdentity {
+            cluster,
+            node,
+            server_url,
+            join_token,
+            relay_url,
+            mesh_secret_key,
+            cluster_cidr,
+            service_cidr,
+            cluster_domain,
+            upstream_resolvers,
+            labels,
+        })
+    }
+
+    /// The document, as the broker writes it.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "version": VERSION,
+            "cluster": self.cluster,
+            "node": self.node,
+            "server_url": self.server_url.as_str(),
+            "join_token": self.join_token,
+            "relay_url": self.relay_url.as_str(),
+            "mesh_secret_key": self.mesh_secret_key.to_hex(),
+            "cluster_cidr": self.cluster_cidr.to_string(),
+            "service_cidr": self.service_cidr.to_string(),
+            "cluster_domain": self.cluster_domain,
+            "upstream_resolvers": self.upstream_resolvers.iter().map(|r| r.to_string()).collect::<Vec<_>>(),
+            "labels": self.labels,
+        })
+    }
+}
+
+fn parse_key(s: &str) -> Result<MeshSecretKey, String> {
+    if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err("must be 64 hexadecimal digits (32 bytes)".into());
+    }
+    let mut key = [0u8; 32];
+    for (i, byte) in key.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+    }
+    if key == [0u8; 32] {
+        return Err("is all zeroes".into());
+    }
+    Ok(MeshSecretKey(key))
+}
+
+/// `1.2.3.4`, `1.2.3.4:5353`, `::1`, `[::1]:53`.
+pub fn parse_resolver(s: &str) -> Option<SocketAddr> {
+    s.parse::<SocketAddr>()
+        .ok()
+        .or_else(|| s.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 53)))
+}
+
+/// Kubernetes label rules: optional DNS-name prefix and `/`, a name of at most 63 of
+/// `[A-Za-z0-9._-]` starting and ending alphanumeric; values likewise (or empty).
+fn validate_label(key: &str, value: &str) -> Result<(), String> {
+    fn name_ok(s: &str) -> bool {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && s.as_bytes()[0].is_ascii_alphanumeric()
+            && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
+    }
+    let name = match key.split_once('/') {
+        Some((prefix, name)) => {
+            if dns_name("labels", prefix).is_err() {
+                return Err(format!("key prefix {prefix:?} is not a DNS name"));
+            }
+            name
+        }
+        None => key,
+    };
+    if !name_ok(name) {
+        return Err(format!("key {key:?} is not a valid label name"));
+    }
+    if !value.is_empty() && !name_ok(value) {
+        return Err(format!("value {value:?} is not a valid label value"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> Value {
+        serde_json::json!({
+            "version": 1,
+            "cluster": "demo",
+            "node": "node-1",
+            "server_url": "https://172.31.255.1:6443",
+            "join_token": "secret-token",
+            "relay_url": "http://172.31.255.1:3340",
+            "mesh_secret_key": "11".repeat(32),
+            "cluster_cidr": "10.42.0.0/16",
+            "service_cidr": "10.43.0.0/16",
+            "cluster_domain": "cluster.local",
+            "upstream_resolvers": ["172.31.255.1", "[::1]:5353"],
+            "labels": {"socialweb.computer/pool": "default"},
+        })
+    }
+
+    fn parse(v: &Value) -> Result<NodeIdentity, IdentityError> {
+        NodeIdentity::from_json(v.to_string().as_bytes())
+    }
+
+    #[test]
+    fn a_good_document_round_trips() {
+        let id = parse(&good()).unwrap();
+        assert_eq!(id.node, "node-1");
+        assert_eq!(id.upstream_resolvers[0], "172.31.255.1:53".parse().unwrap());
+        assert_eq!(id.upstream_resolvers[1], "[::1]:5353".parse().unwrap());
+        assert_eq!(parse(&id.to_json()).unwrap(), id);
+        let debug = format!("{id:?}");
+        assert!(
+            !debug.contains("secret-token") && !debug.contains(&"11".repeat(32)),
+            "{debug}"
+        );
+    }
+
+    #[test]
+    fn every_required_field_is_named_when_missing() {
+        for field in FIELDS
+            .iter()
+            .filter(|f| !matches!(**f, "upstream_resolvers" | "labels"))
+        {
+            let mut doc = good();
+            doc.as_object_mut().unwrap().remove(*field);
+            let e = parse(&doc).unwrap_err();
+            assert_eq!(e.field, *field, "{e}");
+            assert!(e.problem.contains("missing"), "{e}");
+        }
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let cases: &[(&str, Value, &str)] = &[
+            ("version", 2.into(), "not supported"),
+            ("node", "Node_1".into(), "DNS label"),
+            ("server_url", "http://x:6443".into(), "https"),
+            ("relay_url", "not a url".into(), "not a URL"),
+            ("mesh_secret_key", "abc".into(), "64 hexadecimal"),
+            ("mesh_secret_key", "00".repeat(32).into(), "zeroes"),
+            ("cluster_cidr", "10.42.0.1/16".into(), "host bits"),
+            ("service_cidr", "10.42.128.0/17".into(), "overlaps"),
+            ("cluster_domain", "bad..domain".into(), "DNS name"),
+            ("join_token", 5.into(), "must be a string"),
+            ("join_token", "  ".into(), "empty"),
+        ];
+        for (field, value, needle) in cases {
+            let mut doc = good();
+            doc[*field] = value.clone();
+            let e = parse(&doc).unwrap_err();
+            assert_eq!(e.field, *field, "{e}");
+            assert!(e.problem.contains(needle), "{e}");
+        }
+        let mut doc = good();
+        doc["upstream_resolvers"] = serde_json::json!(["1.1.1.1", "nope"]);
+        assert_eq!(parse(&doc).unwrap_err().field, "upstream_resolvers[1]");
+        let mut doc = good();
+        doc["labels"] = serde_json::json!({"bad key!": "x"});
+        assert!(parse(&doc).unwrap_err().field.starts_with("labels."));
+        let mut doc = good();
+        doc["surprise"] = true.into();
+        assert_eq!(parse(&doc).unwrap_err().field, "surprise");
+        assert_eq!(
+            NodeIdentity::from_json(b"[1]").unwrap_err().field,
+            "(document)"
+        );
+        assert_eq!(
+            NodeIdentity::from_json(b"{").unwrap_err().field,
+            "(document)"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
+            let _ = NodeIdentity::from_json(&bytes);
+        }
+
+        #[test]
+        fn arbitrary_strings_in_every_field_never_panic(field in 0..FIELDS.len(), s in ".{0,80}") {
+            let mut doc = good();
+            doc[FIELDS[field]] = s.into();
+            let _ = parse(&doc);
+        }
+    }
+}
