@@ -56,6 +56,10 @@ pub struct Agent {
 }
 
 impl Agent {
+    pub fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
     pub fn is_running(&mut self) -> bool {
         self.process.is_running()
     }

@@ -1,59 +1,441 @@
 //! The mesh across node namespaces: direct, through the relay, across a node's death, under
-//! attack, and out of the cluster.
+//! attack, out of the cluster, and with packets too big for the path.
 
-use std::net::SocketAddr;
-use std::time::Duration;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
 
-use testbed::mesh::{MeshCluster, MeshOptions};
-use testbed::{Reach, Topology, probe};
+use testbed::k8s::wait_for;
+use testbed::mesh::{MESH_PORT, MeshCluster, MeshOptions, MeshPod, relay_url};
+use testbed::topology::HOST_SERVICE_ADDR;
+use testbed::{Netns, Reach, Topology, probe};
+
+/// Ping and a 256 KiB TCP exchange between every ordered pair of pods; the receiver must see
+/// the sending pod's own address.
+fn every_pair_talks(mesh: &MeshCluster<'_>, pods: &[MeshPod]) {
+    for a in pods {
+        for b in pods.iter().filter(|b| b.node != a.node) {
+            probe::ping_until(&a.ns, &b.addr.to_string(), Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("{e:#}\n{}", mesh.logs_tail()));
+            let server =
+                probe::EchoServer::start(&b.ns, SocketAddr::new(b.addr.into(), 0)).unwrap();
+            probe::tcp_exchange(&a.ns, server.addr, &vec![0x5au8; 256 * 1024]).unwrap();
+            let seen = server.next_peer(Duration::from_secs(5)).unwrap();
+            assert_eq!(
+                seen.ip(),
+                IpAddr::V4(a.addr),
+                "the receiver sees the pod's own source"
+            );
+        }
+    }
+}
+
+fn paths(mesh: &MeshCluster<'_>, nodes: u8) -> Vec<String> {
+    let mut out = Vec::new();
+    for n in 1..=nodes {
+        for m in (1..=nodes).filter(|m| *m != n) {
+            out.push(
+                mesh.peer(n, m).unwrap()["path"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            );
+        }
+    }
+    out
+}
 
 #[test]
 fn three_nodes_direct_every_pair_of_pods_talks_with_sources_kept() {
     let topo = Topology::new(3, Reach::Direct).unwrap();
     let mesh = MeshCluster::start(&topo, MeshOptions::default()).unwrap();
     let pods: Vec<_> = (1..=3).map(|n| mesh.pod(n, "p").unwrap()).collect();
-    for a in &pods {
-        for b in &pods {
-            if a.node == b.node {
-                continue;
-            }
-            probe::ping_until(&a.ns, &b.addr.to_string(), Duration::from_secs(5))
-                .unwrap_or_else(|e| panic!("{e:#}\n{}", mesh.logs_tail()));
-            let server =
-                probe::EchoServer::start(&b.ns, SocketAddr::new(b.addr.into(), 0)).unwrap();
-            let payload = vec![0x5au8; 256 * 1024];
-            probe::tcp_exchange(&a.ns, server.addr, &payload).unwrap();
-            let peer = server.next_peer(Duration::from_secs(5)).unwrap();
-            assert_eq!(
-                peer.ip(),
-                std::net::IpAddr::V4(a.addr),
-                "the receiver sees the pod's own source"
-            );
-        }
+    every_pair_talks(&mesh, &pods);
+    for p in paths(&mesh, 3) {
+        assert!(p.starts_with("direct 172.31."), "{p}");
     }
-    for n in 1..=3u8 {
-        for m in (1..=3u8).filter(|m| *m != n) {
-            let p = mesh.peer(n, m).unwrap();
-            assert!(
-                p["path"].as_str().unwrap().starts_with("direct "),
-                "node-{n} to node-{m}: {p}"
-            );
-        }
-    }
+    let status = mesh.cli(1, &["mesh", "status"]).unwrap();
+    assert!(
+        status.contains("node-2") && status.contains("direct 172.31.2.2:7443"),
+        "{status}"
+    );
 }
 
 #[test]
-fn zz_print_status() {
+fn nodes_that_cannot_reach_each_other_talk_through_the_relay() {
+    let topo = Topology::new(3, Reach::HostOnly).unwrap();
+    let mesh = MeshCluster::start(&topo, MeshOptions::default()).unwrap();
+    let pods: Vec<_> = (1..=3).map(|n| mesh.pod(n, "p").unwrap()).collect();
+    every_pair_talks(&mesh, &pods);
+    let relay = relay_url();
+    for p in paths(&mesh, 3) {
+        assert!(p.starts_with(&format!("relay {relay}")), "{p}");
+    }
+    let status = mesh.cli(2, &["mesh", "status"]).unwrap();
+    assert!(
+        status.contains(&format!("relay {relay}")),
+        "mesh status says so:\n{status}"
+    );
+    // And the data really went through: the relayed peer counted datagrams both ways.
+    let p = mesh.peer(1, 2).unwrap();
+    assert!(
+        p["tx"]["datagrams"].as_u64().unwrap() > 100
+            && p["rx"]["datagrams"].as_u64().unwrap() > 100,
+        "{p}"
+    );
+}
+
+fn route_installed(node: &Netns, cidr: &str) -> bool {
+    node.ip(&["route", "show", cidr])
+        .map(|r| !r.trim().is_empty())
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_killed_node_loses_its_routes_and_comes_back_with_the_same_identity() {
+    let topo = Topology::new(3, Reach::Direct).unwrap();
+    let mut mesh = MeshCluster::start(&topo, MeshOptions::default()).unwrap();
+    let p1 = mesh.pod(1, "p").unwrap();
+    let p2 = mesh.pod(2, "p").unwrap();
+    probe::ping_until(&p1.ns, &p2.addr.to_string(), Duration::from_secs(5)).unwrap();
+    let (pid1, pid3) = (mesh.agent(1).pid(), mesh.agent(3).pid());
+    let cidr2 = topo.node(2).pod_cidr();
+    assert!(route_installed(&topo.node(1).ns, &cidr2));
+
+    mesh.kill_agent(2);
+    let killed = Instant::now();
+    for other in [1u8, 3] {
+        wait_for(
+            &format!("node-{other} to withdraw node-2's route"),
+            Duration::from_secs(15),
+            || Ok((!route_installed(&topo.node(other).ns, &cidr2)).then_some(())),
+        )
+        .unwrap();
+    }
+    let withdrawn = killed.elapsed();
+    eprintln!(
+        "routes withdrawn {:.1}s after the kill",
+        withdrawn.as_secs_f64()
+    );
+    let routes = mesh.cli(1, &["mesh", "routes"]).unwrap();
+    assert!(
+        routes
+            .lines()
+            .any(|l| l.contains(&cidr2) && l.contains("absent")),
+        "{routes}"
+    );
+    assert!(probe::ping(&p1.ns, &p2.addr.to_string(), 1).is_err());
+
+    mesh.restart_agent(2).unwrap();
+    mesh.wait_all_connected(Duration::from_secs(30)).unwrap();
+    probe::ping_until(&p1.ns, &p2.addr.to_string(), Duration::from_secs(10)).unwrap();
+    assert!(route_installed(&topo.node(1).ns, &cidr2));
+    assert_eq!(
+        (mesh.agent(1).pid(), mesh.agent(3).pid()),
+        (pid1, pid3),
+        "the others were not restarted"
+    );
+}
+
+#[test]
+fn pod_traffic_leaving_the_cluster_is_masqueraded_with_the_node_address() {
     let topo = Topology::new(2, Reach::HostOnly).unwrap();
     let mesh = MeshCluster::start(&topo, MeshOptions::default()).unwrap();
-    let a = mesh.pod(1, "p").unwrap();
-    let b = mesh.pod(2, "p").unwrap();
-    eprintln!("{}", mesh.cli(1, &["mesh", "status"]).unwrap());
-    let r = probe::ping_until(&a.ns, &b.addr.to_string(), Duration::from_secs(10));
-    eprintln!("ping: {r:?}");
-    eprintln!("{}", mesh.cli(1, &["mesh", "status"]).unwrap());
-    eprintln!("{}", mesh.cli(2, &["mesh", "status"]).unwrap());
-    eprintln!("{}", mesh.cli(1, &["mesh", "routes"]).unwrap());
-    eprintln!("{}", mesh.cli(1, &["mesh", "ping", "node-2"]).unwrap());
-    eprintln!("{}", topo.node(1).ns.ip(&["route"]).unwrap());
+    let pod = mesh.pod(1, "out").unwrap();
+    let server =
+        probe::EchoServer::start(&topo.host, SocketAddr::new(HOST_SERVICE_ADDR.into(), 0)).unwrap();
+    probe::tcp_exchange(&pod.ns, server.addr, b"to the outside").unwrap();
+    let seen = server.next_peer(Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        seen.ip(),
+        IpAddr::V4(topo.node(1).addr),
+        "left with the node's address"
+    );
+    let rules = topo
+        .node(1)
+        .ns
+        .exec("nft", &["list", "table", "ip", "socialweb"])
+        .unwrap();
+    assert!(rules.contains("masquerade"), "{rules}");
+}
+
+#[test]
+fn a_packet_too_big_for_the_path_is_answered_and_tcp_finds_the_path_mtu() {
+    // Pods and TUN at 1500, so that packets larger than a QUIC datagram reach the agent.
+    let topo = Topology::new(2, Reach::Direct).unwrap();
+    let mesh = MeshCluster::start(
+        &topo,
+        MeshOptions {
+            mtu: 1500,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let a = mesh.pod(1, "big").unwrap();
+    let b = mesh.pod(2, "big").unwrap();
+    probe::ping_until(&a.ns, &b.addr.to_string(), Duration::from_secs(5)).unwrap();
+    let max = mesh.peer(1, 2).unwrap()["max_packet"].as_u64().unwrap();
+    assert!(
+        max < 1428,
+        "a 1400-byte ping (1428-byte packet) must not fit; the path carries {max}"
+    );
+
+    let out =
+        a.ns.output(
+            "ping",
+            &[
+                "-n",
+                "-c",
+                "1",
+                "-W",
+                "2",
+                "-M",
+                "do",
+                "-s",
+                "1400",
+                &b.addr.to_string(),
+            ],
+        )
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains(&format!("mtu = {max}")),
+        "Packet Too Big with the path's size:\n{text}"
+    );
+    let drops = mesh.peer(1, 2).unwrap()["drops"].clone();
+    assert!(drops["too_big"].as_u64().unwrap_or(0) >= 1, "{drops}");
+
+    // TCP with full-size segments: the first ones are answered with Packet Too Big, the
+    // kernel lowers the path MTU, and the transfer completes.
+    let server = probe::EchoServer::start(&b.ns, SocketAddr::new(b.addr.into(), 0)).unwrap();
+    probe::tcp_exchange(&a.ns, server.addr, &vec![7u8; 1 << 20]).unwrap();
+}
+
+#[test]
+fn with_the_default_mtu_a_big_ping_is_refused_at_the_pod() {
+    let topo = Topology::new(2, Reach::Direct).unwrap();
+    let mesh = MeshCluster::start(&topo, MeshOptions::default()).unwrap();
+    let a = mesh.pod(1, "big").unwrap();
+    let b = mesh.pod(2, "big").unwrap();
+    probe::ping_until(&a.ns, &b.addr.to_string(), Duration::from_secs(5)).unwrap();
+    let out =
+        a.ns.output(
+            "ping",
+            &[
+                "-n",
+                "-c",
+                "1",
+                "-W",
+                "2",
+                "-M",
+                "do",
+                "-s",
+                "1400",
+                &b.addr.to_string(),
+            ],
+        )
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("mtu=1280") || text.contains("mtu = 1280"),
+        "{text}"
+    );
+    // A full 1280-byte packet fits a datagram and crosses.
+    a.ns.exec(
+        "ping",
+        &[
+            "-n",
+            "-c",
+            "1",
+            "-W",
+            "2",
+            "-M",
+            "do",
+            "-s",
+            "1252",
+            &b.addr.to_string(),
+        ],
+    )
+    .unwrap();
+}
+
+/// A rogue endpoint: speaks the mesh ALPN with a given key from inside a namespace.
+fn rogue<R>(
+    ns: &Netns,
+    key: [u8; 32],
+    bind: SocketAddr,
+    f: impl AsyncFnOnce(iroh::Endpoint) -> R + Send,
+) -> R
+where
+    R: Send,
+{
+    ns.run(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let relay: iroh::RelayUrl = relay_url().parse().unwrap();
+            let ep = iroh::Endpoint::builder(iroh::endpoint::presets::Minimal)
+                .secret_key(iroh::SecretKey::from_bytes(&key))
+                .alpns(vec![socialweb_alpn()])
+                .relay_mode(iroh::RelayMode::custom([relay]))
+                .clear_ip_transports()
+                .bind_addr(bind)
+                .unwrap()
+                .bind()
+                .await
+                .unwrap();
+            f(ep).await
+        })
+    })
+    .unwrap()
+}
+
+fn socialweb_alpn() -> Vec<u8> {
+    b"socialweb/mesh/1".to_vec()
+}
+
+fn hex_key(s: &str) -> [u8; 32] {
+    let mut k = [0u8; 32];
+    for (i, b) in k.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
+    }
+    k
+}
+
+fn udp_packet(src: Ipv4Addr, dst: Ipv4Addr, port: u16, payload: &[u8]) -> bytes::Bytes {
+    let b = etherparse::PacketBuilder::ipv4(src.octets(), dst.octets(), 64).udp(40000, port);
+    let mut out = Vec::new();
+    b.write(&mut out, payload).unwrap();
+    out.into()
+}
+
+#[test]
+fn spoofed_packets_are_dropped_and_counted_and_strangers_are_refused() {
+    let topo = Topology::new(3, Reach::Direct).unwrap();
+    let mut mesh = MeshCluster::start(&topo, MeshOptions::default()).unwrap();
+    let target = mesh.pod(1, "victim").unwrap();
+    let sock = target
+        .ns
+        .run(move || UdpSocket::bind((target.addr, 5353)).unwrap())
+        .unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+
+    // Node-3 goes rogue: its agent stops and something else speaks with its key.
+    mesh.stop_agent(3).unwrap();
+    wait_for("node-1 to see node-3 gone", Duration::from_secs(15), || {
+        Ok((mesh.peer(1, 3)?["connected"] == false).then_some(()))
+    })
+    .unwrap();
+    let key3 = hex_key(&mesh.agent(3).secret_key);
+    let node1_id: iroh::EndpointId = mesh.agent(1).endpoint.parse().unwrap();
+    let node1_addr = SocketAddr::new(topo.node(1).addr.into(), MESH_PORT);
+    let own3 = Ipv4Addr::new(10, 42, 3, 9);
+    let victim = target.addr;
+    rogue(
+        &topo.node(3).ns,
+        key3,
+        SocketAddr::new(topo.node(3).addr.into(), MESH_PORT),
+        async move |ep| {
+            let conn = ep
+                .connect(
+                    iroh::EndpointAddr::new(node1_id).with_ip_addr(node1_addr),
+                    &socialweb_alpn(),
+                )
+                .await
+                .unwrap();
+            for _ in 0..3 {
+                conn.send_datagram(udp_packet(
+                    Ipv4Addr::new(10, 42, 2, 9),
+                    victim,
+                    5353,
+                    b"spoofed",
+                ))
+                .unwrap();
+                conn.send_datagram(udp_packet(
+                    own3,
+                    Ipv4Addr::new(10, 42, 2, 5),
+                    5353,
+                    b"elsewhere",
+                ))
+                .unwrap();
+                conn.send_datagram(bytes::Bytes::from_static(b"\x45not an ip packet at all"))
+                    .unwrap();
+                conn.send_datagram(udp_packet(own3, victim, 5353, b"valid"))
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            conn.close(0u32.into(), b"done");
+        },
+    );
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    while let Ok((n, from)) = sock.recv_from(&mut buf) {
+        got.push((String::from_utf8_lossy(&buf[..n]).to_string(), from.ip()));
+    }
+    assert!(
+        !got.is_empty(),
+        "the valid packets from node-3's CIDR arrive"
+    );
+    assert!(
+        got.iter()
+            .all(|(p, from)| p == "valid" && *from == IpAddr::V4(own3)),
+        "only valid ones: {got:?}"
+    );
+    let drops = mesh.peer(1, 3).unwrap()["drops"].clone();
+    for reason in ["spoofed_source", "wrong_destination", "malformed"] {
+        assert!(
+            drops[reason].as_u64().unwrap_or(0) >= 3,
+            "{reason} counted: {drops}"
+        );
+    }
+
+    // A stranger (a key in no directory) is refused by the agent, directly...
+    let stranger: [u8; 32] = std::array::from_fn(|i| i as u8 + 1);
+    let closed = rogue(
+        &topo.node(3).ns,
+        stranger,
+        SocketAddr::new(topo.node(3).addr.into(), 7444),
+        async move |ep| {
+            let conn = ep
+                .connect(
+                    iroh::EndpointAddr::new(node1_id).with_ip_addr(node1_addr),
+                    &socialweb_alpn(),
+                )
+                .await
+                .unwrap();
+            let _ = conn.send_datagram(udp_packet(own3, victim, 5353, b"stranger"));
+            conn.closed().await.to_string()
+        },
+    );
+    assert!(closed.contains("not in the peer directory"), "{closed}");
+    assert!(
+        mesh.status(1).unwrap()["strangers_refused"]
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
+    assert!(
+        sock.recv_from(&mut buf).is_err(),
+        "nothing from the stranger arrived"
+    );
+    // ...and by the relay, which admits only the cluster's endpoints.
+    let relayed = rogue(
+        &topo.node(3).ns,
+        stranger,
+        SocketAddr::new(topo.node(3).addr.into(), 7445),
+        async move |ep| {
+            let addr =
+                iroh::EndpointAddr::new(node1_id).with_relay_url(relay_url().parse().unwrap());
+            tokio::time::timeout(Duration::from_secs(5), ep.connect(addr, &socialweb_alpn())).await
+        },
+    );
+    assert!(
+        !matches!(relayed, Ok(Ok(_))),
+        "the relay carried a stranger's connection"
+    );
 }
