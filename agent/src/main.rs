@@ -81,8 +81,12 @@ struct RunArgs {
     identity: PathBuf,
     /// A static peer directory (JSON: {"nodes": [{"node", "endpoint", "pod_cidr", "addrs"}]}),
     /// for nodes without Kubernetes and for the demo. Re-read when it changes.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "kubeconfig")]
     peers: Option<PathBuf>,
+    /// Kubeconfig of this node (the one the join wrote): the peer directory is then the
+    /// cluster's Nodes, and the agent publishes its mesh endpoint on its own Node.
+    #[arg(long, env = "SOCIALWEB_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
     /// The control socket.
     #[arg(long, default_value = ctl::DEFAULT_SOCKET)]
     ctl_socket: PathBuf,
@@ -189,6 +193,7 @@ async fn dispatch(command: Command) -> Result<()> {
             run::run(RunOptions {
                 identity: a.identity,
                 peers: a.peers,
+                kubeconfig: a.kubeconfig,
                 ctl_socket: a.ctl_socket,
                 mesh_listen: a.mesh_listen,
                 tun: a.tun,

@@ -24,6 +24,8 @@ use crate::node::{self, PodNetwork};
 pub struct RunOptions {
     pub identity: PathBuf,
     pub peers: Option<PathBuf>,
+    /// Kubeconfig for the Kubernetes directory source (used when `peers` is `None`).
+    pub kubeconfig: Option<PathBuf>,
     pub ctl_socket: PathBuf,
     pub mesh_listen: SocketAddr,
     pub tun: String,
@@ -72,13 +74,6 @@ impl crate::ctl::server::Handler for Handler {
 pub async fn run(opts: RunOptions) -> Result<()> {
     let id = read_identity(&opts.identity)?;
     info!(node = %id.node, cluster = %id.cluster, "identity read");
-    let Some(peers) = opts.peers.clone() else {
-        bail!(
-            "no peer directory: give --peers FILE (the Kubernetes source runs with the k3s join)"
-        );
-    };
-    let mut directory = static_file::watch(peers, Duration::from_millis(500))?;
-
     let mesh = Mesh::start(MeshConfig {
         node: id.node.clone(),
         endpoint: mesh::transport::EndpointConfig {
@@ -90,6 +85,23 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         mtu: opts.mtu,
     })
     .await?;
+    let mut directory = match (&opts.peers, &opts.kubeconfig) {
+        (Some(peers), _) => static_file::watch(peers.clone(), Duration::from_millis(500))?,
+        (None, Some(kubeconfig)) => {
+            let client = crate::directory::kube::client(kubeconfig).await?;
+            let endpoint = mesh.endpoint_id().to_string();
+            tokio::spawn(annotate_own(
+                client.clone(),
+                id.node.clone(),
+                endpoint.clone(),
+                mesh.bound_addrs(),
+            ));
+            crate::directory::kube::watch(client, id.node.clone(), endpoint)
+        }
+        (None, None) => bail!(
+            "no peer directory: give --kubeconfig FILE (Kubernetes Nodes) or --peers FILE (static)"
+        ),
+    };
     let _ctl =
         crate::ctl::server::serve(&opts.ctl_socket, Arc::new(Handler { mesh: mesh.clone() }))?;
     info!(socket = %opts.ctl_socket.display(), "control socket ready");
@@ -125,6 +137,23 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         warn!("removing the masquerade table: {e:#}");
     }
     Ok(())
+}
+
+/// Publishes this node's endpoint on its Node, retrying until the Node exists (the kubelet
+/// may register it after the agent starts).
+async fn annotate_own(client: kube::Client, me: String, endpoint: String, addrs: Vec<SocketAddr>) {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match crate::directory::kube::annotate_own(&client, &me, &endpoint, &addrs).await {
+            Ok(()) => {
+                info!(node = %me, "mesh endpoint published on the Node");
+                return;
+            }
+            Err(e) => warn!("{e:#}; retrying in {delay:?}"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(10));
+    }
 }
 
 fn own_network(cidr: &IpNet, id: &NodeIdentity, opts: &RunOptions) -> Result<()> {

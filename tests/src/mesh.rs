@@ -73,6 +73,15 @@ pub struct MeshPod {
     pub node: u8,
 }
 
+/// Where agents read the peer directory from.
+#[derive(Debug, Clone)]
+pub enum DirectorySource {
+    /// The cluster's static peer file.
+    Static,
+    /// Kubernetes Nodes, with each node's kubeconfig (in node order).
+    Kube(Vec<PathBuf>),
+}
+
 /// The relay and the agents of a [`Topology`].
 #[derive(Debug)]
 pub struct MeshCluster<'t> {
@@ -81,6 +90,9 @@ pub struct MeshCluster<'t> {
     pub topo: &'t Topology,
     pub opts: MeshOptions,
     pub peers_file: PathBuf,
+    source: DirectorySource,
+    /// Per-node CNI configuration directories when the caller owns them (a kubelet's).
+    cni_dirs: Option<Vec<PathBuf>>,
     dir: TempDir,
 }
 
@@ -101,8 +113,38 @@ pub fn relay_url() -> String {
 }
 
 impl<'t> MeshCluster<'t> {
-    /// Starts the relay and one agent per node, and waits until every pair is connected.
+    /// Starts the relay and one agent per node with a static peer directory, and waits until
+    /// every pair is connected.
     pub fn start(topo: &'t Topology, opts: MeshOptions) -> Result<MeshCluster<'t>> {
+        let c = Self::launch(topo, opts, DirectorySource::Static, None)?;
+        c.wait_all_connected(Duration::from_secs(30))?;
+        Ok(c)
+    }
+
+    /// Starts the relay and one agent per node reading the directory from Kubernetes Nodes
+    /// (each with its node's kubeconfig) and writing its CNI configuration into `cni_dirs`
+    /// (the kubelets' containerd configuration directories). Does not wait for connections:
+    /// they form once the nodes have registered and got pod CIDRs.
+    pub fn start_kube(
+        topo: &'t Topology,
+        opts: MeshOptions,
+        kubeconfigs: Vec<PathBuf>,
+        cni_dirs: Vec<PathBuf>,
+    ) -> Result<MeshCluster<'t>> {
+        Self::launch(
+            topo,
+            opts,
+            DirectorySource::Kube(kubeconfigs),
+            Some(cni_dirs),
+        )
+    }
+
+    fn launch(
+        topo: &'t Topology,
+        opts: MeshOptions,
+        source: DirectorySource,
+        cni_dirs: Option<Vec<PathBuf>>,
+    ) -> Result<MeshCluster<'t>> {
         let dir = TempDir::new("mesh")?;
         let mut keys = Vec::new();
         for _ in &topo.nodes {
@@ -148,13 +190,14 @@ impl<'t> MeshCluster<'t> {
             topo,
             opts,
             peers_file,
+            source,
+            cni_dirs,
             dir,
         };
         for (node, (secret, endpoint)) in topo.nodes.iter().zip(keys) {
             let agent = cluster.spawn_agent(node, secret, endpoint)?;
             cluster.agents.push(agent);
         }
-        cluster.wait_all_connected(Duration::from_secs(30))?;
         Ok(cluster)
     }
 
@@ -175,7 +218,11 @@ impl<'t> MeshCluster<'t> {
             .to_string(),
         )?;
         let ctl = base.join("agent.sock");
-        let cni_conf_dir = base.join("net.d");
+        let i = usize::from(node.index) - 1;
+        let cni_conf_dir = match &self.cni_dirs {
+            Some(dirs) => dirs[i].clone(),
+            None => base.join("net.d"),
+        };
         let log = base.join("agent.log");
         let mut cmd = node
             .ns
@@ -183,18 +230,23 @@ impl<'t> MeshCluster<'t> {
         cmd.args(["--log", "stderr", "run"])
             .arg("--identity")
             .arg(&identity)
-            .arg("--peers")
-            .arg(&self.peers_file)
             .arg("--ctl-socket")
             .arg(&ctl)
             .arg("--cni-conf-dir")
             .arg(&cni_conf_dir)
             .arg("--mtu")
             .arg(self.opts.mtu.to_string())
-            .arg("--no-portmap")
             .env("SOCIALWEB_LOG", "info,socialweb_agent=debug,iroh=warn");
         if !self.opts.masquerade {
             cmd.arg("--no-masquerade");
+        }
+        match &self.source {
+            DirectorySource::Static => {
+                cmd.arg("--peers").arg(&self.peers_file).arg("--no-portmap");
+            }
+            DirectorySource::Kube(kubeconfigs) => {
+                cmd.arg("--kubeconfig").arg(&kubeconfigs[i]);
+            }
         }
         let process = Spawned::start_logged(cmd, &format!("agent {name}"), &log)?;
         Ok(Agent {

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use testbed::k8s::{ControlPlane, KubeNode, NodeOptions, wait_for};
+use testbed::mesh::{MeshCluster, MeshOptions};
 use testbed::topology::HOST_SERVICE_ADDR;
 use testbed::{Reach, Topology, cni, tmp::TempDir};
 
@@ -16,7 +17,13 @@ fn cni_bin_dir() -> TempDir {
         dir.path().join("socialweb-cni"),
     )
     .unwrap();
-    std::os::unix::fs::symlink("/usr/lib/cni/loopback", dir.path().join("loopback")).unwrap();
+    for reference in ["loopback", "portmap"] {
+        std::os::unix::fs::symlink(
+            format!("/usr/lib/cni/{reference}"),
+            dir.path().join(reference),
+        )
+        .unwrap();
+    }
     dir
 }
 
@@ -150,5 +157,120 @@ spec:
         4,
         &format!("pod ran on node-1 and said {:?}", log.trim()),
         t0,
+    );
+}
+
+fn node_options(topo: &Topology, i: u8, cni_bin: &TempDir) -> NodeOptions {
+    NodeOptions {
+        name: format!("node-{i}"),
+        node_ip: topo.node(i).addr,
+        cni_bin_dir: cni_bin.path().to_path_buf(),
+        cluster_dns: "169.254.20.10".parse().unwrap(),
+        upstream_dns: HOST_SERVICE_ADDR,
+    }
+}
+
+fn wait_ready(cp: &ControlPlane<'_>, node: &KubeNode) {
+    wait_for(
+        &format!("{} Ready", node.name),
+        Duration::from_secs(90),
+        || {
+            let v = cp.kubectl_json(&["get", "node", &node.name])?;
+            let ready = v["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            Ok(ready.then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", testbed::k8s::tail_of(&node.log("kubelet"), 30)));
+}
+
+fn pod_on(cp: &ControlPlane<'_>, name: &str, node: &str) -> String {
+    cp.apply(&format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: socialweb.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sleep", "3600"]
+"#
+    ))
+    .unwrap();
+    wait_for(
+        &format!("pod {name} running"),
+        Duration::from_secs(120),
+        || {
+            let v = cp.kubectl_json(&["get", "pod", name])?;
+            Ok((v["status"]["phase"] == "Running")
+                .then(|| v["status"]["podIP"].as_str().unwrap_or("").to_string()))
+        },
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e:#}\n{}",
+            cp.kubectl(&["describe", "pod", name]).unwrap_or_default()
+        )
+    })
+}
+
+/// The whole data plane on real Kubernetes: agents take the peer directory from Nodes (pod
+/// CIDRs the control plane allocated, endpoints they publish as annotations), write the CNI
+/// configuration containerd uses, and carry pod traffic between nodes that can reach only
+/// the host, through the relay.
+#[test]
+fn pods_on_two_kubernetes_nodes_reach_each_other_over_the_mesh() {
+    let topo = Topology::new(2, Reach::HostOnly).unwrap();
+    let cp = ControlPlane::start(&topo.host, HOST_SERVICE_ADDR).unwrap();
+    let bins = cni_bin_dir();
+    let nodes: Vec<KubeNode> = (1..=2)
+        .map(|i| KubeNode::start(&cp, &topo.node(i).ns, node_options(&topo, i, &bins)).unwrap())
+        .collect();
+    let kubeconfigs = (1..=2)
+        .map(|i| cp.node_kubeconfig(&format!("node-{i}")).unwrap())
+        .collect();
+    let cni_dirs = nodes.iter().map(|n| n.cni_conf_dir()).collect();
+    let mesh =
+        MeshCluster::start_kube(&topo, MeshOptions::default(), kubeconfigs, cni_dirs).unwrap();
+    for n in &nodes {
+        n.wait_registered(&cp, Duration::from_secs(60)).unwrap();
+        wait_ready(&cp, n);
+    }
+    mesh.wait_all_connected(Duration::from_secs(60)).unwrap();
+    let node1 = cp.kubectl_json(&["get", "node", "node-1"]).unwrap();
+    assert_eq!(
+        node1["metadata"]["annotations"]["socialweb.computer/mesh-endpoint"],
+        mesh.agent(1).endpoint.as_str(),
+        "the agent published its endpoint on its Node"
+    );
+    let ip_a = pod_on(&cp, "a", "node-1");
+    let ip_b = pod_on(&cp, "b", "node-2");
+    let peer = mesh.peer(1, 2).unwrap();
+    assert_eq!(
+        peer["pod_cidr"],
+        cp.kubectl_json(&["get", "node", "node-2"]).unwrap()["spec"]["podCIDR"]
+    );
+    let out = wait_for("pod a to ping pod b", Duration::from_secs(20), || {
+        Ok(cp
+            .kubectl(&["exec", "a", "--", "ping", "-c", "2", "-W", "2", &ip_b])
+            .ok())
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", mesh.logs_tail()));
+    assert!(out.contains("2 packets received"), "{out}");
+    let back = cp
+        .kubectl(&["exec", "b", "--", "ping", "-c", "1", "-W", "2", &ip_a])
+        .unwrap();
+    assert!(back.contains("1 packets received"), "{back}");
+    assert!(
+        mesh.peer(1, 2).unwrap()["path"]
+            .as_str()
+            .unwrap()
+            .starts_with("relay ")
     );
 }

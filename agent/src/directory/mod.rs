@@ -3,8 +3,10 @@
 //! ([`crate::mesh::directory::view`]).
 //!
 //! - [`static_file`]: a JSON file, re-read when it changes (the demo, machines without k3s).
-//! - Kubernetes Nodes (with the k3s join): `spec.podCIDR` plus the annotations the agent writes.
+//! - [`kube`]: Kubernetes Nodes: `spec.podCIDR` plus the annotations each agent writes on its
+//!   own Node.
 
+pub mod kube;
 pub mod static_file;
 
 pub use crate::mesh::directory::NodeEntry;

@@ -215,6 +215,9 @@ impl<'a> ControlPlane<'a> {
             .with_context(|| tail(&cp.log(name), 30))?;
         }
         cp.timings.push(("controllers healthy", t.elapsed()));
+        // What the broker applies to every tenant cluster: the node agent's read access to
+        // Nodes (the peer directory).
+        cp.apply(include_str!("../../../agent/deploy/rbac.yaml"))?;
         Ok(cp)
     }
 
