@@ -18,6 +18,7 @@ pub const BUSYBOX_IMAGE: &str = "socialweb.local/busybox:1";
 const APPLETS: &[&str] = &[
     "sh", "echo", "cat", "sleep", "ls", "wget", "nc", "nslookup", "ping", "hostname", "ip",
     "ifconfig", "route", "env", "true", "false", "printf", "head", "tail", "grep", "seq", "date",
+    "httpd", "mkdir", "sed", "awk", "tr",
 ];
 
 fn sha256_hex(bytes: &[u8]) -> String {

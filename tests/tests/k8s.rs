@@ -4,28 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use testbed::k8s::{ControlPlane, KubeNode, NodeOptions, wait_for};
+use testbed::k8s::{
+    ControlPlane, KubeNode, cni_bin_dir, node_options, run_pod, wait_for, wait_node_ready,
+};
 use testbed::mesh::{MeshCluster, MeshOptions};
 use testbed::topology::HOST_SERVICE_ADDR;
-use testbed::{Reach, Topology, cni, tmp::TempDir};
-
-/// A directory with the CNI plugins a node's containerd runs: ours and the reference loopback.
-fn cni_bin_dir() -> TempDir {
-    let dir = TempDir::new("cnibin").unwrap();
-    std::os::unix::fs::symlink(
-        cni::workspace_bin("socialweb-cni"),
-        dir.path().join("socialweb-cni"),
-    )
-    .unwrap();
-    for reference in ["loopback", "portmap"] {
-        std::os::unix::fs::symlink(
-            format!("/usr/lib/cni/{reference}"),
-            dir.path().join(reference),
-        )
-        .unwrap();
-    }
-    dir
-}
+use testbed::{Reach, Topology};
 
 fn step(n: u32, what: &str, t: Instant) {
     eprintln!("step {n} ({:.1}s): {what}", t.elapsed().as_secs_f64());
@@ -59,20 +43,8 @@ fn four_step_proof_zero_nodes_then_a_node_then_a_pod() {
     step(2, "still zero nodes after 10 s", t0);
 
     // 3. A node joins.
-    let bins = cni_bin_dir();
-    let n1 = topo.node(1);
-    let node = KubeNode::start(
-        &cp,
-        &n1.ns,
-        NodeOptions {
-            name: "node-1".into(),
-            node_ip: n1.addr,
-            cni_bin_dir: bins.path().to_path_buf(),
-            cluster_dns: "169.254.20.10".parse().unwrap(),
-            upstream_dns: HOST_SERVICE_ADDR,
-        },
-    )
-    .unwrap();
+    let bins = cni_bin_dir().unwrap();
+    let node = KubeNode::start(&cp, &topo.node(1).ns, node_options(&topo, 1, &bins)).unwrap();
     let cidr = node.wait_registered(&cp, Duration::from_secs(90)).unwrap();
     assert!(
         cidr.starts_with("10.42."),
@@ -87,27 +59,7 @@ fn four_step_proof_zero_nodes_then_a_node_then_a_pod() {
         .to_string(),
     )
     .unwrap();
-    wait_for("node-1 Ready", Duration::from_secs(90), || {
-        let v = cp.kubectl_json(&["get", "node", "node-1"])?;
-        let ready = v["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
-        Ok(ready.then_some(()))
-    })
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e:#}\nkubelet: {}",
-            std::fs::read_to_string(node.log("kubelet"))
-                .unwrap_or_default()
-                .lines()
-                .rev()
-                .take(40)
-                .collect::<Vec<_>>()
-                .join("\n")
-        )
-    });
+    wait_node_ready(&cp, &node, Duration::from_secs(90)).unwrap();
     assert_eq!(cp.node_names().unwrap(), vec!["node-1"]);
     step(3, &format!("node-1 joined, Ready, pod CIDR {cidr}"), t0);
 
@@ -160,66 +112,6 @@ spec:
     );
 }
 
-fn node_options(topo: &Topology, i: u8, cni_bin: &TempDir) -> NodeOptions {
-    NodeOptions {
-        name: format!("node-{i}"),
-        node_ip: topo.node(i).addr,
-        cni_bin_dir: cni_bin.path().to_path_buf(),
-        cluster_dns: "169.254.20.10".parse().unwrap(),
-        upstream_dns: HOST_SERVICE_ADDR,
-    }
-}
-
-fn wait_ready(cp: &ControlPlane<'_>, node: &KubeNode) {
-    wait_for(
-        &format!("{} Ready", node.name),
-        Duration::from_secs(90),
-        || {
-            let v = cp.kubectl_json(&["get", "node", &node.name])?;
-            let ready = v["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
-            Ok(ready.then_some(()))
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", testbed::k8s::tail_of(&node.log("kubelet"), 30)));
-}
-
-fn pod_on(cp: &ControlPlane<'_>, name: &str, node: &str) -> String {
-    cp.apply(&format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default}}
-spec:
-  nodeName: {node}
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c
-    image: socialweb.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sleep", "3600"]
-"#
-    ))
-    .unwrap();
-    wait_for(
-        &format!("pod {name} running"),
-        Duration::from_secs(120),
-        || {
-            let v = cp.kubectl_json(&["get", "pod", name])?;
-            Ok((v["status"]["phase"] == "Running")
-                .then(|| v["status"]["podIP"].as_str().unwrap_or("").to_string()))
-        },
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e:#}\n{}",
-            cp.kubectl(&["describe", "pod", name]).unwrap_or_default()
-        )
-    })
-}
-
 /// The whole data plane on real Kubernetes: agents take the peer directory from Nodes (pod
 /// CIDRs the control plane allocated, endpoints they publish as annotations), write the CNI
 /// configuration containerd uses, and carry pod traffic between nodes that can reach only
@@ -228,7 +120,7 @@ spec:
 fn pods_on_two_kubernetes_nodes_reach_each_other_over_the_mesh() {
     let topo = Topology::new(2, Reach::HostOnly).unwrap();
     let cp = ControlPlane::start(&topo.host, HOST_SERVICE_ADDR).unwrap();
-    let bins = cni_bin_dir();
+    let bins = cni_bin_dir().unwrap();
     let nodes: Vec<KubeNode> = (1..=2)
         .map(|i| KubeNode::start(&cp, &topo.node(i).ns, node_options(&topo, i, &bins)).unwrap())
         .collect();
@@ -240,7 +132,7 @@ fn pods_on_two_kubernetes_nodes_reach_each_other_over_the_mesh() {
         MeshCluster::start_kube(&topo, MeshOptions::default(), kubeconfigs, cni_dirs).unwrap();
     for n in &nodes {
         n.wait_registered(&cp, Duration::from_secs(60)).unwrap();
-        wait_ready(&cp, n);
+        wait_node_ready(&cp, n, Duration::from_secs(90)).unwrap();
     }
     mesh.wait_all_connected(Duration::from_secs(60)).unwrap();
     let node1 = cp.kubectl_json(&["get", "node", "node-1"]).unwrap();
@@ -249,8 +141,8 @@ fn pods_on_two_kubernetes_nodes_reach_each_other_over_the_mesh() {
         mesh.agent(1).endpoint.as_str(),
         "the agent published its endpoint on its Node"
     );
-    let ip_a = pod_on(&cp, "a", "node-1");
-    let ip_b = pod_on(&cp, "b", "node-2");
+    let ip_a = run_pod(&cp, "a", "node-1", &["sleep", "3600"]).unwrap();
+    let ip_b = run_pod(&cp, "b", "node-2", &["sleep", "3600"]).unwrap();
     let peer = mesh.peer(1, 2).unwrap();
     assert_eq!(
         peer["pod_cidr"],

@@ -109,6 +109,12 @@ impl Mesh {
         let tun = super::tun::open(&cfg.tun_name, cfg.mtu)?;
         let nl = routes::handle().await?;
         let tun_index = routes::link_index(&nl, &cfg.tun_name).await?;
+        // The TUN is IPv4-only (pod CIDRs are); keep the kernel's IPv6 chatter (router
+        // solicitations, MLD) off it, before it comes up.
+        let _ = std::fs::write(
+            format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", cfg.tun_name),
+            "1",
+        );
         nl.link()
             .set(
                 rtnetlink::LinkUnspec::new_with_index(tun_index)
@@ -121,11 +127,6 @@ impl Mesh {
         // Routes a crashed run left behind point at a device that no longer exists and are
         // gone with it; nothing else to clean.
         routes::enable_forwarding()?;
-        // The TUN is IPv4-only (pod CIDRs are); keep the kernel's IPv6 chatter off it.
-        let _ = std::fs::write(
-            format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", cfg.tun_name),
-            "1",
-        );
         let mut cfg = cfg;
         if cfg.endpoint.bind.ip().is_unspecified() {
             let ip = routes::default_source_v4(&nl).await?;

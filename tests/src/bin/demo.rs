@@ -1,94 +1,176 @@
-//! `socialweb-demo`: a local cluster of nodes on this machine, as network namespaces.
+//! `socialweb-demo` (`./x demo`): a local socialweb cluster on this machine.
 //!
-//! Run by `./x demo`. It builds a host and nodes, puts a pod on each node, and shows pod to pod
-//! traffic across nodes, printing each step. Everything is removed when it exits (Ctrl-C
-//! included, through the harness's sweep on the next run).
+//! A host namespace plays the operator's host (control plane, relay); node namespaces play
+//! rented guests that can reach the host and nothing else. Each node runs a kubelet with
+//! containerd and a `socialweb-agent`; pods on different nodes talk through the mesh.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Parser;
-use testbed::topology::manual_pod;
-use testbed::{Reach, Topology, probe};
+use testbed::k8s::{ControlPlane, KubeNode, cni_bin_dir, node_options, run_pod, wait_node_ready};
+use testbed::mesh::{MeshCluster, MeshOptions};
+use testbed::topology::HOST_SERVICE_ADDR;
+use testbed::{Reach, Topology};
 
-/// A local socialweb cluster on this machine: nodes and pods as network namespaces.
+/// A local socialweb cluster: a control plane, nodes with kubelets and node agents, pods on
+/// every node talking across the mesh.
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 struct Args {
     /// How many nodes.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(2..=20))]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(2..=8))]
     nodes: u8,
-    /// Keep the cluster up until Ctrl-C, to look around with `ip netns exec`.
+    /// Let nodes reach each other directly (default: only the host, so traffic goes through
+    /// the relay, as between guests behind user-mode NAT).
+    #[arg(long)]
+    direct: bool,
+    /// Keep the cluster up until Ctrl-C, to look around (`ip netns list`, the printed
+    /// kubeconfig, `socialweb-agent mesh status --ctl-socket ...`).
     #[arg(long)]
     hold: bool,
 }
 
-fn step(what: &str) {
-    println!("\n== {what}");
+fn step(started: Instant, what: &str) {
+    println!("\n== [{:>5.1}s] {what}", started.elapsed().as_secs_f64());
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let started = Instant::now();
+    let t = Instant::now();
+    let reach = if args.direct {
+        Reach::Direct
+    } else {
+        Reach::HostOnly
+    };
 
-    step(&format!(
-        "host and {} nodes (network namespaces, one veth per node)",
-        args.nodes
-    ));
-    let t = Topology::new(args.nodes, Reach::Direct)?;
-    println!("host   {}", t.host.name());
-    for n in &t.nodes {
+    step(
+        t,
+        &format!(
+            "a host and {} nodes (network namespaces); nodes reach {}",
+            args.nodes,
+            if args.direct {
+                "each other directly"
+            } else {
+                "only the host"
+            }
+        ),
+    );
+    let topo = Topology::new(args.nodes, reach)?;
+    println!(
+        "host    {}  (services on {HOST_SERVICE_ADDR})",
+        topo.host.name()
+    );
+    for n in &topo.nodes {
+        println!("node-{}  {}  address {}", n.index, n.ns.name(), n.addr);
+    }
+
+    step(
+        t,
+        "control plane on the host: etcd, apiserver, controller-manager, scheduler",
+    );
+    let cp = ControlPlane::start(&topo.host, HOST_SERVICE_ADDR)?;
+    println!("apiserver {}  (zero nodes: {:?})", cp.url, cp.node_names()?);
+    println!("admin kubeconfig {}", cp.admin_kubeconfig.display());
+
+    step(
+        t,
+        "a kubelet with containerd on every node, and the mesh relay on the host",
+    );
+    let bins = cni_bin_dir()?;
+    let nodes = (1..=args.nodes)
+        .map(|i| KubeNode::start(&cp, &topo.node(i).ns, node_options(&topo, i, &bins)))
+        .collect::<Result<Vec<_>>>()?;
+    let kubeconfigs = (1..=args.nodes)
+        .map(|i| cp.node_kubeconfig(&format!("node-{i}")))
+        .collect::<Result<Vec<_>>>()?;
+    let cni_dirs = nodes.iter().map(|n| n.cni_conf_dir()).collect();
+
+    step(
+        t,
+        "a socialweb-agent on every node: peer directory from the Nodes, cni0, the CNI configuration, the mesh",
+    );
+    let mesh = MeshCluster::start_kube(&topo, MeshOptions::default(), kubeconfigs, cni_dirs)?;
+    for n in &nodes {
+        n.wait_registered(&cp, Duration::from_secs(60))?;
+        wait_node_ready(&cp, n, Duration::from_secs(90))?;
+    }
+    mesh.wait_all_connected(Duration::from_secs(60))?;
+    print!("{}", cp.kubectl(&["get", "nodes", "-o", "custom-columns=NODE:.metadata.name,READY:.status.conditions[-1].status,POD-CIDR:.spec.podCIDR,ADDRESS:.status.addresses[0].address"])?);
+
+    step(t, "a web server pod on every node");
+    let mut ips = Vec::new();
+    for i in 1..=args.nodes {
+        let name = format!("web-{i}");
+        let ip = run_pod(
+            &cp,
+            &name,
+            &format!("node-{i}"),
+            &[
+                "sh",
+                "-c",
+                "mkdir -p /www && echo \"hello from $(hostname) on $NODE_NAME\" > /www/index.html && httpd -f -p 8080 -h /www",
+            ],
+        )?;
+        ips.push((name, ip));
+    }
+    print!("{}", cp.kubectl(&["get", "pods", "-o", "wide"])?);
+
+    step(t, "pod to pod across nodes (kubectl exec: ping, then HTTP)");
+    for (i, (from, _)) in ips.iter().enumerate() {
+        let (to, ip) = &ips[(i + 1) % ips.len()];
+        let ping = cp
+            .kubectl(&["exec", from, "--", "ping", "-c", "2", "-W", "2", ip])
+            .with_context(|| mesh.logs_tail())?;
+        let summary = ping
+            .lines()
+            .find(|l| l.contains("packets transmitted"))
+            .unwrap_or("")
+            .trim();
+        let page = cp.kubectl(&[
+            "exec",
+            from,
+            "--",
+            "wget",
+            "-qO-",
+            &format!("http://{ip}:8080/"),
+        ])?;
         println!(
-            "node{}  {}  underlay {}  pod CIDR {}",
-            n.index,
-            n.ns.name(),
-            n.addr,
-            n.pod_cidr()
+            "{from} -> {to} ({ip}): {summary}; GET / says {:?}",
+            page.trim()
         );
     }
 
-    step("pod CIDRs routed between nodes (kernel routes through the host for now)");
-    t.route_pod_cidrs_via_host()?;
-
-    step("a pod on each node");
-    let pods = t
-        .nodes
-        .iter()
-        .map(|n| manual_pod(n, 10))
-        .collect::<Result<Vec<_>>>()?;
-    for (n, p) in t.nodes.iter().zip(&pods) {
-        println!("pod on node{}: {} at {}", n.index, p.ns.name(), p.addr);
-    }
-
-    step("pod to pod across nodes: ping and a TCP exchange");
-    let (first, last) = (&pods[0], &pods[pods.len() - 1]);
-    let out = probe::ping(&first.ns, &last.addr.to_string(), 3)?;
-    println!(
-        "{} -> {}: {}",
-        first.addr,
-        last.addr,
-        out.lines().last().unwrap_or("").trim()
-    );
-    let server = probe::EchoServer::start(&last.ns, SocketAddr::new(last.addr.into(), 0))?;
-    probe::tcp_exchange(&first.ns, server.addr, &vec![7u8; 1 << 20])?;
-    let peer = server.next_peer(Duration::from_secs(5))?;
-    println!(
-        "1 MiB echoed by {}; it saw the connection come from {}",
-        server.addr,
-        peer.ip()
-    );
+    step(t, "socialweb-agent mesh status, on node-1");
+    print!("{}", mesh.cli(1, &["mesh", "status"])?);
 
     if args.hold {
-        step("holding; press Ctrl-C to tear down");
-        loop {
-            std::thread::sleep(Duration::from_secs(3600));
+        step(t, "holding; Ctrl-C tears everything down");
+        println!(
+            "kubectl:      {} kubectl --kubeconfig {} get pods -o wide",
+            cp.bins.kube().display(),
+            cp.admin_kubeconfig.display()
+        );
+        println!(
+            "              (run it inside the host namespace: ip netns exec {} ...)",
+            topo.host.name()
+        );
+        for a in &mesh.agents {
+            println!(
+                "mesh status:  socialweb-agent mesh status --ctl-socket {}",
+                a.ctl.display()
+            );
         }
+        let mut signals = nix::sys::signal::SigSet::empty();
+        signals.add(nix::sys::signal::Signal::SIGINT);
+        signals.add(nix::sys::signal::Signal::SIGTERM);
+        signals.thread_block()?;
+        signals.wait()?;
     }
 
-    step(&format!(
-        "done in {:.1}s; tearing down",
-        started.elapsed().as_secs_f64()
-    ));
+    step(t, "tearing down");
+    drop(mesh);
+    drop(nodes);
+    drop(cp);
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 mod cgroup;
 mod control_plane;
+mod helpers;
 mod node;
 pub mod pki;
 
@@ -12,6 +13,7 @@ use std::sync::OnceLock;
 use anyhow::{Context, Result, bail};
 
 pub use control_plane::ControlPlane;
+pub use helpers::{cni_bin_dir, node_options, run_pod, wait_node_ready};
 pub use node::{KubeNode, NodeOptions};
 
 /// Environment variable naming a directory with a prebuilt `kube` multicall binary and `pause`
