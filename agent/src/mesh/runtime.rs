@@ -10,21 +10,24 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use arc_swap::{ArcSwap, ArcSwapOption};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use ipnet::IpNet;
-use iroh::endpoint::{Connection, SendDatagramError};
+use iroh::endpoint::Connection;
 use iroh::{Endpoint, EndpointId, TransportAddr};
 use rtnetlink::Handle;
 use socialweb_wire::mesh::CLOSE_NOT_A_PEER;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
-use tun_rs::AsyncDevice;
+use tun_rs::GROTable;
 use url::Url;
 
 use super::directory::{self, Change, NodeEntry, View};
 use super::filter::{self, DropReason, Routes};
 use super::stats::{Drops, Flow, MeshStatus, PeerStatus, RouteStatus};
 use super::{icmp, routes, transport};
+
+/// Datagrams taken from a connection at once.
+const BATCH: usize = 64;
 
 /// How the mesh is set up.
 #[derive(Debug, Clone)]
@@ -82,7 +85,7 @@ pub struct Mesh {
 struct Inner {
     cfg: MeshConfig,
     endpoint: Endpoint,
-    tun: AsyncDevice,
+    tun: super::tun::Tun,
     tun_index: u32,
     nl: Handle,
     state: ArcSwap<State>,
@@ -380,42 +383,57 @@ impl Mesh {
         }
     }
 
-    /// Peer to TUN: each datagram is one IP packet, filtered, then written to the device.
+    /// Peer to TUN: each datagram is one IP packet, filtered, then written to the device in
+    /// batches (consecutive TCP segments coalesced).
     async fn datagram_loop(
         &self,
         slot: &PeerSlot,
         conn: &Connection,
     ) -> iroh::endpoint::ConnectionError {
+        let mut batch: Vec<Bytes> = vec![Bytes::new(); BATCH];
+        let mut out: Vec<BytesMut> = Vec::with_capacity(BATCH);
+        let mut gro = GROTable::new();
         loop {
-            let datagram = match conn.read_datagram().await {
-                Ok(d) => d,
+            let n = match conn.read_many_datagrams(&mut batch).await {
+                Ok(n) => n,
                 Err(e) => return e,
             };
             let state = self.inner.state.load();
             let (Some(own), Some(peer)) = (state.own.as_ref(), state.by_endpoint.get(&slot.id))
             else {
-                slot.drops.count(DropReason::UnknownPeer);
+                for _ in 0..n {
+                    slot.drops.count(DropReason::UnknownPeer);
+                }
                 continue;
             };
-            match filter::ingress(&datagram, &peer.entry.pod_cidr, &own.cidr) {
-                Ok(h) => match self.inner.tun.send(&datagram[..h.len]).await {
-                    Ok(_) => slot.rx.add(h.len),
-                    Err(e) => {
-                        slot.drops.count(DropReason::TunWriteFailed);
-                        debug!("writing to the TUN: {e}");
+            out.clear();
+            for datagram in &batch[..n] {
+                match filter::ingress(datagram, &peer.entry.pod_cidr, &own.cidr) {
+                    Ok(h) => {
+                        slot.rx.add(h.len);
+                        out.push(super::tun::with_headroom(&datagram[..h.len]));
                     }
-                },
-                Err(reason) => slot.drops.count(reason),
+                    Err(reason) => slot.drops.count(reason),
+                }
+            }
+            if !out.is_empty()
+                && let Err(e) = self.inner.tun.write(&mut gro, &mut out).await
+            {
+                slot.drops.count(DropReason::TunWriteFailed);
+                debug!("writing to the TUN: {e}");
             }
         }
     }
 
-    /// TUN to peers: each packet is routed by destination to its peer's connection.
+    /// TUN to peers: each packet is routed by destination to its peer's connection. A read
+    /// can return a whole split TSO segment; its packets go to their peer in one batch.
     async fn tun_loop(self) {
-        let mut buf = vec![0u8; 65536];
+        let mut reader = self.inner.tun.reader();
+        let mut gro = GROTable::new();
+        let mut batches: Vec<(Arc<PeerSlot>, Vec<Bytes>)> = Vec::new();
         loop {
             let n = tokio::select! {
-                r = self.inner.tun.recv(&mut buf) => match r {
+                r = reader.read() => match r {
                     Ok(n) => n,
                     Err(e) => {
                         warn!("reading the TUN: {e}");
@@ -425,39 +443,90 @@ impl Mesh {
                 },
                 _ = self.inner.shutdown.cancelled() => return,
             };
-            let packet = &buf[..n];
             let state = self.inner.state.load();
-            let Some(own) = state.own.as_ref() else {
-                self.inner.drops.count(DropReason::NoRoute);
-                continue;
-            };
-            let (h, slot) = match filter::egress(packet, &own.cidr, &state.routes) {
-                Ok(x) => x,
-                Err(reason) => {
-                    self.inner.drops.count(reason);
-                    continue;
-                }
-            };
-            let Some(conn) = slot.conn.load_full() else {
-                slot.drops.count(DropReason::NoConnection);
-                continue;
-            };
-            let packet = &packet[..h.len];
-            match conn
-                .send_datagram_wait(Bytes::copy_from_slice(packet))
-                .await
-            {
-                Ok(()) => slot.tx.add(packet.len()),
-                Err(SendDatagramError::TooLarge) => {
-                    slot.drops.count(DropReason::TooBig);
-                    let mtu = conn
-                        .max_datagram_size()
-                        .unwrap_or(1280)
-                        .min(usize::from(u16::MAX)) as u16;
-                    if let Some(err) = icmp::packet_too_big(packet, mtu, slot.entry.gateway()) {
-                        let _ = self.inner.tun.send(&err).await;
+            for i in 0..n {
+                if let Some((slot, packet)) = self.route(&state, reader.packet(i), &mut gro).await {
+                    match batches.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &slot)) {
+                        Some((_, b)) => b.push(packet),
+                        None => batches.push((slot, vec![packet])),
                     }
                 }
+            }
+            for (slot, packets) in batches.drain(..) {
+                self.send_batch(&slot, packets).await;
+            }
+        }
+    }
+
+    /// Filters one packet from the TUN and finds its peer; answers a packet too big for the
+    /// peer's path with ICMP Packet Too Big. `None`: dropped (and counted).
+    async fn route(
+        &self,
+        state: &State,
+        packet: &[u8],
+        gro: &mut GROTable,
+    ) -> Option<(Arc<PeerSlot>, Bytes)> {
+        let Some(own) = state.own.as_ref() else {
+            self.inner.drops.count(DropReason::NoRoute);
+            return None;
+        };
+        let (h, slot) = match filter::egress(packet, &own.cidr, &state.routes) {
+            Ok(x) => x,
+            Err(reason) => {
+                self.inner.drops.count(reason);
+                return None;
+            }
+        };
+        let Some(conn) = slot.conn.load_full() else {
+            slot.drops.count(DropReason::NoConnection);
+            return None;
+        };
+        let packet = &packet[..h.len];
+        let max = conn.max_datagram_size().unwrap_or(0);
+        if packet.len() > max {
+            slot.drops.count(DropReason::TooBig);
+            let mtu = max.clamp(576, usize::from(u16::MAX)) as u16;
+            if let Some(err) = icmp::packet_too_big(packet, mtu, slot.entry.gateway()) {
+                let _ = self
+                    .inner
+                    .tun
+                    .write(gro, &mut [super::tun::with_headroom(&err)])
+                    .await;
+            }
+            return None;
+        }
+        Some((slot.clone(), Bytes::copy_from_slice(packet)))
+    }
+
+    /// Queues packets on a peer's connection: in one call when the send buffer has room,
+    /// otherwise one by one, waiting for room (back-pressure to the TUN, so the kernel's queue,
+    /// not ours, absorbs a burst).
+    async fn send_batch(&self, slot: &PeerSlot, packets: Vec<Bytes>) {
+        let Some(conn) = slot.conn.load_full() else {
+            for _ in &packets {
+                slot.drops.count(DropReason::NoConnection);
+            }
+            return;
+        };
+        let bytes: usize = packets.iter().map(Bytes::len).sum();
+        if conn.datagram_send_buffer_space() >= bytes {
+            match conn.send_many_datagrams(&packets) {
+                Ok(_) => {
+                    for p in &packets {
+                        slot.tx.add(p.len());
+                    }
+                }
+                Err(e) => {
+                    slot.drops.count(DropReason::SendFailed);
+                    slot.set_error(format!("send: {e}"));
+                }
+            }
+            return;
+        }
+        for p in packets {
+            let len = p.len();
+            match conn.send_datagram_wait(p).await {
+                Ok(()) => slot.tx.add(len),
                 Err(e) => {
                     slot.drops.count(DropReason::SendFailed);
                     slot.set_error(format!("send: {e}"));
@@ -567,14 +636,21 @@ impl Mesh {
 
 fn peer_status(s: &PeerSlot) -> PeerStatus {
     let conn = s.conn.load_full();
-    let (path, rtt) = conn
+    let (path, stats) = conn
         .as_ref()
         .map(|c| {
             let paths = c.paths();
             let selected = paths.iter().find(|p| p.is_selected());
-            (path_of(c), selected.map(|p| p.rtt().as_secs_f64() * 1e3))
+            (path_of(c), selected.map(|p| p.stats()))
         })
         .unwrap_or_else(|| ("none".into(), None));
+    let rtt = stats.as_ref().map(|s| s.rtt.as_secs_f64() * 1e3);
+    let quic = stats.map(|s| super::stats::QuicPathStats {
+        cwnd: s.cwnd,
+        congestion_events: s.congestion_events,
+        lost_packets: s.lost_packets,
+        sent_packets: s.sent_packets,
+    });
     PeerStatus {
         node: s.entry.node.clone(),
         pod_cidr: s.entry.pod_cidr.to_string(),
@@ -592,6 +668,7 @@ fn peer_status(s: &PeerSlot) -> PeerStatus {
             .expect("lock")
             .map(|t| t.elapsed().as_secs_f64()),
         max_packet: conn.as_ref().and_then(|c| c.max_datagram_size()),
+        quic,
     }
 }
 

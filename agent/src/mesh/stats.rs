@@ -77,6 +77,19 @@ pub struct PeerStatus {
     pub connected_for_s: Option<f64>,
     /// Largest IP packet the current path carries.
     pub max_packet: Option<usize>,
+    /// QUIC's view of the selected path: congestion window (bytes), congestion events, and
+    /// packets lost (datagrams are not retransmitted: a lost packet is the pods' TCP's
+    /// business).
+    pub quic: Option<QuicPathStats>,
+}
+
+/// QUIC path statistics worth a look when throughput disappoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuicPathStats {
+    pub cwnd: u64,
+    pub congestion_events: u64,
+    pub lost_packets: u64,
+    pub sent_packets: u64,
 }
 
 /// The whole mesh as `mesh status` shows it.
