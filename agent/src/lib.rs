@@ -10,6 +10,7 @@
 
 pub mod ctl;
 pub mod directory;
+pub mod dns;
 pub mod mesh;
 pub mod node;
 pub mod run;

@@ -55,6 +55,13 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Inspect node-local DNS of the agent running on this node.
+    Dns {
+        #[command(subcommand)]
+        command: DnsCommand,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Run a mesh relay (the broker hosts one; this is for tests and the demo).
     Relay(RelayArgs),
     /// Make a mesh secret key and print it with its endpoint id.
@@ -111,6 +118,16 @@ struct RunArgs {
     /// Do not chain Debian's portmap plugin after socialweb-cni.
     #[arg(long)]
     no_portmap: bool,
+    /// Where node-local DNS listens (the address goes on a dummy interface, or on lo where
+    /// the kernel has no dummy driver).
+    #[arg(long, default_value = "169.254.20.10:53")]
+    dns_listen: SocketAddr,
+    /// UDP threads serving DNS.
+    #[arg(long, default_value_t = 2)]
+    dns_threads: usize,
+    /// Do not serve node-local DNS.
+    #[arg(long)]
+    no_dns: bool,
 }
 
 #[derive(Debug, Args)]
@@ -139,6 +156,12 @@ enum MeshCommand {
     },
     /// Pod CIDRs routed through the mesh and whether each kernel route is installed.
     Routes,
+}
+
+#[derive(Debug, Subcommand)]
+enum DnsCommand {
+    /// Queries, cluster answers, cache hits, upstream latency, stale answers, errors.
+    Stats,
 }
 
 #[derive(Debug, Args)]
@@ -200,8 +223,36 @@ async fn dispatch(command: Command) -> Result<()> {
                 mtu: a.mtu,
                 masquerade: !a.no_masquerade,
                 pod_network,
+                dns_listen: (!a.no_dns).then_some(a.dns_listen),
+                dns_threads: a.dns_threads,
             })
             .await
+        }
+        Command::Dns {
+            command: DnsCommand::Stats,
+            client,
+        } => {
+            let v = ctl::client::call(
+                &client.ctl_socket,
+                &Request::DnsStats,
+                Duration::from_secs(10),
+            )
+            .await?;
+            if client.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else if let Some(map) = v.as_object() {
+                for (k, v) in map {
+                    println!(
+                        "{k:<28} {}",
+                        if v.is_null() {
+                            "-".to_string()
+                        } else {
+                            v.to_string()
+                        }
+                    );
+                }
+            }
+            Ok(())
         }
         Command::Mesh { command, client } => mesh(command, client).await,
         Command::Relay(a) => relay(a).await,

@@ -33,6 +33,10 @@ pub struct RunOptions {
     pub masquerade: bool,
     /// `None`: leave the bridge and the CNI configuration alone.
     pub pod_network: Option<PodNetwork>,
+    /// Where node-local DNS listens; `None`: no DNS.
+    pub dns_listen: Option<SocketAddr>,
+    /// UDP serving threads for DNS.
+    pub dns_threads: usize,
 }
 
 /// Reads and validates the identity document.
@@ -44,6 +48,7 @@ pub fn read_identity(path: &std::path::Path) -> Result<NodeIdentity> {
 
 struct Handler {
     mesh: Mesh,
+    dns: Option<Arc<crate::dns::Dns>>,
 }
 
 impl crate::ctl::server::Handler for Handler {
@@ -60,7 +65,12 @@ impl crate::ctl::server::Handler for Handler {
                         path,
                     })?
                 }
-                Request::DnsStats => bail!("node-local DNS is not running in this agent"),
+                Request::DnsStats => match &self.dns {
+                    Some(dns) => serde_json::to_value(dns.stats())?,
+                    None => {
+                        bail!("node-local DNS is not running in this agent (started with --no-dns)")
+                    }
+                },
             })
         }
         .await;
@@ -85,10 +95,13 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         mtu: opts.mtu,
     })
     .await?;
-    let mut directory = match (&opts.peers, &opts.kubeconfig) {
+    let client = match &opts.kubeconfig {
+        Some(k) => Some(crate::directory::kube::client(k).await?),
+        None => None,
+    };
+    let mut directory = match (&opts.peers, &client) {
         (Some(peers), _) => static_file::watch(peers.clone(), Duration::from_millis(500))?,
-        (None, Some(kubeconfig)) => {
-            let client = crate::directory::kube::client(kubeconfig).await?;
+        (None, Some(client)) => {
             let endpoint = mesh.endpoint_id().to_string();
             tokio::spawn(annotate_own(
                 client.clone(),
@@ -96,14 +109,23 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                 endpoint.clone(),
                 mesh.bound_addrs(),
             ));
-            crate::directory::kube::watch(client, id.node.clone(), endpoint)
+            crate::directory::kube::watch(client.clone(), id.node.clone(), endpoint)
         }
         (None, None) => bail!(
             "no peer directory: give --kubeconfig FILE (Kubernetes Nodes) or --peers FILE (static)"
         ),
     };
-    let _ctl =
-        crate::ctl::server::serve(&opts.ctl_socket, Arc::new(Handler { mesh: mesh.clone() }))?;
+    let dns = match opts.dns_listen {
+        Some(addr) => Some(start_dns(&id, addr, opts.dns_threads, client.clone()).await?),
+        None => None,
+    };
+    let _ctl = crate::ctl::server::serve(
+        &opts.ctl_socket,
+        Arc::new(Handler {
+            mesh: mesh.clone(),
+            dns: dns.as_ref().map(|(d, _)| d.clone()),
+        }),
+    )?;
     info!(socket = %opts.ctl_socket.display(), "control socket ready");
 
     let mut term = signal(SignalKind::terminate())?;
@@ -131,12 +153,91 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     }
     info!("shutting down");
     mesh.shutdown().await;
+    if let (Some(addr), Some((_, placement))) = (opts.dns_listen, &dns)
+        && let (std::net::IpAddr::V4(ip), Ok(h)) = (addr.ip(), mesh::routes::handle().await)
+        && let Err(e) = crate::dns::bind::remove(&h, ip, placement).await
+    {
+        warn!("removing the DNS address: {e:#}");
+    }
     if opts.masquerade
         && let Err(e) = egress::remove()
     {
         warn!("removing the masquerade table: {e:#}");
     }
     Ok(())
+}
+
+/// Upstream resolvers: the identity's, else the node's resolv.conf (minus our own address).
+fn upstreams(id: &NodeIdentity, listen: SocketAddr) -> Vec<SocketAddr> {
+    if !id.upstream_resolvers.is_empty() {
+        return id.upstream_resolvers.clone();
+    }
+    std::fs::read_to_string("/etc/resolv.conf")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|a| socialweb_wire::identity::parse_resolver(a.trim()))
+        .filter(|a| a.ip() != listen.ip())
+        .collect()
+}
+
+/// Starts node-local DNS: its address (a dummy interface, or lo), the server, and with a
+/// client the cluster zone's watch and this node's label.
+async fn start_dns(
+    id: &NodeIdentity,
+    addr: SocketAddr,
+    threads: usize,
+    client: Option<kube::Client>,
+) -> Result<(Arc<crate::dns::Dns>, crate::dns::bind::Placement)> {
+    let placement = match addr.ip() {
+        std::net::IpAddr::V4(ip) if !ip.is_unspecified() && !ip.is_loopback() => {
+            crate::dns::bind::ensure(&mesh::routes::handle().await?, ip).await?
+        }
+        _ => crate::dns::bind::Placement::Loopback,
+    };
+    let ups = upstreams(id, addr);
+    if ups.is_empty() {
+        warn!(
+            "no upstream resolvers (identity and /etc/resolv.conf have none): only cluster names will resolve"
+        );
+    }
+    let dns = Arc::new(crate::dns::Dns::new(
+        &id.cluster_domain,
+        vec![id.cluster_cidr, id.service_cidr],
+        ups.clone(),
+    ));
+    crate::dns::server::serve(dns.clone(), addr, threads).await?;
+    info!(%addr, zone = %id.cluster_domain, upstreams = ?ups, "node-local DNS up");
+    if let Some(client) = client {
+        crate::dns::kube::watch(
+            client.clone(),
+            id.node.clone(),
+            id.cluster_domain.clone(),
+            dns.clone(),
+        );
+        tokio::spawn(label_own(client, id.node.clone()));
+    }
+    Ok((dns, placement))
+}
+
+/// Labels this node `socialweb.computer/node-local-dns=true` (contract 5), retrying until the
+/// Node exists.
+async fn label_own(client: kube::Client, me: String) {
+    use kube::api::{Api, Patch, PatchParams};
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
+    let patch = serde_json::json!({"metadata": {"labels": {socialweb_wire::mesh::NODE_LOCAL_DNS_LABEL: "true"}}});
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match api
+            .patch(&me, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return,
+            Err(e) => warn!("labelling Node {me}: {e}; retrying in {delay:?}"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(10));
+    }
 }
 
 /// Publishes this node's endpoint on its Node, retrying until the Node exists (the kubelet

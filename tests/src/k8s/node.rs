@@ -216,6 +216,66 @@ impl KubeNode {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// The host PID of a running container of pod `namespace/name` (to enter its namespaces).
+    pub fn pod_pid(&self, namespace: &str, name: &str) -> Result<u32> {
+        let ids = self.ctr(&["containers", "ls", "-q"])?;
+        let tasks = self.ctr(&["tasks", "ls"])?;
+        for id in ids.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let info: serde_json::Value =
+                serde_json::from_str(&self.ctr(&["containers", "info", id])?)?;
+            let labels = &info["Labels"];
+            if labels["io.kubernetes.pod.name"] == name
+                && labels["io.kubernetes.pod.namespace"] == namespace
+                && labels["io.cri-containerd.kind"] == "container"
+                && let Some(pid) = tasks
+                    .lines()
+                    .find(|l| l.starts_with(id))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|p| p.parse().ok())
+            {
+                return Ok(pid);
+            }
+        }
+        bail!(
+            "no running container of pod {namespace}/{name} on {}",
+            self.name
+        )
+    }
+
+    /// A command run in pod `namespace/name`'s network namespace with the pod's own
+    /// `/etc/resolv.conf` (the one the kubelet wrote), so host tools like `dig` and `getent`
+    /// resolve exactly as the pod would.
+    pub fn pod_command(
+        &self,
+        namespace: &str,
+        name: &str,
+        program: &str,
+        args: &[&str],
+    ) -> Result<Command> {
+        let pid = self.pod_pid(namespace, name)?;
+        let resolv = self
+            .dir
+            .path()
+            .join(format!("resolv-{namespace}-{name}.conf"));
+        std::fs::copy(format!("/proc/{pid}/root/etc/resolv.conf"), &resolv)
+            .with_context(|| format!("reading the resolv.conf of pod {namespace}/{name}"))?;
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/proc/{pid}/ns/net"))
+            .args([
+                "--",
+                "unshare",
+                "--mount",
+                "--",
+                "sh",
+                "-c",
+                "mount --bind \"$0\" /etc/resolv.conf && exec \"$@\"",
+            ])
+            .arg(&resolv)
+            .arg(program)
+            .args(args);
+        Ok(cmd)
+    }
+
     /// Where containerd reads CNI configurations from (the node agent writes there).
     pub fn cni_conf_dir(&self) -> PathBuf {
         self.dir.path().join("net.d")

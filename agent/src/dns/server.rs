@@ -1,0 +1,338 @@
+//! Serving: UDP on one socket per core (SO_REUSEPORT, a blocking thread each, so the cluster
+//! zone and cache hits never wait on the async runtime) and TCP on the runtime. Anything that
+//! needs an upstream goes to the runtime and answers from there.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use arc_swap::ArcSwap;
+use hickory_proto::op::{Message, ResponseCode};
+use ipnet::IpNet;
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, info, warn};
+
+use super::answer::{self, Context, Decision, MAX_UDP_PAYLOAD};
+use super::forward::{Forwarder, Resolved};
+use super::stats::{DnsStats, Stats, bump};
+use super::store::Snapshot;
+
+/// How long a TCP client may be silent (between or within queries) before it is dropped.
+pub const TCP_IDLE: Duration = Duration::from_secs(10);
+/// TCP connections served at once; more wait in the kernel's backlog.
+pub const TCP_MAX_CONNECTIONS: usize = 256;
+
+/// The server's state, shared by every socket.
+#[derive(Debug)]
+pub struct Dns {
+    pub snapshot: ArcSwap<Snapshot>,
+    /// This node's pods: address -> namespace (for the search-path shortcut).
+    pub pods: ArcSwap<HashMap<IpAddr, String>>,
+    pub reverse_nets: Vec<IpNet>,
+    pub forwarder: Forwarder,
+    pub stats: Arc<Stats>,
+}
+
+/// What the synchronous path made of a packet.
+#[derive(Debug)]
+pub enum Fast {
+    Reply(Vec<u8>),
+    /// Needs the forwarder.
+    Slow(Message),
+    /// Not a DNS message: no answer at all.
+    Drop,
+}
+
+impl Dns {
+    pub fn new(zone: &str, reverse_nets: Vec<IpNet>, upstreams: Vec<SocketAddr>) -> Dns {
+        let stats = Arc::new(Stats::default());
+        Dns {
+            snapshot: ArcSwap::from_pointee(super::store::Store::default().snapshot(zone)),
+            pods: ArcSwap::from_pointee(HashMap::new()),
+            reverse_nets,
+            forwarder: Forwarder::new(upstreams, stats.clone()),
+            stats,
+        }
+    }
+
+    pub fn stats(&self) -> DnsStats {
+        let mut s = self.stats.snapshot();
+        s.cache_entries = self.forwarder.cache_len();
+        s.cluster_names = self.snapshot.load().names();
+        s.pods_known = self.pods.load().len();
+        s
+    }
+
+    /// Answers what can be answered without waiting: malformed requests, the cluster zone,
+    /// cache hits.
+    pub fn fast(&self, packet: &[u8], src: IpAddr, udp: bool) -> Fast {
+        let req = match Message::from_vec(packet) {
+            Ok(m) => m,
+            Err(_) => return self.malformed(packet),
+        };
+        let snap = self.snapshot.load();
+        let pods = self.pods.load();
+        let ctx = Context {
+            snapshot: &snap,
+            pod_namespace: pods.get(&src).map(String::as_str),
+            reverse_nets: &self.reverse_nets,
+        };
+        match answer::decide(&req, &ctx) {
+            Decision::Reply(m) => {
+                if m.metadata.response_code == ResponseCode::FormErr {
+                    bump(&self.stats.formerr);
+                } else {
+                    bump(&self.stats.cluster);
+                }
+                Fast::Reply(self.finish(&req, m, udp))
+            }
+            Decision::Shortcut(m) => {
+                bump(&self.stats.cluster);
+                bump(&self.stats.autopath);
+                Fast::Reply(self.finish(&req, m, udp))
+            }
+            Decision::Forward => match self.forwarder.cached(&req.queries[0]) {
+                Some(cached) => Fast::Reply(self.finish(&req, forwarded(&req, &cached), udp)),
+                None => Fast::Slow(req),
+            },
+            Decision::Autopath { .. } | Decision::Chase { .. } => Fast::Slow(req),
+        }
+    }
+
+    /// The answer to a request that needed the forwarder.
+    pub async fn slow(&self, req: Message, src: IpAddr, udp: bool) -> Vec<u8> {
+        let snap = self.snapshot.load_full();
+        let pods = self.pods.load_full();
+        let ctx = Context {
+            snapshot: &snap,
+            pod_namespace: pods.get(&src).map(String::as_str),
+            reverse_nets: &self.reverse_nets,
+        };
+        let response = match answer::decide(&req, &ctx) {
+            Decision::Reply(m) | Decision::Shortcut(m) => m,
+            Decision::Forward => match self.forwarder.resolve(&req.queries[0]).await {
+                Resolved::Answer(m) | Resolved::Stale(m) => forwarded(&req, &m),
+                Resolved::Failed => {
+                    bump(&self.stats.servfail);
+                    answer::error(&req, ResponseCode::ServFail)
+                }
+            },
+            Decision::Chase { external, fallback } => {
+                let mut q = req.queries[0].clone();
+                q.name = external;
+                match self.forwarder.resolve(&q).await {
+                    Resolved::Answer(m) | Resolved::Stale(m)
+                        if m.metadata.response_code == ResponseCode::NoError =>
+                    {
+                        let mut out = fallback;
+                        out.answers.extend(m.answers.iter().cloned());
+                        out
+                    }
+                    _ => fallback,
+                }
+            }
+            Decision::Autopath { external } => {
+                let mut q = req.queries[0].clone();
+                q.name = external;
+                match self.forwarder.resolve(&q).await {
+                    Resolved::Answer(m) | Resolved::Stale(m)
+                        if m.metadata.response_code == ResponseCode::NoError
+                            && !m.answers.is_empty() =>
+                    {
+                        bump(&self.stats.autopath);
+                        answer::autopath_answer(&req, &m)
+                    }
+                    _ => {
+                        // The walk's end is not found either: this step is NXDOMAIN, and the
+                        // client carries on (its later steps are answered from memory).
+                        let mut m = answer::response_to(&req);
+                        m.metadata.authoritative = true;
+                        m.metadata.response_code = ResponseCode::NXDomain;
+                        m
+                    }
+                }
+            }
+        };
+        self.finish(&req, response, udp)
+    }
+
+    /// FORMERR for a packet with a readable header, silence for anything else.
+    fn malformed(&self, packet: &[u8]) -> Fast {
+        if packet.len() < 12 || packet[2] & 0x80 != 0 {
+            bump(&self.stats.dropped);
+            return Fast::Drop;
+        }
+        bump(&self.stats.formerr);
+        // Echo the id and opcode, QR set, RCODE 1, no sections.
+        let mut out = packet[..12].to_vec();
+        out[2] = 0x80 | (packet[2] & 0x79);
+        out[3] = 0x01;
+        out[4..12].fill(0);
+        Fast::Reply(out)
+    }
+
+    /// Serialises `m`; over UDP, one that does not fit the client's limit becomes an empty
+    /// truncated answer, so the client asks again over TCP.
+    fn finish(&self, req: &Message, mut m: Message, udp: bool) -> Vec<u8> {
+        m.metadata.id = req.metadata.id;
+        let limit = if !udp {
+            usize::from(u16::MAX)
+        } else {
+            match &req.edns {
+                Some(e) => usize::from(e.max_payload().clamp(512, MAX_UDP_PAYLOAD)),
+                None => 512,
+            }
+        };
+        match m.to_vec() {
+            Ok(bytes) if bytes.len() <= limit => bytes,
+            Ok(_) => {
+                bump(&self.stats.truncated);
+                let mut t = answer::response_to(req);
+                t.metadata.response_code = m.metadata.response_code;
+                t.metadata.authoritative = m.metadata.authoritative;
+                t.metadata.truncation = true;
+                t.to_vec().unwrap_or_default()
+            }
+            Err(e) => {
+                warn!("encoding a DNS answer: {e}");
+                bump(&self.stats.servfail);
+                answer::error(req, ResponseCode::ServFail)
+                    .to_vec()
+                    .unwrap_or_default()
+            }
+        }
+    }
+}
+
+/// An upstream (or cached) answer re-addressed to this request: its records and rcode, the
+/// request's question as asked (case included).
+fn forwarded(req: &Message, upstream: &Message) -> Message {
+    let mut m = answer::response_to(req);
+    m.metadata.response_code = upstream.metadata.response_code;
+    m.metadata.authoritative = false;
+    m.answers = upstream.answers.clone();
+    m.authorities = upstream.authorities.clone();
+    m.additionals = upstream.additionals.clone();
+    m
+}
+
+fn reuseport_udp(addr: SocketAddr) -> Result<UdpSocket> {
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    s.set_reuse_port(true)?;
+    s.set_recv_buffer_size(4 << 20)?;
+    s.bind(&addr.into())
+        .with_context(|| format!("binding UDP {addr}"))?;
+    Ok(s.into())
+}
+
+/// Serves UDP on `addr` with `threads` sockets and TCP on the runtime.
+pub async fn serve(dns: Arc<Dns>, addr: SocketAddr, threads: usize) -> Result<()> {
+    let rt = tokio::runtime::Handle::current();
+    for i in 0..threads.max(1) {
+        let sock = reuseport_udp(addr)?;
+        let dns = dns.clone();
+        let rt = rt.clone();
+        std::thread::Builder::new()
+            .name(format!("dns-udp-{i}"))
+            .spawn(move || udp_loop(dns, sock, rt))
+            .context("starting a DNS thread")?;
+    }
+    let listener = {
+        let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        s.set_reuse_address(true)?;
+        s.bind(&addr.into())
+            .with_context(|| format!("binding TCP {addr}"))?;
+        s.listen(128)?;
+        s.set_nonblocking(true)?;
+        TcpListener::from_std(s.into())?
+    };
+    let permits = Arc::new(tokio::sync::Semaphore::new(TCP_MAX_CONNECTIONS));
+    info!(%addr, threads, "node-local DNS serving");
+    tokio::spawn(async move {
+        loop {
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                return;
+            };
+            let (stream, peer) = match listener.accept().await {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!("DNS TCP accept: {e}");
+                    continue;
+                }
+            };
+            let dns = dns.clone();
+            tokio::spawn(async move {
+                if let Err(e) = tcp_client(dns, stream, peer).await {
+                    debug!(%peer, "DNS TCP client: {e:#}");
+                }
+                drop(permit);
+            });
+        }
+    });
+    Ok(())
+}
+
+fn udp_loop(dns: Arc<Dns>, sock: UdpSocket, rt: tokio::runtime::Handle) {
+    let sock = Arc::new(sock);
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let (n, peer) = match sock.recv_from(&mut buf) {
+            Ok(x) => x,
+            Err(e) => {
+                warn!("DNS UDP receive: {e}");
+                continue;
+            }
+        };
+        bump(&dns.stats.queries_udp);
+        match dns.fast(&buf[..n], peer.ip(), true) {
+            Fast::Reply(out) => {
+                let _ = sock.send_to(&out, peer);
+            }
+            Fast::Drop => {}
+            Fast::Slow(req) => {
+                let (dns, sock) = (dns.clone(), sock.clone());
+                rt.spawn(async move {
+                    let out = dns.slow(req, peer.ip(), true).await;
+                    let _ = sock.send_to(&out, peer);
+                });
+            }
+        }
+    }
+}
+
+/// One TCP client: length-prefixed messages until it goes quiet, closes, or sends garbage.
+async fn tcp_client(dns: Arc<Dns>, mut stream: TcpStream, peer: SocketAddr) -> Result<()> {
+    loop {
+        let mut len = [0u8; 2];
+        match tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut len)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => return Ok(()),
+        }
+        let len = usize::from(u16::from_be_bytes(len));
+        if len < 12 {
+            return Ok(()); // not even a header: hang up
+        }
+        let mut body = vec![0u8; len];
+        tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut body))
+            .await
+            .context("frame shorter than its length")??;
+        bump(&dns.stats.queries_tcp);
+        let out = match dns.fast(&body, peer.ip(), false) {
+            Fast::Reply(out) => out,
+            Fast::Drop => return Ok(()),
+            Fast::Slow(req) => dns.slow(req, peer.ip(), false).await,
+        };
+        let mut framed = Vec::with_capacity(out.len() + 2);
+        framed.extend_from_slice(&(out.len() as u16).to_be_bytes());
+        framed.extend_from_slice(&out);
+        tokio::time::timeout(TCP_IDLE, stream.write_all(&framed))
+            .await
+            .context("client not reading")??;
+    }
+}
