@@ -140,7 +140,7 @@ pub fn watch(client: Client, node: String, zone: String, dns: Arc<Dns>) {
             );
             let snap = store.snapshot(&zone);
             let names = snap.names();
-            rebuild.snapshot.store(Arc::new(snap));
+            rebuild.set_snapshot(snap);
             tracing::debug!(names, "cluster zone rebuilt");
         }
     });

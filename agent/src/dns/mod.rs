@@ -10,5 +10,6 @@ pub mod kube;
 pub mod server;
 pub mod stats;
 pub mod store;
+pub mod wire;
 
 pub use server::Dns;

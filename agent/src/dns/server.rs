@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use arc_swap::ArcSwap;
@@ -20,6 +21,7 @@ use super::answer::{self, Context, Decision, MAX_UDP_PAYLOAD};
 use super::forward::{Forwarder, Resolved};
 use super::stats::{DnsStats, Stats, bump};
 use super::store::Snapshot;
+use super::wire::{self, WireCache};
 
 /// How long a TCP client may be silent (between or within queries) before it is dropped.
 pub const TCP_IDLE: Duration = Duration::from_secs(10);
@@ -35,7 +37,15 @@ pub struct Dns {
     pub reverse_nets: Vec<IpNet>,
     pub forwarder: Forwarder,
     pub stats: Arc<Stats>,
+    /// Finished answers as bytes, for repeated questions.
+    wire: WireCache,
+    /// Bumped with every new snapshot: cluster answers cached as bytes are good for one.
+    generation: AtomicU64,
 }
+
+/// Which counter a wire-cache hit bumps.
+const FROM_CLUSTER: u8 = 1;
+const FROM_CACHE: u8 = 2;
 
 /// What the synchronous path made of a packet.
 #[derive(Debug)]
@@ -56,7 +66,15 @@ impl Dns {
             reverse_nets,
             forwarder: Forwarder::new(upstreams, stats.clone()),
             stats,
+            wire: WireCache::new(200_000),
+            generation: AtomicU64::new(0),
         }
+    }
+
+    /// Installs a new cluster zone.
+    pub fn set_snapshot(&self, snap: Snapshot) {
+        self.snapshot.store(Arc::new(snap));
+        self.generation.fetch_add(1, Ordering::Release);
     }
 
     pub fn stats(&self) -> DnsStats {
@@ -67,40 +85,77 @@ impl Dns {
         s
     }
 
-    /// Answers what can be answered without waiting: malformed requests, the cluster zone,
-    /// cache hits.
+    /// Answers what can be answered without waiting: repeated questions (as bytes), malformed
+    /// requests, the cluster zone, cache hits.
     pub fn fast(&self, packet: &[u8], src: IpAddr, udp: bool) -> Fast {
+        let pods = self.pods.load();
+        let generation = self.generation.load(Ordering::Acquire);
+        let quick = wire::read_query(packet, wire::namespace_of(&pods, &src));
+        if let Some(q) = &quick
+            && let Some((out, from)) = self.wire.get(q, generation, Instant::now())
+            && (!udp || out.len() <= q.udp_limit)
+        {
+            bump(if from == FROM_CLUSTER {
+                &self.stats.cluster
+            } else {
+                &self.stats.cache_hits
+            });
+            return Fast::Reply(out);
+        }
         let req = match Message::from_vec(packet) {
             Ok(m) => m,
             Err(_) => return self.malformed(packet),
         };
         let snap = self.snapshot.load();
-        let pods = self.pods.load();
         let ctx = Context {
             snapshot: &snap,
             pod_namespace: pods.get(&src).map(String::as_str),
             reverse_nets: &self.reverse_nets,
         };
-        match answer::decide(&req, &ctx) {
+        let (out, keep) = match answer::decide(&req, &ctx) {
             Decision::Reply(m) => {
                 if m.metadata.response_code == ResponseCode::FormErr {
                     bump(&self.stats.formerr);
+                    (self.finish(&req, m, udp), None)
                 } else {
                     bump(&self.stats.cluster);
+                    (
+                        self.finish(&req, m, udp),
+                        Some((FROM_CLUSTER, Instant::now() + Duration::from_secs(3600))),
+                    )
                 }
-                Fast::Reply(self.finish(&req, m, udp))
             }
             Decision::Shortcut(m) => {
                 bump(&self.stats.cluster);
                 bump(&self.stats.autopath);
-                Fast::Reply(self.finish(&req, m, udp))
+                (
+                    self.finish(&req, m, udp),
+                    Some((FROM_CLUSTER, Instant::now() + Duration::from_secs(3600))),
+                )
             }
             Decision::Forward => match self.forwarder.cached(&req.queries[0]) {
-                Some(cached) => Fast::Reply(self.finish(&req, forwarded(&req, &cached), udp)),
-                None => Fast::Slow(req),
+                Some(cached) => {
+                    // TTLs in the bytes are right for this second only.
+                    let fresh = cached
+                        .answers
+                        .iter()
+                        .chain(cached.authorities.iter())
+                        .all(|r| r.ttl >= 1);
+                    let keep = fresh.then(|| (FROM_CACHE, Instant::now() + Duration::from_secs(1)));
+                    (self.finish(&req, forwarded(&req, &cached), udp), keep)
+                }
+                None => return Fast::Slow(req),
             },
-            Decision::Autopath { .. } | Decision::Chase { .. } => Fast::Slow(req),
+            Decision::Autopath { .. } | Decision::Chase { .. } => return Fast::Slow(req),
+        };
+        // Keep it as bytes, unless truncated (the same question over TCP needs the whole).
+        if let (Some(q), Some((from, until))) = (quick, keep)
+            && out.len() > 3
+            && out[2] & 0x02 == 0
+        {
+            self.wire.put(q.key, out.clone(), generation, until, from);
         }
+        Fast::Reply(out)
     }
 
     /// The answer to a request that needed the forwarder.
