@@ -73,7 +73,7 @@ fn dnsperf(
     let field = |label: &str| -> Result<String> {
         text.lines()
             .find_map(|l| l.trim().strip_prefix(label))
-            .map(|v| v.trim().split_whitespace().next().unwrap_or("").to_string())
+            .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
             .with_context(|| {
                 format!(
                     "dnsperf printed no {label:?}: {}",
