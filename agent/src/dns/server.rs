@@ -194,9 +194,10 @@ impl Dns {
                 let mut q = req.queries[0].clone();
                 q.name = external;
                 match self.forwarder.resolve(&q).await {
+                    // NOERROR with or without records (NODATA): the name exists and the
+                    // walk ends here, as CoreDNS autopath answers.
                     Resolved::Answer(m) | Resolved::Stale(m)
-                        if m.metadata.response_code == ResponseCode::NoError
-                            && !m.answers.is_empty() =>
+                        if m.metadata.response_code == ResponseCode::NoError =>
                     {
                         bump(&self.stats.autopath);
                         answer::autopath_answer(&req, &m)

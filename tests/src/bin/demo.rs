@@ -31,6 +31,18 @@ struct Args {
     hold: bool,
 }
 
+/// Retries a flaky first attempt (a fresh Service's endpoints take a moment).
+fn wait_for_ok(mut f: impl FnMut() -> Result<String>) -> Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    }
+}
+
 fn step(started: Instant, what: &str) {
     println!("\n== [{:>5.1}s] {what}", started.elapsed().as_secs_f64());
 }
@@ -64,6 +76,27 @@ fn main() -> Result<()> {
     for n in &topo.nodes {
         println!("node-{}  {}  address {}", n.index, n.ns.name(), n.addr);
     }
+
+    step(
+        t,
+        &format!(
+            "an upstream DNS resolver on the host ({HOST_SERVICE_ADDR}: dnsmasq, answering example.test)"
+        ),
+    );
+    let _upstream = topo.host.spawn(
+        "dnsmasq",
+        &[
+            "--no-daemon",
+            "--no-resolv",
+            "--no-hosts",
+            "--bind-interfaces",
+            &format!("--listen-address={HOST_SERVICE_ADDR}"),
+            "--address=/example.test/192.0.2.10",
+            "--address=/example.test/2001:db8::10",
+            "--pid-file=",
+            "--user=root",
+        ],
+    )?;
 
     step(
         t,
@@ -112,6 +145,10 @@ fn main() -> Result<()> {
                 "mkdir -p /www && echo \"hello from $(hostname) on $NODE_NAME\" > /www/index.html && httpd -f -p 8080 -h /www",
             ],
         )?;
+        // A headless Service per pod, so `web-N` resolves to the pod's address.
+        cp.apply(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  clusterIP: None\n  selector: {{app: {name}}}\n  ports: [{{name: http, port: 8080}}]\n"
+        ))?;
         ips.push((name, ip));
     }
     print!("{}", cp.kubectl(&["get", "pods", "-o", "wide"])?);
@@ -127,19 +164,35 @@ fn main() -> Result<()> {
             .find(|l| l.contains("packets transmitted"))
             .unwrap_or("")
             .trim();
-        let page = cp.kubectl(&[
-            "exec",
-            from,
-            "--",
-            "wget",
-            "-qO-",
-            &format!("http://{ip}:8080/"),
-        ])?;
+        // By address: Debian's busybox-static is glibc built statically, whose resolver
+        // crashes (no NSS in a static binary); names are shown with nslookup below.
+        let url = format!("http://{ip}:8080/");
+        let page = wait_for_ok(|| cp.kubectl(&["exec", from, "--", "wget", "-qO-", &url]))?;
         println!(
-            "{from} -> {to} ({ip}): {summary}; GET / says {:?}",
+            "{from} -> {to} ({ip}): {summary}; GET {url} says {:?}",
             page.trim()
         );
     }
+
+    step(
+        t,
+        "names through each node's own DNS at 169.254.20.10: a cluster name, an external one",
+    );
+    let first = &ips[0].0;
+    print!(
+        "{}",
+        cp.kubectl(&["exec", first, "--", "cat", "/etc/resolv.conf"])?
+    );
+    for name in ["web-2.default.svc.cluster.local", "example.test"] {
+        let out = cp.kubectl(&["exec", first, "--", "nslookup", name])?;
+        let answer: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with("Address") && !l.contains("#53"))
+            .map(str::trim)
+            .collect();
+        println!("{first}: nslookup {name} -> {}", answer.join(" "));
+    }
+    print!("{}", mesh.cli(1, &["dns", "stats"])?);
 
     step(t, "socialweb-agent mesh status, on node-1");
     print!("{}", mesh.cli(1, &["mesh", "status"])?);
