@@ -16,6 +16,7 @@ pub mod mesh;
 pub mod netns;
 pub mod probe;
 pub mod process;
+pub mod resolver;
 pub mod root;
 pub mod tmp;
 pub mod topology;

@@ -27,22 +27,19 @@ fn upstream(host: &Netns, dir: &Path, addr: &str) -> Spawned {
         .map(|i| format!("{i:02}-{}", "x".repeat(60)))
         .collect::<Vec<_>>()
         .join("\",\"");
-    host.spawn(
-        "dnsmasq",
+    let address = format!("--address=/example.test/{addr}");
+    let txt = format!("--txt-record=big.example.test,\"{big}\"");
+    let log = format!("--log-facility={}", dir.join("dnsmasq.log").display());
+    testbed::resolver::dnsmasq(
+        host,
+        HOST_SERVICE_ADDR,
         &[
-            "--no-daemon",
-            "--no-resolv",
-            "--no-hosts",
-            "--bind-interfaces",
-            &format!("--listen-address={HOST_SERVICE_ADDR}"),
-            &format!("--address=/example.test/{addr}"),
-            &format!("--txt-record=big.example.test,\"{big}\""),
+            &address,
+            &txt,
             "--local-ttl=2",
             "--neg-ttl=2",
             "--log-queries",
-            &format!("--log-facility={}", dir.join("dnsmasq.log").display()),
-            "--pid-file=",
-            "--user=root",
+            &log,
         ],
     )
     .unwrap()

@@ -207,22 +207,12 @@ fn dig_reads_a_resolver_in_another_namespace() {
     // A real DNS server (dnsmasq, answering from an address list) in the host namespace and
     // dig in a node namespace: the probe the DNS tests build on.
     let t = Topology::new(1, Reach::Direct).unwrap();
-    let _dns = t
-        .host
-        .spawn(
-            "dnsmasq",
-            &[
-                "--no-daemon",
-                "--no-resolv",
-                "--no-hosts",
-                "--bind-interfaces",
-                &format!("--listen-address={HOST_SERVICE_ADDR}"),
-                "--address=/probe.test/192.0.2.99",
-                "--pid-file=",
-                "--user=root",
-            ],
-        )
-        .unwrap();
+    let _dns = testbed::resolver::dnsmasq(
+        &t.host,
+        HOST_SERVICE_ADDR,
+        &["--address=/probe.test/192.0.2.99"],
+    )
+    .unwrap();
     let server = HOST_SERVICE_ADDR.to_string();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let answer = loop {

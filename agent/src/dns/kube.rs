@@ -45,14 +45,19 @@ pub fn service_of(s: &KService) -> Option<Service> {
             .ports
             .iter()
             .flatten()
-            .map(|p| Port {
-                name: p.name.clone().filter(|n| !n.is_empty()),
-                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
-                port: u16::try_from(p.port).unwrap_or(0),
-            })
+            .map(|p| port(&p.name, &p.protocol, Some(p.port)))
             .collect(),
         publish_not_ready: spec.publish_not_ready_addresses.unwrap_or(false),
     })
+}
+
+/// A port of a Service or an EndpointSlice (protocol TCP when unset, as the API defaults).
+fn port(name: &Option<String>, protocol: &Option<String>, number: Option<i32>) -> Port {
+    Port {
+        name: name.clone().filter(|n| !n.is_empty()),
+        protocol: protocol.clone().unwrap_or_else(|| "TCP".into()),
+        port: number.and_then(|p| u16::try_from(p).ok()).unwrap_or(0),
+    }
 }
 
 /// An EndpointSlice as the store wants it, keyed by its own name.
@@ -67,11 +72,7 @@ pub fn slice_of(s: &EndpointSlice) -> Option<(String, Slice)> {
                 .ports
                 .iter()
                 .flatten()
-                .map(|p| Port {
-                    name: p.name.clone().filter(|n| !n.is_empty()),
-                    protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
-                    port: p.port.and_then(|p| u16::try_from(p).ok()).unwrap_or(0),
-                })
+                .map(|p| port(&p.name, &p.protocol, p.port))
                 .collect(),
             endpoints: s
                 .endpoints

@@ -103,19 +103,10 @@ fn main() -> Result<()> {
     let dir = TempDir::new("bench-dns")?;
 
     // The upstream every cache forwards to: answers for *.bench.test, an hour's TTL.
-    let _upstream = topo.host.spawn(
-        "dnsmasq",
-        &[
-            "--no-daemon",
-            "--no-resolv",
-            "--no-hosts",
-            "--bind-interfaces",
-            &format!("--listen-address={HOST_SERVICE_ADDR}"),
-            "--address=/bench.test/192.0.2.1",
-            "--local-ttl=3600",
-            "--pid-file=",
-            "--user=root",
-        ],
+    let _upstream = testbed::resolver::dnsmasq(
+        &topo.host,
+        HOST_SERVICE_ADDR,
+        &["--address=/bench.test/192.0.2.1", "--local-ttl=3600"],
     )?;
 
     // Ours: the agent on the node, cluster data from a control plane (no kubelet needed).
@@ -155,19 +146,11 @@ fn main() -> Result<()> {
     let mut ub = node.command("unbound");
     ub.arg("-d").arg("-c").arg(&unbound_conf);
     let _unbound = Spawned::start_logged(ub, "unbound", &dir.path().join("unbound.log"))?;
-    let _dnsmasq = node.spawn(
-        "dnsmasq",
-        &[
-            "--no-daemon",
-            "--no-resolv",
-            "--no-hosts",
-            "--bind-interfaces",
-            &format!("--listen-address={DNSMASQ}"),
-            &format!("--server={HOST_SERVICE_ADDR}"),
-            "--cache-size=10000",
-            "--pid-file=",
-            "--user=root",
-        ],
+    let dnsmasq_server = format!("--server={HOST_SERVICE_ADDR}");
+    let _dnsmasq = testbed::resolver::dnsmasq(
+        node,
+        DNSMASQ.parse()?,
+        &[&dnsmasq_server, "--cache-size=10000"],
     )?;
     for server in [UNBOUND, DNSMASQ] {
         wait_for(

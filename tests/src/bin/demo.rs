@@ -83,18 +83,12 @@ fn main() -> Result<()> {
             "an upstream DNS resolver on the host ({HOST_SERVICE_ADDR}: dnsmasq, answering example.test)"
         ),
     );
-    let _upstream = topo.host.spawn(
-        "dnsmasq",
+    let _upstream = testbed::resolver::dnsmasq(
+        &topo.host,
+        HOST_SERVICE_ADDR,
         &[
-            "--no-daemon",
-            "--no-resolv",
-            "--no-hosts",
-            "--bind-interfaces",
-            &format!("--listen-address={HOST_SERVICE_ADDR}"),
             "--address=/example.test/192.0.2.10",
             "--address=/example.test/2001:db8::10",
-            "--pid-file=",
-            "--user=root",
         ],
     )?;
 
