@@ -392,3 +392,96 @@ async fn tcp_client(dns: Arc<Dns>, mut stream: TcpStream, peer: SocketAddr) -> R
             .context("client not reading")??;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dns() -> Dns {
+        let mut store = super::super::store::fixtures::store();
+        store.remove_service("default", "ext");
+        let d = Dns::new(
+            "cluster.local",
+            vec!["10.43.0.0/16".parse().unwrap()],
+            vec![],
+        );
+        d.set_snapshot(store.snapshot("cluster.local"));
+        d
+    }
+
+    fn query(name: &str) -> Vec<u8> {
+        use hickory_proto::op::{MessageType, OpCode, Query};
+        use hickory_proto::rr::{Name, RecordType};
+        let mut m = Message::new(9, MessageType::Query, OpCode::Query);
+        m.queries
+            .push(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+        m.to_vec().unwrap()
+    }
+
+    #[test]
+    fn repeated_questions_are_answered_from_bytes_alike() {
+        let d = dns();
+        let src: IpAddr = "10.42.1.9".parse().unwrap();
+        let Fast::Reply(first) = d.fast(&query("web.default.svc.cluster.local."), src, true) else {
+            panic!()
+        };
+        let Fast::Reply(second) = d.fast(&query("WEB.default.svc.cluster.local."), src, true)
+        else {
+            panic!()
+        };
+        let (a, b) = (
+            Message::from_vec(&first).unwrap(),
+            Message::from_vec(&second).unwrap(),
+        );
+        assert_eq!(a.answers.len(), 1);
+        assert_eq!(b.answers[0].data, a.answers[0].data);
+        assert_eq!(
+            b.queries[0].name.to_ascii(),
+            "WEB.default.svc.cluster.local."
+        );
+        assert_eq!(d.stats().cluster, 2);
+        // A new zone invalidates the bytes.
+        d.set_snapshot(super::super::store::Store::default().snapshot("cluster.local"));
+        let Fast::Reply(third) = d.fast(&query("web.default.svc.cluster.local."), src, true) else {
+            panic!()
+        };
+        assert_eq!(
+            Message::from_vec(&third).unwrap().metadata.response_code,
+            ResponseCode::NXDomain
+        );
+    }
+
+    #[test]
+    fn names_outside_the_zone_need_the_forwarder() {
+        let d = dns();
+        assert!(matches!(
+            d.fast(&query("example.com."), "10.0.0.1".parse().unwrap(), true),
+            Fast::Slow(_)
+        ));
+    }
+
+    proptest::proptest! {
+        /// The query path on arbitrary bytes: an answer, silence, or the forwarder; never a
+        /// panic. And every answer parses.
+        #[test]
+        fn arbitrary_packets_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..700)) {
+            let d = dns();
+            if let Fast::Reply(out) = d.fast(&bytes, "10.42.1.9".parse().unwrap(), true) {
+                proptest::prop_assert!(out.len() >= 12);
+                proptest::prop_assert!(out.len() <= 512 || bytes.len() >= 12);
+            }
+        }
+
+        /// Well-formed queries for arbitrary names: always an answer or the forwarder.
+        #[test]
+        fn arbitrary_names_are_answered(labels in proptest::collection::vec("[a-zA-Z0-9][a-zA-Z0-9_]{0,19}", 1..6)) {
+            let d = dns();
+            let name = format!("{}.svc.cluster.local.", labels.join("."));
+            match d.fast(&query(&name), "10.42.1.9".parse().unwrap(), true) {
+                Fast::Reply(out) => proptest::prop_assert!(Message::from_vec(&out).is_ok()),
+                Fast::Slow(_) => {}
+                Fast::Drop => proptest::prop_assert!(false, "a well-formed query was dropped"),
+            }
+        }
+    }
+}
