@@ -156,6 +156,15 @@ fn pod_traffic_leaving_the_cluster_is_masqueraded_with_the_node_address() {
         .exec("nft", &["list", "table", "ip", "socialweb"])
         .unwrap();
     assert!(rules.contains("masquerade"), "{rules}");
+    // The table is the agent's: a clean shutdown removes it, and its routes and address.
+    let mut mesh = mesh;
+    mesh.stop_agent(1).unwrap();
+    let tables = topo.node(1).ns.exec("nft", &["list", "tables"]).unwrap();
+    assert!(!tables.contains("socialweb"), "{tables}");
+    let routes = topo.node(1).ns.ip(&["route"]).unwrap();
+    assert!(!routes.contains("socialweb0"), "{routes}");
+    let lo = topo.node(1).ns.ip(&["addr", "show", "lo"]).unwrap();
+    assert!(!lo.contains("169.254.20.10"), "{lo}");
 }
 
 #[test]

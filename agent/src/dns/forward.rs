@@ -192,3 +192,122 @@ pub async fn query_upstream(upstream: SocketAddr, q: &Query, stats: &Stats) -> R
     }
     Ok(m)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::rr::rdata::A;
+    use hickory_proto::rr::{Name, RData, Record, RecordType};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A real upstream on loopback: answers every question with 192.0.2.7 after `delay`;
+    /// with `truncate`, sets TC over UDP so the client must come back over TCP.
+    async fn upstream(
+        delay: Duration,
+        truncate: bool,
+    ) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let udp = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+        let addr = udp.local_addr().unwrap();
+        let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let (udp_count, tcp_count) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let answer = |req: &Message, tc: bool| {
+            let mut m = Message::new(req.metadata.id, MessageType::Response, OpCode::Query);
+            m.queries = req.queries.clone();
+            m.metadata.truncation = tc;
+            if !tc {
+                m.answers.push(Record::from_rdata(
+                    req.queries[0].name.clone(),
+                    60,
+                    RData::A(A::new(192, 0, 2, 7)),
+                ));
+            }
+            m.to_vec().unwrap()
+        };
+        let c = udp_count.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1500];
+            while let Ok((n, peer)) = udp.recv_from(&mut buf).await {
+                c.fetch_add(1, Ordering::SeqCst);
+                let req = Message::from_vec(&buf[..n]).unwrap();
+                let (udp, out) = (udp.clone(), answer(&req, truncate));
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = udp.send_to(&out, peer).await;
+                });
+            }
+        });
+        let c = tcp_count.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = tcp.accept().await {
+                c.fetch_add(1, Ordering::SeqCst);
+                let mut len = [0u8; 2];
+                s.read_exact(&mut len).await.unwrap();
+                let mut body = vec![0u8; usize::from(u16::from_be_bytes(len))];
+                s.read_exact(&mut body).await.unwrap();
+                let out = answer(&Message::from_vec(&body).unwrap(), false);
+                s.write_all(&(out.len() as u16).to_be_bytes())
+                    .await
+                    .unwrap();
+                s.write_all(&out).await.unwrap();
+            }
+        });
+        (addr, udp_count, tcp_count)
+    }
+
+    fn question(name: &str) -> Query {
+        Query::query(Name::from_ascii(name).unwrap(), RecordType::A)
+    }
+
+    #[tokio::test]
+    async fn identical_questions_in_flight_share_one_upstream_query() {
+        let (addr, udp, _) = upstream(Duration::from_millis(200), false).await;
+        let stats = Arc::new(Stats::default());
+        let f = Arc::new(Forwarder::new(vec![addr], stats.clone()));
+        let answers = futures_util::future::join_all((0..10).map(|_| {
+            let f = f.clone();
+            async move { f.resolve(&question("same.example.")).await }
+        }))
+        .await;
+        assert!(
+            answers
+                .iter()
+                .all(|a| matches!(a, Resolved::Answer(m) if m.answers.len() == 1))
+        );
+        assert_eq!(
+            udp.load(Ordering::SeqCst),
+            1,
+            "one upstream query for ten clients"
+        );
+        assert_eq!(stats.snapshot().coalesced, 9);
+        // And the next one comes from the cache.
+        assert!(f.cached(&question("SAME.example.")).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_truncated_upstream_answer_is_asked_again_over_tcp() {
+        let (addr, udp, tcp) = upstream(Duration::ZERO, true).await;
+        let stats = Stats::default();
+        let m = query_upstream(addr, &question("big.example."), &stats)
+            .await
+            .unwrap();
+        assert_eq!(m.answers.len(), 1);
+        assert_eq!(
+            (udp.load(Ordering::SeqCst), tcp.load(Ordering::SeqCst)),
+            (1, 1)
+        );
+        assert_eq!(stats.snapshot().upstream_tcp_fallbacks, 1);
+    }
+
+    #[tokio::test]
+    async fn a_dead_upstream_is_a_failure_and_the_next_upstream_is_tried() {
+        let dead = UdpSocket::bind("127.0.0.1:0").await.unwrap(); // never answers
+        let (alive, _, _) = upstream(Duration::ZERO, false).await;
+        let stats = Arc::new(Stats::default());
+        let f = Forwarder::new(vec![dead.local_addr().unwrap(), alive], stats.clone());
+        assert!(matches!(
+            f.resolve(&question("x.example.")).await,
+            Resolved::Answer(_)
+        ));
+        assert_eq!(stats.snapshot().upstream_failures, 1);
+    }
+}
