@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result};
 use futures_util::TryStreamExt;
 use netlink_packet_route::address::AddressAttribute;
 use rtnetlink::{Handle, LinkDummy, LinkUnspec};
@@ -21,22 +21,7 @@ pub enum Placement {
 }
 
 async fn index(h: &Handle, name: &str) -> Result<Option<u32>> {
-    match h
-        .link()
-        .get()
-        .match_name(name.to_string())
-        .execute()
-        .try_next()
-        .await
-    {
-        Ok(l) => Ok(l.map(|l| l.header.index)),
-        Err(rtnetlink::Error::NetlinkError(m))
-            if m.code.map(|c| -c.get()) == Some(libc::ENODEV) =>
-        {
-            Ok(None)
-        }
-        Err(e) => Err(anyhow!("looking up {name}: {e}")),
-    }
+    crate::mesh::routes::find_link(h, name).await
 }
 
 async fn has_addr(h: &Handle, idx: u32, ip: Ipv4Addr) -> Result<bool> {

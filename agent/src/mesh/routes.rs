@@ -19,17 +19,20 @@ pub async fn handle() -> Result<Handle> {
     Ok(handle)
 }
 
-pub async fn link_index(h: &Handle, name: &str) -> Result<u32> {
-    let link = h
-        .link()
-        .get()
-        .match_name(name.to_string())
-        .execute()
-        .try_next()
+/// The index of interface `name`, or `None` if there is none (one lookup for the whole
+/// node side: the CNI plugin's).
+pub async fn find_link(h: &Handle, name: &str) -> Result<Option<u32>> {
+    socialweb_cni::netlink::link_by_name(h, name)
         .await
-        .with_context(|| format!("looking up {name}"))?
-        .ok_or_else(|| anyhow!("no interface {name}"))?;
-    Ok(link.header.index)
+        .map(|l| l.map(|l| l.header.index))
+        .map_err(|e| anyhow!("{e}"))
+}
+
+/// The index of interface `name`, which must exist.
+pub async fn link_index(h: &Handle, name: &str) -> Result<u32> {
+    find_link(h, name)
+        .await?
+        .ok_or_else(|| anyhow!("no interface {name}"))
 }
 
 fn message(
