@@ -13,11 +13,14 @@ use socialweb_agent::run::{self, RunOptions};
 
 /// The socialweb node agent.
 ///
-/// Runs on every rented node, started by systemd from the node image. It joins the tenant
-/// cluster, puts this node's pod CIDR on the cni0 bridge and writes the CNI configuration,
-/// and routes every other node's pod CIDR as QUIC datagrams over iroh -- directly where the
-/// nodes reach each other, through the operator's relay where they do not. Its other
-/// subcommands talk to the running agent over its control socket (root only).
+/// Runs on every rented node, started by systemd from the node image. `run` reads the node's
+/// identity, follows the peer directory (the cluster's Nodes, or a static file), puts this
+/// node's pod CIDR on the cni0 bridge and writes the CNI configuration, serves node-local DNS
+/// at 169.254.20.10, and routes every other node's pod CIDR as QUIC datagrams over iroh --
+/// directly where the nodes reach each other, through the operator's relay where they do not.
+/// (Supervising `k3s agent` for the join is not in this version: the kubelet is started
+/// beside it.) Its other subcommands talk to the running agent over its control socket (root
+/// only).
 ///
 /// Start here:  socialweb-agent run --identity /etc/socialweb/identity.json
 ///              socialweb-agent mesh status

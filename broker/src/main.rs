@@ -14,4 +14,10 @@ struct Cli {}
 
 fn main() {
     let _ = Cli::parse();
+    // Nothing runs yet: say so rather than exit as if work had been done.
+    eprintln!(
+        "socialweb-broker: not implemented yet in this version (only --help and --version); \
+         see docs/architecture.md"
+    );
+    std::process::exit(2);
 }
