@@ -124,6 +124,11 @@ impl<'a> Call<'a> {
 
     /// Runs the plugin inside `node` with `config` on stdin and waits for it.
     pub fn run(&self, node: &Netns, plugin: &Path, config: &Value) -> Result<Outcome> {
+        self.run_raw(node, plugin, config.to_string().as_bytes())
+    }
+
+    /// Runs the plugin with `stdin` as given (for input that is not JSON at all).
+    pub fn run_raw(&self, node: &Netns, plugin: &Path, stdin: &[u8]) -> Result<Outcome> {
         let mut child = self
             .command(node, plugin)
             .stdin(Stdio::piped())
@@ -131,11 +136,7 @@ impl<'a> Call<'a> {
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("starting {}", plugin.display()))?;
-        child
-            .stdin
-            .take()
-            .expect("stdin piped")
-            .write_all(config.to_string().as_bytes())?;
+        child.stdin.take().expect("stdin piped").write_all(stdin)?;
         let out = child.wait_with_output()?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let json = if stdout.trim().is_empty() {

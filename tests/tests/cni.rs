@@ -450,7 +450,7 @@ fn bad_input_gets_the_right_code_and_changes_nothing() {
     for (what, call, config, code, needle) in cases {
         // A string config is sent as raw text, not as a JSON string.
         let out = if let Value::String(raw) = &config {
-            raw_call(&f, &call, raw)
+            call.run_raw(&f.node, &f.plugin, raw.as_bytes()).unwrap()
         } else {
             f.call(&call, &config)
         };
@@ -469,38 +469,6 @@ fn bad_input_gets_the_right_code_and_changes_nothing() {
         );
         let table = std::fs::read(f.data.path().join(NET).join("allocations.json")).unwrap();
         assert_eq!(table, table_before, "{what}: allocation table unchanged");
-    }
-}
-
-fn raw_call(f: &Fixture, call: &Call<'_>, raw: &str) -> Outcome {
-    use std::io::Write;
-    let mut cmd = f.node.command(&f.plugin.to_string_lossy());
-    cmd.env_clear()
-        .env("CNI_COMMAND", call.verb)
-        .env("CNI_CONTAINERID", call.container_id.unwrap())
-        .env("CNI_IFNAME", "eth0");
-    if let Some(ns) = &call.netns {
-        cmd.env("CNI_NETNS", ns);
-    }
-    let mut child = cmd
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(raw.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    Outcome {
-        ok: out.status.success(),
-        json: serde_json::from_str(&stdout).unwrap_or(Value::Null),
-        stdout,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
 

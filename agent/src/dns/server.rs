@@ -51,8 +51,8 @@ const FROM_CACHE: u8 = 2;
 #[derive(Debug)]
 pub enum Fast {
     Reply(Vec<u8>),
-    /// Needs the forwarder.
-    Slow(Message),
+    /// Needs the forwarder: the request and what was decided about it.
+    Slow(Box<(Message, Decision)>),
     /// Not a DNS message: no answer at all.
     Drop,
 }
@@ -144,9 +144,11 @@ impl Dns {
                     let keep = fresh.then(|| (FROM_CACHE, Instant::now() + Duration::from_secs(1)));
                     (self.finish(&req, forwarded(&req, &cached), udp), keep)
                 }
-                None => return Fast::Slow(req),
+                None => return Fast::Slow(Box::new((req, Decision::Forward))),
             },
-            Decision::Autopath { .. } | Decision::Chase { .. } => return Fast::Slow(req),
+            d @ (Decision::Autopath { .. } | Decision::Chase { .. }) => {
+                return Fast::Slow(Box::new((req, d)));
+            }
         };
         // Keep it as bytes, unless truncated (the same question over TCP needs the whole).
         if let (Some(q), Some((from, until))) = (quick, keep)
@@ -159,15 +161,8 @@ impl Dns {
     }
 
     /// The answer to a request that needed the forwarder.
-    pub async fn slow(&self, req: Message, src: IpAddr, udp: bool) -> Vec<u8> {
-        let snap = self.snapshot.load_full();
-        let pods = self.pods.load_full();
-        let ctx = Context {
-            snapshot: &snap,
-            pod_namespace: pods.get(&src).map(String::as_str),
-            reverse_nets: &self.reverse_nets,
-        };
-        let response = match answer::decide(&req, &ctx) {
+    pub async fn slow(&self, req: Message, decision: Decision, udp: bool) -> Vec<u8> {
+        let response = match decision {
             Decision::Reply(m) | Decision::Shortcut(m) => m,
             Decision::Forward => match self.forwarder.resolve(&req.queries[0]).await {
                 Resolved::Answer(m) | Resolved::Stale(m) => forwarded(&req, &m),
@@ -349,10 +344,11 @@ fn udp_loop(dns: Arc<Dns>, sock: UdpSocket, rt: tokio::runtime::Handle) {
                 let _ = sock.send_to(&out, peer);
             }
             Fast::Drop => {}
-            Fast::Slow(req) => {
+            Fast::Slow(slow) => {
+                let (req, decision) = *slow;
                 let (dns, sock) = (dns.clone(), sock.clone());
                 rt.spawn(async move {
-                    let out = dns.slow(req, peer.ip(), true).await;
+                    let out = dns.slow(req, decision, true).await;
                     let _ = sock.send_to(&out, peer);
                 });
             }
@@ -382,7 +378,10 @@ async fn tcp_client(dns: Arc<Dns>, mut stream: TcpStream, peer: SocketAddr) -> R
         let out = match dns.fast(&body, peer.ip(), false) {
             Fast::Reply(out) => out,
             Fast::Drop => return Ok(()),
-            Fast::Slow(req) => dns.slow(req, peer.ip(), false).await,
+            Fast::Slow(slow) => {
+                let (req, decision) = *slow;
+                dns.slow(req, decision, false).await
+            }
         };
         let mut framed = Vec::with_capacity(out.len() + 2);
         framed.extend_from_slice(&(out.len() as u16).to_be_bytes());
@@ -456,7 +455,7 @@ mod tests {
         let d = dns();
         assert!(matches!(
             d.fast(&query("example.com."), "10.0.0.1".parse().unwrap(), true),
-            Fast::Slow(_)
+            Fast::Slow(..)
         ));
     }
 
@@ -479,7 +478,7 @@ mod tests {
             let name = format!("{}.svc.cluster.local.", labels.join("."));
             match d.fast(&query(&name), "10.42.1.9".parse().unwrap(), true) {
                 Fast::Reply(out) => proptest::prop_assert!(Message::from_vec(&out).is_ok()),
-                Fast::Slow(_) => {}
+                Fast::Slow(..) => {}
                 Fast::Drop => proptest::prop_assert!(false, "a well-formed query was dropped"),
             }
         }
