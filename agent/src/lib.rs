@@ -3,14 +3,20 @@
 //! - [`mesh`]: other nodes' pod CIDRs routed as QUIC datagrams over iroh (contract 3), the peer
 //!   directory (contract 2), the relay, egress masquerade, the diagnostics data.
 //! - [`ctl`]: the owner-only control socket and the CLI's client side of it.
+//! - [`join`]: containerd, the kubelet and kube-proxy from the identity alone (TLS
+//!   bootstrapping), kept running by [`supervise`]; [`status`] is what the bring-up shows.
 //!
 //! Pure cores (packet filter, ICMP Packet Too Big, directory diffs) do no I/O and are tested
 //! without sockets; the modules that touch the kernel or the network are named for what they
 //! touch.
 
+pub mod backoff;
 pub mod ctl;
 pub mod directory;
 pub mod dns;
+pub mod join;
 pub mod mesh;
 pub mod node;
 pub mod run;
+pub mod status;
+pub mod supervise;

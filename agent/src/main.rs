@@ -7,6 +7,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use socialweb_agent::ctl::{self, protocol::Request};
+use socialweb_agent::join::Machine;
+use socialweb_agent::join::proxy_mode::ProxyChoice;
 use socialweb_agent::mesh::stats::{MeshStatus, RouteStatus};
 use socialweb_agent::node::PodNetwork;
 use socialweb_agent::run::{self, RunOptions};
@@ -14,15 +16,16 @@ use socialweb_agent::run::{self, RunOptions};
 /// The socialweb node agent.
 ///
 /// Runs on every rented node, started by systemd from the node image. `run` reads the node's
-/// identity, follows the peer directory (the cluster's Nodes, or a static file), puts this
-/// node's pod CIDR on the cni0 bridge and writes the CNI configuration, serves node-local DNS
-/// at 169.254.20.10, and routes every other node's pod CIDR as QUIC datagrams over iroh --
-/// directly where the nodes reach each other, through the operator's relay where they do not.
-/// (Supervising `k3s agent` for the join is not in this version: the kubelet is started
-/// beside it.) Its other subcommands talk to the running agent over its control socket (root
-/// only).
+/// identity and joins the cluster by itself: it starts containerd, the kubelet (which gets its
+/// client certificate with the identity's bootstrap token) and kube-proxy, and keeps them
+/// running. It serves node-local DNS at 169.254.20.10, puts this node's pod CIDR on the cni0
+/// bridge and writes the CNI configuration, and routes every other node's pod CIDR as QUIC
+/// datagrams over iroh -- directly where the nodes reach each other, through the operator's
+/// relay where they do not. Its other subcommands talk to the running agent over its control
+/// socket (root only).
 ///
 /// Start here:  socialweb-agent run --identity /etc/socialweb/identity.json
+///              socialweb-agent status
 ///              socialweb-agent mesh status
 #[derive(Debug, Parser)]
 #[command(
@@ -33,7 +36,8 @@ use socialweb_agent::run::{self, RunOptions};
     verbatim_doc_comment
 )]
 struct Cli {
-    /// Log format: `auto` writes to journald when run by systemd, else to stderr.
+    /// Where logs go: `auto` writes to journald when its socket exists (and stderr is not a
+    /// terminal), else to stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogTo::Auto)]
     log: LogTo,
     #[command(subcommand)]
@@ -49,8 +53,13 @@ enum LogTo {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the agent (as systemd does on a node).
-    Run(RunArgs),
+    /// Run the agent (as systemd does on a node): join the cluster, then keep the node up.
+    Run(Box<RunArgs>),
+    /// The running agent's bring-up: each step, its state and last error, the children.
+    Status {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Inspect the mesh of the agent running on this node.
     Mesh {
         #[command(subcommand)]
@@ -89,17 +98,16 @@ struct RunArgs {
         env = "SOCIALWEB_IDENTITY"
     )]
     identity: PathBuf,
-    /// A static peer directory (JSON: {"nodes": [{"node", "endpoint", "pod_cidr", "addrs"}]}),
-    /// for nodes without Kubernetes and for the demo. Re-read when it changes.
-    #[arg(long, conflicts_with = "kubeconfig")]
+    /// A static peer directory (JSON: {"nodes": [{"node", "endpoint", "pod_cidr", "addrs"}]})
+    /// for a node without Kubernetes: no join, only DNS, the mesh and the pod network.
+    /// Re-read when it changes.
+    #[arg(long)]
     peers: Option<PathBuf>,
-    /// Kubeconfig of this node (the one the join wrote): the peer directory is then the
-    /// cluster's Nodes, and the agent publishes its mesh endpoint on its own Node.
-    #[arg(long, env = "SOCIALWEB_KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
     /// The control socket.
     #[arg(long, default_value = ctl::DEFAULT_SOCKET)]
     ctl_socket: PathBuf,
+    #[command(flatten)]
+    machine: MachineArgs,
     /// UDP address the mesh binds for direct paths.
     #[arg(long, default_value = "0.0.0.0:7443")]
     mesh_listen: SocketAddr,
@@ -112,9 +120,6 @@ struct RunArgs {
     /// Do not masquerade pod traffic leaving the cluster.
     #[arg(long)]
     no_masquerade: bool,
-    /// Where containerd reads CNI configurations.
-    #[arg(long, default_value = "/etc/cni/net.d")]
-    cni_conf_dir: PathBuf,
     /// Leave the cni0 bridge and the CNI configuration alone.
     #[arg(long)]
     no_pod_network: bool,
@@ -131,6 +136,71 @@ struct RunArgs {
     /// Do not serve node-local DNS.
     #[arg(long)]
     no_dns: bool,
+}
+
+/// Where things are on this machine (defaults: the node image's layout).
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Machine")]
+struct MachineArgs {
+    /// Persistent state: the CA, the bootstrap kubeconfig, generated configurations.
+    #[arg(
+        long,
+        default_value = "/var/lib/socialweb",
+        env = "SOCIALWEB_STATE_DIR"
+    )]
+    state_dir: PathBuf,
+    /// State of this boot: pidfiles, the readiness file `ready`, resolv.conf.
+    #[arg(long, default_value = "/run/socialweb", env = "SOCIALWEB_RUN_DIR")]
+    run_dir: PathBuf,
+    /// containerd's binary.
+    #[arg(long, default_value = "/usr/bin/containerd")]
+    containerd: PathBuf,
+    /// containerd's `ctr` (imports the seed images).
+    #[arg(long, default_value = "/usr/bin/ctr")]
+    ctr: PathBuf,
+    /// The kubelet's binary (our Kubernetes build; a link to its multicall `kube` works).
+    #[arg(long, default_value = "/usr/local/bin/kubelet")]
+    kubelet: PathBuf,
+    /// kube-proxy's binary (likewise).
+    #[arg(long, default_value = "/usr/local/bin/kube-proxy")]
+    kube_proxy: PathBuf,
+    /// kube-proxy's backend.
+    #[arg(long, value_enum, default_value_t = ProxyChoice::Auto)]
+    proxy_mode: ProxyChoice,
+    /// Where containerd finds CNI plugins (socialweb-cni, loopback, portmap).
+    #[arg(long, default_value = "/usr/lib/cni")]
+    cni_bin_dir: PathBuf,
+    /// Where the agent writes the CNI configuration and containerd reads it.
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    cni_conf_dir: PathBuf,
+    /// Container image archives (*.tar, OCI or Docker) imported into containerd at boot.
+    #[arg(long, default_value = "/var/lib/socialweb/images")]
+    seed_images: PathBuf,
+    /// The pod sandbox image (must be among the seed images: nothing is pulled for it).
+    #[arg(long, default_value = socialweb_agent::join::DEFAULT_SANDBOX_IMAGE)]
+    sandbox_image: String,
+    /// The kubelet's cgroup root (a machine shared with other nodes gives each its own).
+    #[arg(long, default_value = "/")]
+    cgroup_root: String,
+    /// The kubelet's node IP [default: the address of the default route's interface].
+    #[arg(long)]
+    node_ip: Option<std::net::Ipv4Addr>,
+    /// JSON merged over the generated kubelet configuration (RFC 7386 merge patch), e.g.
+    /// '{"maxPods": 30}'.
+    #[arg(long, value_parser = parse_json_object)]
+    kubelet_config_patch: Option<serde_json::Value>,
+    /// Write containerd's, the kubelet's and kube-proxy's output to DIR/<name>.log instead of
+    /// the agent's own stderr (the journal under systemd).
+    #[arg(long, value_name = "DIR")]
+    child_log_dir: Option<PathBuf>,
+}
+
+fn parse_json_object(s: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str::<serde_json::Value>(s) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(v),
+        Ok(_) => Err("must be a JSON object".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -172,9 +242,12 @@ struct RelayArgs {
     /// Address to serve plain HTTP on; nodes use http://<this>.
     #[arg(long, default_value = "0.0.0.0:3340")]
     listen: SocketAddr,
-    /// Admit only these endpoint ids (repeatable); without it, anyone may relay.
-    #[arg(long = "allow")]
+    /// Admit only these endpoint ids (repeatable). Required unless --open.
+    #[arg(long = "allow", required_unless_present = "open")]
     allow: Vec<String>,
+    /// Admit anyone (a relay open to the internet relays anyone's traffic; for experiments).
+    #[arg(long, conflicts_with = "allow")]
+    open: bool,
 }
 
 fn init_logging(to: LogTo) {
@@ -185,7 +258,13 @@ fn init_logging(to: LogTo) {
         });
     let journald = match to {
         LogTo::Journald => true,
-        LogTo::Auto => std::env::var_os("JOURNAL_STREAM").is_some(),
+        // The journal when it is there (a node under systemd); someone running the agent by
+        // hand in a terminal sees its lines there instead.
+        LogTo::Auto => {
+            use std::io::IsTerminal;
+            std::path::Path::new("/run/systemd/journal/socket").exists()
+                && !std::io::stderr().is_terminal()
+        }
         LogTo::Stderr => false,
     };
     let registry = tracing_subscriber::registry().with(filter);
@@ -211,15 +290,34 @@ fn main() {
 async fn dispatch(command: Command) -> Result<()> {
     match command {
         Command::Run(a) => {
+            let a = *a;
+            let m = a.machine;
             let pod_network = (!a.no_pod_network).then(|| PodNetwork {
-                conf_dir: a.cni_conf_dir.clone(),
+                conf_dir: m.cni_conf_dir.clone(),
                 mtu: a.mtu,
                 portmap: !a.no_portmap,
             });
             run::run(RunOptions {
                 identity: a.identity,
                 peers: a.peers,
-                kubeconfig: a.kubeconfig,
+                machine: Machine {
+                    state_dir: m.state_dir,
+                    run_dir: m.run_dir,
+                    containerd: m.containerd,
+                    ctr: m.ctr,
+                    kubelet: m.kubelet,
+                    kube_proxy: m.kube_proxy,
+                    cni_bin_dir: m.cni_bin_dir,
+                    cni_conf_dir: m.cni_conf_dir,
+                    seed_images: m.seed_images,
+                    sandbox_image: m.sandbox_image,
+                    cgroup_root: m.cgroup_root,
+                    log_dir: m.child_log_dir,
+                    kubelet_config_patch: m.kubelet_config_patch,
+                    ..Machine::default()
+                },
+                node_ip: m.node_ip,
+                proxy: m.proxy_mode,
                 ctl_socket: a.ctl_socket,
                 mesh_listen: a.mesh_listen,
                 tun: a.tun,
@@ -258,6 +356,7 @@ async fn dispatch(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Mesh { command, client } => mesh(command, client).await,
+        Command::Status { client } => status(client).await,
         Command::Relay(a) => relay(a).await,
         Command::Keygen { json } => {
             let secret: [u8; 32] = rand::random();
@@ -287,9 +386,63 @@ async fn dispatch(command: Command) -> Result<()> {
     }
 }
 
+async fn status(c: ClientArgs) -> Result<()> {
+    use socialweb_agent::status::AgentStatus;
+    let v = ctl::client::call(&c.ctl_socket, &Request::Status, Duration::from_secs(10)).await?;
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let s: AgentStatus = serde_json::from_value(v)?;
+    println!(
+        "node {} of cluster {}: {}",
+        s.node,
+        s.cluster,
+        if s.ready { "ready" } else { "not ready" }
+    );
+    println!(
+        "{:<16} {:<9} {:<21} {:>4}  DETAIL / LAST ERROR",
+        "STEP", "STATE", "SINCE", "TRY"
+    );
+    for st in &s.steps {
+        let state = serde_json::to_value(st.state)?;
+        println!(
+            "{:<16} {:<9} {:<21} {:>4}  {}",
+            st.name,
+            state.as_str().unwrap_or(""),
+            st.since,
+            st.attempts,
+            match (&st.last_error, &st.detail) {
+                (Some(e), _) => format!("error: {e}"),
+                (None, Some(d)) => d.clone(),
+                (None, None) => "-".into(),
+            }
+        );
+    }
+    if !s.children.is_empty() {
+        println!(
+            "\n{:<12} {:>8} {:<8} {:<21} {:>8}  LAST EXIT",
+            "CHILD", "PID", "STATE", "SINCE", "RESTARTS"
+        );
+        for ch in &s.children {
+            println!(
+                "{:<12} {:>8} {:<8} {:<21} {:>8}  {}",
+                ch.name,
+                ch.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                if ch.running { "running" } else { "stopped" },
+                ch.since,
+                ch.restarts,
+                ch.last_exit.as_deref().unwrap_or("-")
+            );
+        }
+    }
+    Ok(())
+}
+
 async fn relay(a: RelayArgs) -> Result<()> {
     use socialweb_agent::mesh::relay::{Allow, serve};
-    let allow = if a.allow.is_empty() {
+    let allow = if a.open {
+        eprintln!("relay: --open: admitting any endpoint");
         Allow::everyone()
     } else {
         Allow::only(

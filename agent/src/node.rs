@@ -29,15 +29,56 @@ fn v4(cidr: &IpNet) -> Result<Ipv4Net> {
     }
 }
 
-/// Creates the bridge with the pod CIDR's first address, if missing.
+/// Creates the bridge with the pod CIDR's first address, if missing, and removes any other
+/// IPv4 address from it: a gateway of a previous pod CIDR would keep routing that CIDR to the
+/// bridge, shadowing the mesh's route to whichever node holds it now.
 pub fn ensure_bridge(pod_cidr: &IpNet, mtu: u16) -> Result<()> {
+    use futures_util::TryStreamExt;
+    use netlink_packet_route::address::AddressAttribute;
     let net = v4(pod_cidr)?;
     let gateway = socialweb_cni::config::first_host(net);
     socialweb_cni::netlink::run(None, |h| async move {
-        socialweb_cni::netlink::ensure_bridge(&h, BRIDGE, gateway, net.prefix_len(), u32::from(mtu))
+        let (index, _) = socialweb_cni::netlink::ensure_bridge(
+            &h,
+            BRIDGE,
+            gateway,
+            net.prefix_len(),
+            u32::from(mtu),
+        )
+        .await?;
+        let addrs: Vec<_> = h
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_collect()
             .await
+            .map_err(|e| {
+                socialweb_cni::spec::CniError::new(
+                    socialweb_cni::spec::Code::Netlink,
+                    format!("reading addresses of {BRIDGE}: {e}"),
+                )
+            })?;
+        for a in addrs {
+            let stale = a.attributes.iter().any(|x| {
+                matches!(x, AddressAttribute::Address(std::net::IpAddr::V4(ip)) if *ip != gateway)
+            });
+            if stale {
+                tracing::info!(
+                    bridge = BRIDGE,
+                    "removing a previous pod CIDR's gateway: {:?}",
+                    a.attributes
+                );
+                h.address().del(a).execute().await.map_err(|e| {
+                    socialweb_cni::spec::CniError::new(
+                        socialweb_cni::spec::Code::Netlink,
+                        format!("removing a stale address from {BRIDGE}: {e}"),
+                    )
+                })?;
+            }
+        }
+        Ok(())
     })
-    .map(|_| ())
     .map_err(|e| anyhow!("bridge {BRIDGE}: {e}"))
 }
 

@@ -1,7 +1,7 @@
-//! A mesh cluster on this machine: the relay in the host namespace, a `socialweb-agent run` in
-//! each node namespace with a static peer directory, and pods attached by `socialweb-cni`
-//! from the configuration each agent writes. Used by the mesh tests, the benchmark and the
-//! demo.
+//! A mesh cluster on this machine without Kubernetes: the relay in the host namespace, a
+//! `socialweb-agent run --peers` in each node namespace with a static peer directory, and pods
+//! attached by `socialweb-cni` from the configuration each agent writes. Used by the mesh
+//! tests and the benchmark; [`Relay`] is also the relay of the Kubernetes clusters.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -73,38 +73,59 @@ pub struct MeshPod {
     pub node: u8,
 }
 
-/// Where agents read the peer directory from.
-#[derive(Debug, Clone)]
-pub enum DirectorySource {
-    /// The cluster's static peer file.
-    Static,
-    /// Kubernetes Nodes, with each node's kubeconfig (in node order).
-    Kube(Vec<PathBuf>),
+/// The mesh relay on the host, as the broker hosts it: plain HTTP on the host's service
+/// address, admitting only the endpoints it is given (or anyone, for tests of that).
+#[derive(Debug)]
+pub struct Relay {
+    process: Spawned,
+    pub log: PathBuf,
+}
+
+impl Relay {
+    /// Starts the relay in `host`, logging to `log`, and waits until it listens.
+    pub fn start(host: &Netns, allow: Option<&[String]>, log: &Path) -> Result<Relay> {
+        let mut cmd = host.command(&workspace_bin("socialweb-agent").to_string_lossy());
+        cmd.args([
+            "relay",
+            "--listen",
+            &format!("{HOST_SERVICE_ADDR}:{RELAY_PORT}"),
+        ]);
+        match allow {
+            Some(endpoints) => {
+                for ep in endpoints {
+                    cmd.args(["--allow", ep]);
+                }
+            }
+            None => {
+                cmd.arg("--open");
+            }
+        }
+        let process = Spawned::start_logged(cmd, "relay", log)?;
+        wait_for("the relay to listen", Duration::from_secs(10), || {
+            Ok(host
+                .run(|| std::net::TcpStream::connect((HOST_SERVICE_ADDR, RELAY_PORT)).is_ok())?
+                .then_some(()))
+        })?;
+        Ok(Relay {
+            process,
+            log: log.to_path_buf(),
+        })
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.process.is_running()
+    }
 }
 
 /// The relay and the agents of a [`Topology`].
 #[derive(Debug)]
 pub struct MeshCluster<'t> {
     pub agents: Vec<Agent>,
-    relay: Spawned,
+    relay: Relay,
     pub topo: &'t Topology,
     pub opts: MeshOptions,
     pub peers_file: PathBuf,
-    source: DirectorySource,
-    /// Per-node CNI configuration directories when the caller owns them (a kubelet's).
-    cni_dirs: Option<Vec<PathBuf>>,
     dir: TempDir,
-}
-
-fn keygen() -> Result<(String, String)> {
-    let out = std::process::Command::new(workspace_bin("socialweb-agent"))
-        .args(["keygen", "--json"])
-        .output()?;
-    let v: Value = serde_json::from_slice(&out.stdout).context("keygen output")?;
-    Ok((
-        v["secret_key"].as_str().unwrap_or_default().into(),
-        v["endpoint"].as_str().unwrap_or_default().into(),
-    ))
 }
 
 /// The relay URL nodes use.
@@ -116,39 +137,10 @@ impl<'t> MeshCluster<'t> {
     /// Starts the relay and one agent per node with a static peer directory, and waits until
     /// every pair is connected.
     pub fn start(topo: &'t Topology, opts: MeshOptions) -> Result<MeshCluster<'t>> {
-        let c = Self::launch(topo, opts, DirectorySource::Static, None)?;
-        c.wait_all_connected(Duration::from_secs(30))?;
-        Ok(c)
-    }
-
-    /// Starts the relay and one agent per node reading the directory from Kubernetes Nodes
-    /// (each with its node's kubeconfig) and writing its CNI configuration into `cni_dirs`
-    /// (the kubelets' containerd configuration directories). Does not wait for connections:
-    /// they form once the nodes have registered and got pod CIDRs.
-    pub fn start_kube(
-        topo: &'t Topology,
-        opts: MeshOptions,
-        kubeconfigs: Vec<PathBuf>,
-        cni_dirs: Vec<PathBuf>,
-    ) -> Result<MeshCluster<'t>> {
-        Self::launch(
-            topo,
-            opts,
-            DirectorySource::Kube(kubeconfigs),
-            Some(cni_dirs),
-        )
-    }
-
-    fn launch(
-        topo: &'t Topology,
-        opts: MeshOptions,
-        source: DirectorySource,
-        cni_dirs: Option<Vec<PathBuf>>,
-    ) -> Result<MeshCluster<'t>> {
         let dir = TempDir::new("mesh")?;
         let mut keys = Vec::new();
         for _ in &topo.nodes {
-            keys.push(keygen()?);
+            keys.push(crate::k8s::mesh_keygen()?);
         }
         let peers_file = dir.path().join("peers.json");
         let nodes: Vec<Value> = topo
@@ -161,43 +153,25 @@ impl<'t> MeshCluster<'t> {
             })
             .collect();
         std::fs::write(&peers_file, json!({ "nodes": nodes }).to_string())?;
-
-        let mut relay_args = vec![
-            "relay".to_string(),
-            "--listen".into(),
-            format!("{HOST_SERVICE_ADDR}:{RELAY_PORT}"),
-        ];
-        if opts.relay_allow_list {
-            for (_, ep) in &keys {
-                relay_args.extend(["--allow".into(), ep.clone()]);
-            }
-        }
-        let mut cmd = topo
-            .host
-            .command(&workspace_bin("socialweb-agent").to_string_lossy());
-        cmd.args(&relay_args);
-        let relay = Spawned::start_logged(cmd, "relay", &dir.path().join("relay.log"))?;
-        wait_for("the relay to listen", Duration::from_secs(10), || {
-            Ok(topo
-                .host
-                .run(|| std::net::TcpStream::connect((HOST_SERVICE_ADDR, RELAY_PORT)).is_ok())?
-                .then_some(()))
-        })?;
-
+        let endpoints: Vec<String> = keys.iter().map(|(_, ep)| ep.clone()).collect();
+        let relay = Relay::start(
+            &topo.host,
+            opts.relay_allow_list.then_some(endpoints.as_slice()),
+            &dir.path().join("relay.log"),
+        )?;
         let mut cluster = MeshCluster {
             agents: Vec::new(),
             relay,
             topo,
             opts,
             peers_file,
-            source,
-            cni_dirs,
             dir,
         };
         for (node, (secret, endpoint)) in topo.nodes.iter().zip(keys) {
             let agent = cluster.spawn_agent(node, secret, endpoint)?;
             cluster.agents.push(agent);
         }
+        cluster.wait_all_connected(Duration::from_secs(30))?;
         Ok(cluster)
     }
 
@@ -206,11 +180,14 @@ impl<'t> MeshCluster<'t> {
         let base = self.dir.path().join(&name);
         std::fs::create_dir_all(&base)?;
         let identity = base.join("identity.json");
+        // A static-directory agent does not join: the CA pin and the token are never used.
         std::fs::write(
             &identity,
             json!({
-                "version": 1, "cluster": "test", "node": name,
-                "server_url": format!("https://{HOST_SERVICE_ADDR}:6443"), "join_token": "unused-by-the-mesh",
+                "version": 2, "cluster": "test", "node": name,
+                "server_url": format!("https://{HOST_SERVICE_ADDR}:6443"),
+                "ca_cert_sha256": format!("sha256:{}", "00".repeat(32)),
+                "join_token": "unused.0000000000000000",
                 "relay_url": relay_url(), "mesh_secret_key": secret_key,
                 "cluster_cidr": CLUSTER_CIDR, "service_cidr": "10.43.0.0/16",
                 "cluster_domain": "cluster.local", "upstream_resolvers": [format!("{HOST_SERVICE_ADDR}")],
@@ -218,11 +195,7 @@ impl<'t> MeshCluster<'t> {
             .to_string(),
         )?;
         let ctl = base.join("agent.sock");
-        let i = usize::from(node.index) - 1;
-        let cni_conf_dir = match &self.cni_dirs {
-            Some(dirs) => dirs[i].clone(),
-            None => base.join("net.d"),
-        };
+        let cni_conf_dir = base.join("net.d");
         let log = base.join("agent.log");
         let mut cmd = node
             .ns
@@ -234,19 +207,18 @@ impl<'t> MeshCluster<'t> {
             .arg(&ctl)
             .arg("--cni-conf-dir")
             .arg(&cni_conf_dir)
+            .arg("--state-dir")
+            .arg(base.join("state"))
+            .arg("--run-dir")
+            .arg(base.join("run"))
+            .arg("--peers")
+            .arg(&self.peers_file)
+            .arg("--no-portmap")
             .arg("--mtu")
             .arg(self.opts.mtu.to_string())
             .env("SOCIALWEB_LOG", "info,socialweb_agent=debug,iroh=warn");
         if !self.opts.masquerade {
             cmd.arg("--no-masquerade");
-        }
-        match &self.source {
-            DirectorySource::Static => {
-                cmd.arg("--peers").arg(&self.peers_file).arg("--no-portmap");
-            }
-            DirectorySource::Kube(kubeconfigs) => {
-                cmd.arg("--kubeconfig").arg(&kubeconfigs[i]);
-            }
         }
         let process = Spawned::start_logged(cmd, &format!("agent {name}"), &log)?;
         Ok(Agent {
@@ -334,7 +306,7 @@ impl<'t> MeshCluster<'t> {
         }
         out.push_str(&format!(
             "--- relay ---\n{}\n",
-            crate::k8s::tail_of(&self.dir.path().join("relay.log"), 10)
+            crate::k8s::tail_of(&self.relay.log, 10)
         ));
         out
     }
@@ -405,5 +377,11 @@ impl<'t> MeshCluster<'t> {
     /// Whether the relay still runs.
     pub fn relay_running(&mut self) -> bool {
         self.relay.is_running()
+    }
+
+    /// Whether node `i`'s agent says every step is done.
+    pub fn agent_ready(&self, node: u8) -> Result<bool> {
+        let s: Value = serde_json::from_str(&self.cli(node, &["status", "--json"])?)?;
+        Ok(s["ready"] == true)
     }
 }

@@ -85,6 +85,14 @@ impl Spawned {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
 
+    /// The exit status if the process has exited, `None` while it runs.
+    pub fn try_status(&mut self) -> Result<Option<std::process::ExitStatus>> {
+        match self.child.as_mut() {
+            Some(c) => Ok(c.try_wait()?),
+            None => bail!("{} was never started", self.what),
+        }
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))

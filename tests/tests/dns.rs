@@ -8,9 +8,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use testbed::k8s::{
-    ControlPlane, KubeNode, cni_bin_dir, node_options, run_pod, wait_for, wait_node_ready,
-};
+use testbed::k8s::{Cluster, run_pod, wait_for};
 use testbed::mesh::{MeshCluster, MeshOptions};
 use testbed::process::Spawned;
 use testbed::tmp::TempDir;
@@ -45,13 +43,11 @@ fn upstream(host: &Netns, dir: &Path, addr: &str) -> Spawned {
     .unwrap()
 }
 
-struct Cluster<'t> {
-    cp: ControlPlane<'t>,
-    node: KubeNode,
-    mesh: MeshCluster<'t>,
+struct Dns<'t> {
+    c: Cluster<'t>,
 }
 
-impl Cluster<'_> {
+impl Dns<'_> {
     /// `dig` in pod default/client, as the pod resolves.
     fn dig(&self, args: &[&str]) -> String {
         let out = self.pod("dig", &[&["+time=2", "+tries=1"], args].concat());
@@ -77,7 +73,8 @@ impl Cluster<'_> {
     }
 
     fn pod(&self, program: &str, args: &[&str]) -> Output {
-        self.node
+        self.c
+            .node(1)
             .pod_command("default", "client", program, args)
             .unwrap()
             .output()
@@ -96,7 +93,7 @@ impl Cluster<'_> {
     }
 
     fn stats(&self) -> serde_json::Value {
-        serde_json::from_str(&self.mesh.cli(1, &["dns", "stats", "--json"]).unwrap()).unwrap()
+        serde_json::from_str(&self.c.node(1).cli(&["dns", "stats", "--json"]).unwrap()).unwrap()
     }
 }
 
@@ -167,21 +164,11 @@ fn node_local_dns_answers_the_cluster_zone_and_forwards_the_rest() {
     let topo = Topology::new(1, Reach::HostOnly).unwrap();
     let dir = TempDir::new("dns").unwrap();
     let mut dnsmasq = upstream(&topo.host, dir.path(), "192.0.2.10");
-    let cp = ControlPlane::start(&topo.host, HOST_SERVICE_ADDR).unwrap();
-    let bins = cni_bin_dir().unwrap();
-    let node = KubeNode::start(&cp, &topo.node(1).ns, node_options(&topo, 1, &bins)).unwrap();
-    let mesh = MeshCluster::start_kube(
-        &topo,
-        MeshOptions::default(),
-        vec![cp.node_kubeconfig("node-1").unwrap()],
-        vec![node.cni_conf_dir()],
-    )
-    .unwrap();
-    node.wait_registered(&cp, Duration::from_secs(60)).unwrap();
-    wait_node_ready(&cp, &node, Duration::from_secs(90)).unwrap();
-    cp.apply(OBJECTS).unwrap();
-    run_pod(&cp, "client", "node-1", &["sleep", "3600"]).unwrap();
-    let c = Cluster { cp, node, mesh };
+    let cluster = Cluster::start(&topo, |_| {}).unwrap();
+    cluster.wait_ready(Duration::from_secs(120)).unwrap();
+    cluster.cp.apply(OBJECTS).unwrap();
+    run_pod(&cluster.cp, "client", "node-1", &["sleep", "3600"]).unwrap();
+    let c = Dns { c: cluster };
 
     // The resolv.conf the kubelet wrote points at node-local DNS with the search path.
     let resolv = String::from_utf8(c.pod("cat", &["/etc/resolv.conf"]).stdout).unwrap();
@@ -192,10 +179,10 @@ fn node_local_dns_answers_the_cluster_zone_and_forwards_the_rest() {
     );
     assert!(resolv.contains("ndots:5"), "{resolv}");
     let labels =
-        c.cp.kubectl_json(&["get", "node", "node-1"]).unwrap()["metadata"]["labels"].clone();
+        c.c.cp.kubectl_json(&["get", "node", "node-1"]).unwrap()["metadata"]["labels"].clone();
     assert_eq!(labels["socialweb.computer/node-local-dns"], "true");
 
-    let web_ip = c.cp.kubectl_json(&["get", "svc", "web"]).unwrap()["spec"]["clusterIP"]
+    let web_ip = c.c.cp.kubectl_json(&["get", "svc", "web"]).unwrap()["spec"]["clusterIP"]
         .as_str()
         .unwrap()
         .to_string();
@@ -325,7 +312,7 @@ fn node_local_dns_answers_the_cluster_zone_and_forwards_the_rest() {
     assert!(upstream_log.contains("example.test"));
 
     // A Service created now resolves within a second.
-    c.cp.apply("apiVersion: v1\nkind: Service\nmetadata: {name: fresh, namespace: default}\nspec:\n  ports: [{port: 80}]\n").unwrap();
+    c.c.cp.apply("apiVersion: v1\nkind: Service\nmetadata: {name: fresh, namespace: default}\nspec:\n  ports: [{port: 80}]\n").unwrap();
     let created = Instant::now();
     wait_for("fresh to resolve", Duration::from_secs(5), || {
         Ok((!c.short(&["fresh.default.svc.cluster.local"]).is_empty()).then_some(()))

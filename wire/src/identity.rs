@@ -1,15 +1,16 @@
 //! Contract 1, the node identity: the small document the broker writes when a lease is
 //! awarded and the node reads, read-only, from its identity disk (a file in tests).
 //!
-//! Version 1, JSON:
+//! Version 2, JSON:
 //!
 //! ```json
 //! {
-//!   "version": 1,
+//!   "version": 2,
 //!   "cluster": "demo",
 //!   "node": "node-1",
 //!   "server_url": "https://172.31.255.1:6443",
-//!   "join_token": "K10…",
+//!   "ca_cert_sha256": "sha256:<64 hex digits>",
+//!   "join_token": "abcdef.0123456789abcdef",
 //!   "relay_url": "http://172.31.255.1:3340",
 //!   "mesh_secret_key": "<64 hex digits>",
 //!   "cluster_cidr": "10.42.0.0/16",
@@ -21,8 +22,10 @@
 //! ```
 //!
 //! Every field is required except `upstream_resolvers` (empty: use the node's resolv.conf)
-//! and `labels`; unknown fields are refused. A malformed or partial document is an error that
-//! names the field, and the agent refuses to start on it.
+//! and `labels`, and exactly one of `ca_cert` (the control plane's CA, PEM) and
+//! `ca_cert_sha256` (a pin of its public key, as kubeadm's `--discovery-token-ca-cert-hash`);
+//! unknown fields are refused. A malformed or partial document is an error that names the
+//! field, and the agent refuses to start on it.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -33,7 +36,11 @@ use serde_json::{Map, Value};
 use url::Url;
 
 /// The version this code writes and reads.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
+
+/// What changed in each version, for the error an older document gets.
+const CHANGES: &str = "version 2 added the control plane's CA (`ca_cert` or `ca_cert_sha256`) \
+                       and made `join_token` a bootstrap token `<id>.<secret>`";
 
 /// A validated node identity.
 #[derive(Clone, PartialEq, Eq)]
@@ -41,7 +48,9 @@ pub struct NodeIdentity {
     pub cluster: String,
     pub node: String,
     pub server_url: Url,
-    pub join_token: String,
+    /// How the node knows it talks to the real control plane.
+    pub ca: CaTrust,
+    pub join_token: BootstrapToken,
     pub relay_url: Url,
     pub mesh_secret_key: MeshSecretKey,
     pub cluster_cidr: IpNet,
@@ -61,9 +70,71 @@ impl fmt::Debug for MeshSecretKey {
     }
 }
 
+/// How the node trusts the control plane's certificate authority.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaTrust {
+    /// The CA certificate itself (PEM).
+    Pem(String),
+    /// SHA-256 of the CA certificate's SubjectPublicKeyInfo (DER), 32 bytes: the agent fetches
+    /// the CA without credentials, checks it against this, and only then sends the token.
+    Sha256Pin([u8; 32]),
+}
+
+impl CaTrust {
+    /// The pin as the document spells it: `sha256:<64 hex digits>`.
+    pub fn pin_text(pin: &[u8; 32]) -> String {
+        format!("sha256:{}", hex(pin))
+    }
+}
+
+/// A bootstrap token, `<id>.<secret>` (kubeadm's format: 6 and 16 characters of `[a-z0-9]`).
+/// The id is public (it names the Secret `bootstrap-token-<id>`); the secret is never logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BootstrapToken {
+    pub id: String,
+    pub secret: String,
+}
+
+impl fmt::Debug for BootstrapToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BootstrapToken({}.<redacted>)", self.id)
+    }
+}
+
+impl BootstrapToken {
+    /// Parses `<id>.<secret>`; the error never repeats the secret.
+    pub fn parse(s: &str) -> Result<BootstrapToken, String> {
+        let ok = |part: &str, len: usize| {
+            part.len() == len
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        };
+        match s.split_once('.') {
+            Some((id, secret)) if ok(id, 6) && ok(secret, 16) => Ok(BootstrapToken {
+                id: id.to_string(),
+                secret: secret.to_string(),
+            }),
+            _ => Err(
+                "must be a bootstrap token `<id>.<secret>`: 6 and 16 characters of a-z and 0-9"
+                    .into(),
+            ),
+        }
+    }
+
+    /// The bearer token the kubelet sends: `<id>.<secret>`.
+    pub fn expose(&self) -> String {
+        format!("{}.{}", self.id, self.secret)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 impl MeshSecretKey {
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        hex(&self.0)
     }
 }
 
@@ -74,7 +145,8 @@ impl fmt::Debug for NodeIdentity {
             .field("cluster", &self.cluster)
             .field("node", &self.node)
             .field("server_url", &self.server_url.as_str())
-            .field("join_token", &"<redacted>")
+            .field("ca", &self.ca)
+            .field("join_token", &self.join_token)
             .field("relay_url", &self.relay_url.as_str())
             .field("mesh_secret_key", &self.mesh_secret_key)
             .field("cluster_cidr", &self.cluster_cidr)
@@ -107,6 +179,8 @@ const FIELDS: &[&str] = &[
     "cluster",
     "node",
     "server_url",
+    "ca_cert",
+    "ca_cert_sha256",
     "join_token",
     "relay_url",
     "mesh_secret_key",
@@ -207,15 +281,17 @@ impl NodeIdentity {
                 format!("must be a JSON object, found {}", kind(&value)),
             ));
         };
-        if let Some(unknown) = doc.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-            return Err(err(unknown, "is not a field of identity version 1"));
-        }
+        // The version first: an older document's unknown or missing fields would only
+        // distract from the real problem.
         match doc.get("version") {
             Some(Value::Number(n)) if n.as_u64() == Some(VERSION) => {}
             Some(Value::Number(n)) => {
                 return Err(err(
                     "version",
-                    format!("{n} is not supported (this agent reads {VERSION})"),
+                    format!(
+                        "{n} is not supported: this agent reads version {VERSION} ({CHANGES}); \
+                         ask the broker for a current identity document"
+                    ),
                 ));
             }
             None => return Err(err("version", "is missing")),
@@ -226,12 +302,49 @@ impl NodeIdentity {
                 ));
             }
         }
+        if let Some(unknown) = doc.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+            return Err(err(
+                unknown,
+                format!("is not a field of identity version {VERSION}"),
+            ));
+        }
         let cluster = string(&doc, "cluster")?.to_string();
         dns_label("cluster", &cluster)?;
         let node = string(&doc, "node")?.to_string();
         dns_label("node", &node)?;
         let server_url = url(&doc, "server_url", &["https"])?;
-        let join_token = string(&doc, "join_token")?.to_string();
+        let ca = match (doc.get("ca_cert"), doc.get("ca_cert_sha256")) {
+            (Some(_), Some(_)) => {
+                return Err(err(
+                    "ca_cert_sha256",
+                    "give either ca_cert or ca_cert_sha256, not both",
+                ));
+            }
+            (Some(_), None) => {
+                let pem = string(&doc, "ca_cert")?;
+                if !pem.contains("-----BEGIN CERTIFICATE-----")
+                    || !pem.contains("-----END CERTIFICATE-----")
+                {
+                    return Err(err(
+                        "ca_cert",
+                        "must be a PEM certificate (-----BEGIN CERTIFICATE-----)",
+                    ));
+                }
+                CaTrust::Pem(pem.to_string())
+            }
+            (None, Some(_)) => {
+                let s = string(&doc, "ca_cert_sha256")?;
+                CaTrust::Sha256Pin(parse_pin(s).map_err(|p| err("ca_cert_sha256", p))?)
+            }
+            (None, None) => {
+                return Err(err(
+                    "ca_cert",
+                    "is missing (give ca_cert, the CA in PEM, or ca_cert_sha256, a pin of it)",
+                ));
+            }
+        };
+        let join_token =
+            BootstrapToken::parse(string(&doc, "join_token")?).map_err(|p| err("join_token", p))?;
         let relay_url = url(&doc, "relay_url", &["http", "https"])?;
         let key_hex = string(&doc, "mesh_secret_key")?;
         let mesh_secret_key = parse_key(key_hex).map_err(|p| err("mesh_secret_key", p))?;
@@ -294,6 +407,7 @@ impl NodeIdentity {
             cluster,
             node,
             server_url,
+            ca,
             join_token,
             relay_url,
             mesh_secret_key,
@@ -307,12 +421,12 @@ impl NodeIdentity {
 
     /// The document, as the broker writes it.
     pub fn to_json(&self) -> Value {
-        serde_json::json!({
+        let mut doc = serde_json::json!({
             "version": VERSION,
             "cluster": self.cluster,
             "node": self.node,
             "server_url": self.server_url.as_str(),
-            "join_token": self.join_token,
+            "join_token": self.join_token.expose(),
             "relay_url": self.relay_url.as_str(),
             "mesh_secret_key": self.mesh_secret_key.to_hex(),
             "cluster_cidr": self.cluster_cidr.to_string(),
@@ -320,8 +434,27 @@ impl NodeIdentity {
             "cluster_domain": self.cluster_domain,
             "upstream_resolvers": self.upstream_resolvers.iter().map(|r| r.to_string()).collect::<Vec<_>>(),
             "labels": self.labels,
-        })
+        });
+        match &self.ca {
+            CaTrust::Pem(pem) => doc["ca_cert"] = pem.clone().into(),
+            CaTrust::Sha256Pin(pin) => doc["ca_cert_sha256"] = CaTrust::pin_text(pin).into(),
+        }
+        doc
     }
+}
+
+fn parse_pin(s: &str) -> Result<[u8; 32], String> {
+    let hex = s
+        .strip_prefix("sha256:")
+        .ok_or("must start with `sha256:` (kubeadm's --discovery-token-ca-cert-hash format)")?;
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err("must be `sha256:` and 64 hexadecimal digits".into());
+    }
+    let mut pin = [0u8; 32];
+    for (i, byte) in pin.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+    }
+    Ok(pin)
 }
 
 fn parse_key(s: &str) -> Result<MeshSecretKey, String> {
@@ -343,6 +476,33 @@ pub fn parse_resolver(s: &str) -> Option<SocketAddr> {
     s.parse::<SocketAddr>()
         .ok()
         .or_else(|| s.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 53)))
+}
+
+/// Whether a kubelet may set a label with this prefix on its own Node (`--node-labels`):
+/// outside kubernetes.io and k8s.io anything; inside, only the kubelet's and node's own
+/// namespaces and the well-known keys (kubelet's `KnownLabels`).
+fn kubelet_may_set(key: &str, prefix: &str) -> bool {
+    const KNOWN: &[&str] = &[
+        "kubernetes.io/hostname",
+        "kubernetes.io/arch",
+        "kubernetes.io/os",
+        "beta.kubernetes.io/arch",
+        "beta.kubernetes.io/os",
+        "beta.kubernetes.io/instance-type",
+        "node.kubernetes.io/instance-type",
+        "topology.kubernetes.io/region",
+        "topology.kubernetes.io/zone",
+        "failure-domain.beta.kubernetes.io/region",
+        "failure-domain.beta.kubernetes.io/zone",
+    ];
+    let reserved = |d: &str| prefix == d || prefix.ends_with(&format!(".{d}"));
+    if !reserved("kubernetes.io") && !reserved("k8s.io") {
+        return true;
+    }
+    KNOWN.contains(&key)
+        || ["kubelet.kubernetes.io", "node.kubernetes.io"]
+            .iter()
+            .any(|ns| prefix == *ns || prefix.ends_with(&format!(".{ns}")))
 }
 
 /// Kubernetes label rules: optional DNS-name prefix and `/`, a name of at most 63 of
@@ -368,6 +528,14 @@ fn validate_label(key: &str, value: &str) -> Result<(), String> {
     if !name_ok(name) {
         return Err(format!("key {key:?} is not a valid label name"));
     }
+    if let Some((prefix, _)) = key.split_once('/')
+        && !kubelet_may_set(key, prefix)
+    {
+        return Err(format!(
+            "key {key:?}: a kubelet may not set labels under {prefix:?} (the kubelet refuses \
+             to start with it; NodeRestriction reserves kubernetes.io and k8s.io)"
+        ));
+    }
     if !value.is_empty() && !name_ok(value) {
         return Err(format!("value {value:?} is not a valid label value"));
     }
@@ -380,11 +548,12 @@ mod tests {
 
     fn good() -> Value {
         serde_json::json!({
-            "version": 1,
+            "version": 2,
             "cluster": "demo",
             "node": "node-1",
             "server_url": "https://172.31.255.1:6443",
-            "join_token": "secret-token",
+            "ca_cert_sha256": format!("sha256:{}", "ab".repeat(32)),
+            "join_token": "abcdef.0123456789abcdef",
             "relay_url": "http://172.31.255.1:3340",
             "mesh_secret_key": "11".repeat(32),
             "cluster_cidr": "10.42.0.0/16",
@@ -408,17 +577,87 @@ mod tests {
         assert_eq!(parse(&id.to_json()).unwrap(), id);
         let debug = format!("{id:?}");
         assert!(
-            !debug.contains("secret-token") && !debug.contains(&"11".repeat(32)),
+            !debug.contains("0123456789abcdef") && !debug.contains(&"11".repeat(32)),
             "{debug}"
         );
+        assert!(debug.contains("abcdef.<redacted>"), "{debug}");
+        assert_eq!(id.ca, CaTrust::Sha256Pin([0xab; 32]));
+        let mut pem = good();
+        pem.as_object_mut().unwrap().remove("ca_cert_sha256");
+        pem["ca_cert"] = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into();
+        let id = parse(&pem).unwrap();
+        assert!(matches!(id.ca, CaTrust::Pem(_)));
+        assert_eq!(parse(&id.to_json()).unwrap(), id);
+    }
+
+    #[test]
+    fn an_older_version_is_told_which_version_is_expected() {
+        let mut doc = good();
+        doc["version"] = 1.into();
+        doc.as_object_mut().unwrap().remove("ca_cert_sha256");
+        let e = parse(&doc).unwrap_err();
+        assert_eq!(e.field, "version");
+        assert!(e.problem.contains("reads version 2"), "{e}");
+        assert!(e.problem.contains("ca_cert"), "{e}");
+    }
+
+    #[test]
+    fn the_ca_is_required_once() {
+        let mut doc = good();
+        doc.as_object_mut().unwrap().remove("ca_cert_sha256");
+        let e = parse(&doc).unwrap_err();
+        assert_eq!(e.field, "ca_cert");
+        assert!(e.problem.contains("missing"), "{e}");
+        let mut doc = good();
+        doc["ca_cert"] = "x".into();
+        assert!(parse(&doc).unwrap_err().problem.contains("not both"));
+        let mut doc = good();
+        doc.as_object_mut().unwrap().remove("ca_cert_sha256");
+        doc["ca_cert"] = "not pem".into();
+        assert_eq!(parse(&doc).unwrap_err().field, "ca_cert");
+    }
+
+    #[test]
+    fn a_bad_token_is_refused_without_repeating_it() {
+        for bad in [
+            "secret-token",
+            "abcdef.short",
+            "ABCDEF.0123456789abcdef",
+            "abcdef0123456789abcdef",
+        ] {
+            let mut doc = good();
+            doc["join_token"] = bad.into();
+            let e = parse(&doc).unwrap_err();
+            assert_eq!(e.field, "join_token", "{bad}");
+            assert!(!e.to_string().contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn labels_the_kubelet_would_refuse_are_refused_here() {
+        for (key, ok) in [
+            ("socialweb.computer/pool", true),
+            ("node.kubernetes.io/instance-type", true),
+            ("topology.kubernetes.io/zone", true),
+            ("kubelet.kubernetes.io/x", true),
+            ("node-role.kubernetes.io/worker", false),
+            ("kubernetes.io/role", false),
+            ("example.k8s.io/x", false),
+        ] {
+            let mut doc = good();
+            doc["labels"] = serde_json::json!({ key: "v" });
+            assert_eq!(parse(&doc).is_ok(), ok, "{key}");
+        }
     }
 
     #[test]
     fn every_required_field_is_named_when_missing() {
-        for field in FIELDS
-            .iter()
-            .filter(|f| !matches!(**f, "upstream_resolvers" | "labels"))
-        {
+        for field in FIELDS.iter().filter(|f| {
+            !matches!(
+                **f,
+                "upstream_resolvers" | "labels" | "ca_cert" | "ca_cert_sha256"
+            )
+        }) {
             let mut doc = good();
             doc.as_object_mut().unwrap().remove(*field);
             let e = parse(&doc).unwrap_err();
@@ -430,7 +669,9 @@ mod tests {
     #[test]
     fn bad_values_name_their_field() {
         let cases: &[(&str, Value, &str)] = &[
-            ("version", 2.into(), "not supported"),
+            ("version", 3.into(), "not supported"),
+            ("ca_cert_sha256", "ab".repeat(32).into(), "sha256:"),
+            ("ca_cert_sha256", "sha256:abc".into(), "64 hexadecimal"),
             ("node", "Node_1".into(), "DNS label"),
             ("server_url", "http://x:6443".into(), "https"),
             ("relay_url", "not a url".into(), "not a URL"),
@@ -441,6 +682,7 @@ mod tests {
             ("cluster_domain", "bad..domain".into(), "DNS name"),
             ("join_token", 5.into(), "must be a string"),
             ("join_token", "  ".into(), "empty"),
+            ("join_token", "abc.def".into(), "bootstrap token"),
         ];
         for (field, value, needle) in cases {
             let mut doc = good();

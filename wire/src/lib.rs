@@ -2,7 +2,8 @@
 //! host). Types and pure parsing only: no I/O, no async, so both sides and their fuzzers can
 //! use them. Each contract is versioned and documented in `docs/`.
 
+pub mod ca;
 pub mod identity;
 pub mod mesh;
 
-pub use identity::{IdentityError, MeshSecretKey, NodeIdentity};
+pub use identity::{BootstrapToken, CaTrust, IdentityError, MeshSecretKey, NodeIdentity};

@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum Request {
+    /// The bring-up steps, the children, readiness.
+    Status,
     /// The mesh as a whole, with every peer.
     MeshStatus,
     /// Routes the mesh means and whether the kernel has them.

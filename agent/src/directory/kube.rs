@@ -87,17 +87,22 @@ pub fn watch(client: Client, me: String, own_endpoint: String) -> watch::Receive
         let stream = reflector(
             writer,
             watcher(api, watcher::Config::default()).default_backoff(),
-        )
-        .touched_objects();
+        );
         futures_util::pin_mut!(stream);
         let mut last: Option<Vec<NodeEntry>> = None;
         while let Some(event) = stream.next().await {
-            if let Err(e) = event {
-                warn!("watching Nodes: {e}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
+            match event {
+                Err(e) => {
+                    warn!("watching Nodes: {e}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+                // While a (re)list is under way the store still holds the previous state; it
+                // swaps in the new one at InitDone.
+                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
+                Ok(_) => {}
             }
-            // Deletions do not show up as touched objects: rebuild from the store each time.
+            // Rebuild from the store each time (deletions included).
             let mut entries: BTreeMap<String, NodeEntry> = BTreeMap::new();
             for node in store.state() {
                 if let Some(e) = entry_of(&node, &me, &own_endpoint) {

@@ -16,6 +16,13 @@ use tracing::{info, warn};
 use super::server::Dns;
 use super::store::{Endpoint, Port, Service, ServiceKind, Slice, Store};
 
+/// Whether the reflector's store holds a complete state after this event: not while a
+/// (re)list is under way, when the store still holds the previous state and swaps the new one
+/// in at `InitDone`.
+fn settled<K>(e: &watcher::Event<K>) -> bool {
+    !matches!(e, watcher::Event::Init | watcher::Event::InitApply(_))
+}
+
 /// A Service as the store wants it; `None` for what DNS ignores (no name, no spec).
 pub fn service_of(s: &KService) -> Option<Service> {
     let spec = s.spec.as_ref()?;
@@ -98,24 +105,26 @@ pub fn watch(client: Client, node: String, zone: String, dns: Arc<Dns>) {
         svc_writer,
         watcher(services, watcher::Config::default()).default_backoff(),
     )
-    .touched_objects();
+    .map(|r| r.map(|e| settled(&e)));
     let slice_stream = reflector(
         slice_writer,
         watcher(slices, watcher::Config::default()).default_backoff(),
     )
-    .touched_objects();
+    .map(|r| r.map(|e| settled(&e)));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
-    for stream in [
-        svc_stream.map(|r| r.map(|_| ())).boxed(),
-        slice_stream.map(|r| r.map(|_| ())).boxed(),
-    ] {
+    for stream in [svc_stream.boxed(), slice_stream.boxed()] {
         let tx = tx.clone();
         tokio::spawn(async move {
             futures_util::pin_mut!(stream);
             while let Some(event) = stream.next().await {
-                if let Err(e) = event {
-                    warn!("watching Services/EndpointSlices: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                match event {
+                    Err(e) => {
+                        warn!("watching Services/EndpointSlices: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    }
+                    // Mid-list: the store swaps the new state in at the end of the list.
+                    Ok(false) => continue,
+                    Ok(true) => {}
                 }
                 let _ = tx.try_send(());
             }
@@ -148,13 +157,17 @@ pub fn watch(client: Client, node: String, zone: String, dns: Arc<Dns>) {
     tokio::spawn(async move {
         let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let (pod_store, pod_writer) = reflector::store();
-        let stream = reflector(pod_writer, watcher(pods, cfg).default_backoff()).touched_objects();
+        let stream = reflector(pod_writer, watcher(pods, cfg).default_backoff());
         futures_util::pin_mut!(stream);
         let mut last = BTreeMap::new();
         while let Some(event) = stream.next().await {
-            if let Err(e) = event {
-                warn!("watching this node's Pods: {e}");
-                continue;
+            match event {
+                Err(e) => {
+                    warn!("watching this node's Pods: {e}");
+                    continue;
+                }
+                Ok(e) if !settled(&e) => continue,
+                Ok(_) => {}
             }
             let map: BTreeMap<IpAddr, String> = pod_store
                 .state()

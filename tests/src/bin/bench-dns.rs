@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use testbed::k8s::{ControlPlane, wait_for};
-use testbed::mesh::{MeshCluster, MeshOptions};
+use testbed::k8s::{Cluster, wait_for};
 use testbed::process::Spawned;
 use testbed::tmp::TempDir;
 use testbed::topology::HOST_SERVICE_ADDR;
@@ -109,19 +108,14 @@ fn main() -> Result<()> {
         &["--address=/bench.test/192.0.2.1", "--local-ttl=3600"],
     )?;
 
-    // Ours: the agent on the node, cluster data from a control plane (no kubelet needed).
-    let cp = ControlPlane::start(&topo.host, HOST_SERVICE_ADDR)?;
+    // Ours: the agent of a node that joined the cluster, cluster data from the control plane.
+    let k8s = Cluster::start(&topo, |_| {})?;
+    k8s.wait_ready(Duration::from_secs(180))
+        .with_context(|| k8s.diagnostics())?;
     let services: String = (0..args.names)
         .map(|i| format!("apiVersion: v1\nkind: Service\nmetadata: {{name: svc{i}, namespace: default}}\nspec:\n  ports: [{{name: http, port: 80}}]\n---\n"))
         .collect();
-    cp.apply(&services)?;
-    let cni_dir = dir.path().join("net.d");
-    let mesh = MeshCluster::start_kube(
-        &topo,
-        MeshOptions::default(),
-        vec![cp.node_kubeconfig("node-1")?],
-        vec![cni_dir],
-    )?;
+    k8s.cp.apply(&services)?;
     let last = format!("svc{}.default.svc.cluster.local", args.names - 1);
     wait_for("the cluster zone to load", Duration::from_secs(30), || {
         Ok(testbed::probe::dig(node, OURS, &last, "A")
@@ -228,9 +222,8 @@ fn main() -> Result<()> {
         ours.qps / results[2].1.qps
     );
     println!("ratio_ours_vs_best_peer_qps={:.3}", ours.qps / best);
-    let stats = mesh.cli(1, &["dns", "stats", "--json"])?;
+    let stats = k8s.node(1).cli(&["dns", "stats", "--json"])?;
     eprintln!("bench: ours stats {stats}");
-    drop(mesh);
-    drop(cp);
+    drop(k8s);
     Ok(())
 }

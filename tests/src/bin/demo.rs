@@ -1,15 +1,15 @@
 //! `socialweb-demo` (`./x demo`): a local socialweb cluster on this machine.
 //!
 //! A host namespace plays the operator's host (control plane, relay); node namespaces play
-//! rented guests that can reach the host and nothing else. Each node runs a kubelet with
-//! containerd and a `socialweb-agent`; pods on different nodes talk through the mesh.
+//! rented guests that can reach the host and nothing else. Each node gets an identity
+//! document and runs `socialweb-agent`, which joins by itself (containerd, the kubelet,
+//! kube-proxy); pods on different nodes talk through the mesh.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use testbed::k8s::{ControlPlane, KubeNode, cni_bin_dir, node_options, run_pod, wait_node_ready};
-use testbed::mesh::{MeshCluster, MeshOptions};
+use testbed::k8s::{Cluster, run_pod};
 use testbed::topology::HOST_SERVICE_ADDR;
 use testbed::{Reach, Topology};
 
@@ -94,43 +94,28 @@ fn main() -> Result<()> {
 
     step(
         t,
-        "control plane on the host: etcd, apiserver, controller-manager, scheduler",
+        "control plane and mesh relay on the host; on every node only an identity document and socialweb-agent",
     );
-    let cp = ControlPlane::start(&topo.host, HOST_SERVICE_ADDR)?;
+    let c = Cluster::start(&topo, |_| {})?;
+    let cp = &c.cp;
     println!("apiserver {}  (zero nodes: {:?})", cp.url, cp.node_names()?);
     println!("admin kubeconfig {}", cp.admin_kubeconfig.display());
 
     step(
         t,
-        "a kubelet with containerd on every node, and the mesh relay on the host",
+        "each agent joins by itself: containerd, the kubelet (TLS bootstrap), the Node, cni0, the mesh, kube-proxy",
     );
-    let bins = cni_bin_dir()?;
-    let nodes = (1..=args.nodes)
-        .map(|i| KubeNode::start(&cp, &topo.node(i).ns, node_options(&topo, i, &bins)))
-        .collect::<Result<Vec<_>>>()?;
-    let kubeconfigs = (1..=args.nodes)
-        .map(|i| cp.node_kubeconfig(&format!("node-{i}")))
-        .collect::<Result<Vec<_>>>()?;
-    let cni_dirs = nodes.iter().map(|n| n.cni_conf_dir()).collect();
-
-    step(
-        t,
-        "a socialweb-agent on every node: peer directory from the Nodes, cni0, the CNI configuration, the mesh",
-    );
-    let mesh = MeshCluster::start_kube(&topo, MeshOptions::default(), kubeconfigs, cni_dirs)?;
-    for n in &nodes {
-        n.wait_registered(&cp, Duration::from_secs(60))?;
-        wait_node_ready(&cp, n, Duration::from_secs(90))?;
-    }
-    mesh.wait_all_connected(Duration::from_secs(60))?;
+    c.wait_ready(Duration::from_secs(180))
+        .with_context(|| c.diagnostics())?;
     print!("{}", cp.kubectl(&["get", "nodes", "-o", "custom-columns=NODE:.metadata.name,READY:.status.conditions[-1].status,POD-CIDR:.spec.podCIDR,ADDRESS:.status.addresses[0].address"])?);
+    print!("{}", c.node(1).cli(&["status"])?);
 
     step(t, "a web server pod on every node");
     let mut ips = Vec::new();
     for i in 1..=args.nodes {
         let name = format!("web-{i}");
         let ip = run_pod(
-            &cp,
+            cp,
             &name,
             &format!("node-{i}"),
             &[
@@ -152,7 +137,7 @@ fn main() -> Result<()> {
         let (to, ip) = &ips[(i + 1) % ips.len()];
         let ping = cp
             .kubectl(&["exec", from, "--", "ping", "-c", "2", "-W", "2", ip])
-            .with_context(|| mesh.logs_tail())?;
+            .with_context(|| c.diagnostics())?;
         let summary = ping
             .lines()
             .find(|l| l.contains("packets transmitted"))
@@ -186,10 +171,10 @@ fn main() -> Result<()> {
             .collect();
         println!("{first}: nslookup {name} -> {}", answer.join(" "));
     }
-    print!("{}", mesh.cli(1, &["dns", "stats"])?);
+    print!("{}", c.node(1).cli(&["dns", "stats"])?);
 
     step(t, "socialweb-agent mesh status, on node-1");
-    print!("{}", mesh.cli(1, &["mesh", "status"])?);
+    print!("{}", c.node(1).cli(&["mesh", "status"])?);
 
     if args.hold {
         step(t, "holding; Ctrl-C tears everything down");
@@ -202,10 +187,10 @@ fn main() -> Result<()> {
             "              (run it inside the host namespace: ip netns exec {} ...)",
             topo.host.name()
         );
-        for a in &mesh.agents {
+        for n in &c.nodes {
             println!(
-                "mesh status:  socialweb-agent mesh status --ctl-socket {}",
-                a.ctl.display()
+                "agent:        socialweb-agent status --ctl-socket {}   (also: mesh status, dns stats)",
+                n.ctl.display()
             );
         }
         let mut signals = nix::sys::signal::SigSet::empty();
@@ -216,8 +201,6 @@ fn main() -> Result<()> {
     }
 
     step(t, "tearing down");
-    drop(mesh);
-    drop(nodes);
-    drop(cp);
+    drop(c);
     Ok(())
 }

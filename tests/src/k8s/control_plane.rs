@@ -9,14 +9,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+use socialweb_broker::control_plane::{self as cpconf, Credentials};
+use socialweb_wire::BootstrapToken;
+
 use super::pki::Pki;
 use super::{Binaries, binaries, tail, wait_for};
 use crate::netns::Netns;
 use crate::process::Spawned;
 use crate::tmp::TempDir;
 
-pub const CLUSTER_CIDR: &str = "10.42.0.0/16";
-pub const SERVICE_CIDR: &str = "10.43.0.0/16";
+pub use cpconf::{CLUSTER_CIDR, SERVICE_CIDR};
 pub const API_PORT: u16 = 6443;
 
 /// A running control plane. Dropping it stops every component and removes its files.
@@ -54,18 +56,7 @@ impl<'a> ControlPlane<'a> {
         let dir = TempDir::new("cp")?;
         let pki = Pki::new(&dir.path().join("pki"))?;
         let url = format!("https://{addr}:{API_PORT}");
-        let mut sans: Vec<String> = vec![
-            addr.to_string(),
-            "127.0.0.1".into(),
-            "10.43.0.1".into(),
-            "localhost".into(),
-            "kubernetes".into(),
-            "kubernetes.default".into(),
-            "kubernetes.default.svc".into(),
-            "kubernetes.default.svc.cluster.local".into(),
-        ];
-        sans.dedup();
-        let serving = pki.server("apiserver", &sans)?;
+        let serving = pki.server("apiserver", &cpconf::serving_names(addr.into()))?;
         let kubelet_client = pki.client(
             "apiserver-kubelet-client",
             "kube-apiserver-kubelet-client",
@@ -106,33 +97,26 @@ impl<'a> ControlPlane<'a> {
         .with_context(|| tail(&logs.join("etcd.log"), 20))?;
         timings.push(("etcd", t.elapsed()));
 
-        let pub_key = sa_key.with_extension("pub");
+        let creds = Credentials {
+            ca_cert: pki.ca_cert(),
+            ca_key: pki.ca_key(),
+            serving_cert: serving.cert.clone(),
+            serving_key: serving.key.clone(),
+            kubelet_client_cert: kubelet_client.cert.clone(),
+            kubelet_client_key: kubelet_client.key.clone(),
+            sa_pub: sa_key.with_extension("pub"),
+            sa_key: sa_key.clone(),
+        };
         let apiserver = start(
             "apiserver",
-            vec![
-                arg("etcd-servers", "http://127.0.0.1:2379"),
-                arg("bind-address", addr.to_string()),
-                arg("advertise-address", addr.to_string()),
-                arg("secure-port", API_PORT.to_string()),
-                arg("tls-cert-file", &serving.cert),
-                arg("tls-private-key-file", &serving.key),
-                arg("client-ca-file", pki.ca_cert()),
-                arg("kubelet-client-certificate", &kubelet_client.cert),
-                arg("kubelet-client-key", &kubelet_client.key),
-                arg("service-account-key-file", &pub_key),
-                arg("service-account-signing-key-file", &sa_key),
-                arg(
-                    "service-account-issuer",
-                    "https://kubernetes.default.svc.cluster.local",
-                ),
-                arg("service-cluster-ip-range", SERVICE_CIDR),
-                arg("authorization-mode", "Node,RBAC"),
-                arg("enable-admission-plugins", "NodeRestriction"),
-                arg("allow-privileged", "true"),
-                arg("profiling", "false"),
-                arg("enable-priority-and-fairness", "false"),
-                arg("kubelet-preferred-address-types", "InternalIP"),
-            ],
+            cpconf::apiserver_args(
+                &cpconf::Apiserver {
+                    bind: addr.into(),
+                    port: API_PORT,
+                    etcd_url: "http://127.0.0.1:2379".into(),
+                },
+                &creds,
+            ),
         )?;
         let mut cp = ControlPlane {
             scheduler: Spawned::none("scheduler"),
@@ -157,28 +141,7 @@ impl<'a> ControlPlane<'a> {
         .with_context(|| tail(&cp.log("apiserver"), 30))?;
         cp.timings.push(("apiserver ready", t.elapsed()));
 
-        let auth = |kc: &Path| {
-            vec![
-                arg("kubeconfig", kc),
-                arg("authentication-kubeconfig", kc),
-                arg("authorization-kubeconfig", kc),
-            ]
-        };
-        let mut kcm_args = auth(&kcm_kubeconfig);
-        kcm_args.extend([
-            arg("bind-address", "127.0.0.1"),
-            arg("leader-elect", "false"),
-            arg("allocate-node-cidrs", "true"),
-            arg("cluster-cidr", CLUSTER_CIDR),
-            arg("node-cidr-mask-size", "24"),
-            arg("service-cluster-ip-range", SERVICE_CIDR),
-            arg("cluster-signing-cert-file", cp.pki.ca_cert()),
-            arg("cluster-signing-key-file", cp.pki.ca_key()),
-            arg("root-ca-file", cp.pki.ca_cert()),
-            arg("service-account-private-key-file", &sa_key),
-            arg("use-service-account-credentials", "true"),
-            arg("profiling", "false"),
-        ]);
+        let kcm_args = cpconf::controller_manager_args(&kcm_kubeconfig, &creds);
         let logs = cp.dir.path().join("logs");
         let start = |name: &str, args: Vec<std::ffi::OsString>| -> Result<Spawned> {
             let mut cmd = ns.command(&cp.bins.kube().to_string_lossy());
@@ -186,12 +149,7 @@ impl<'a> ControlPlane<'a> {
             Spawned::start_logged(cmd, name, &logs.join(format!("{name}.log")))
         };
         let kcm_proc = start("controller-manager", kcm_args)?;
-        let mut sched_args = auth(&sched_kubeconfig);
-        sched_args.extend([
-            arg("bind-address", "127.0.0.1"),
-            arg("leader-elect", "false"),
-            arg("profiling", "false"),
-        ]);
+        let sched_args = cpconf::scheduler_args(&sched_kubeconfig);
         let sched_proc = start("scheduler", sched_args)?;
         cp.controller_manager = kcm_proc;
         cp.scheduler = sched_proc;
@@ -215,9 +173,13 @@ impl<'a> ControlPlane<'a> {
             .with_context(|| tail(&cp.log(name), 30))?;
         }
         cp.timings.push(("controllers healthy", t.elapsed()));
-        // What the broker applies to every tenant cluster: the node agent's read access to
-        // Nodes (the peer directory).
+        // What the broker applies to every tenant cluster: what nodes need to join
+        // (bootstrap-token RBAC, the cluster-info ConfigMap a pinned CA is read from) and
+        // what the node agent and kube-proxy read with the node's credentials.
+        cp.apply(cpconf::BOOTSTRAP_MANIFEST)?;
+        cp.apply(&cpconf::cluster_info(&cp.url, cp.pki.ca_pem()).to_string())?;
         cp.apply(include_str!("../../../agent/deploy/rbac.yaml"))?;
+        cp.timings.push(("join configuration applied", t.elapsed()));
         Ok(cp)
     }
 
@@ -307,6 +269,26 @@ impl<'a> ControlPlane<'a> {
         )?;
         self.pki
             .kubeconfig(&format!("node-{name}"), &self.url, &pair)
+    }
+
+    /// A new bootstrap token for a joining node (as the broker makes one per lease), valid
+    /// for an hour.
+    pub fn new_token(&self, node: &str) -> Result<BootstrapToken> {
+        let token = cpconf::new_bootstrap_token();
+        let expires = humantime::format_rfc3339_seconds(
+            std::time::SystemTime::now() + Duration::from_secs(3600),
+        )
+        .to_string();
+        self.apply(
+            &cpconf::bootstrap_token_secret(&token, &format!("join {node}"), Some(&expires))
+                .to_string(),
+        )?;
+        Ok(token)
+    }
+
+    /// The pin of the cluster CA (identity field `ca_cert_sha256`).
+    pub fn ca_pin(&self) -> Result<[u8; 32]> {
+        socialweb_wire::ca::pin(self.pki.ca_pem().as_bytes()).map_err(anyhow::Error::msg)
     }
 
     /// A scratch directory that lives as long as the control plane.

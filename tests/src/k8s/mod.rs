@@ -1,5 +1,6 @@
-//! Kubernetes for the tests: the pinned build (`tests/kube/build.sh`), a control plane in a
-//! namespace, and nodes (kubelet + containerd) in node namespaces.
+//! Kubernetes for the tests: the Kubernetes we ship (`image-builder/kubernetes/build.sh`), a
+//! control plane in a namespace configured as the broker configures tenant control planes,
+//! and nodes that join by themselves: machines in node namespaces running `socialweb-agent`.
 
 mod cgroup;
 mod control_plane;
@@ -13,11 +14,11 @@ use std::sync::OnceLock;
 use anyhow::{Context, Result, bail};
 
 pub use control_plane::ControlPlane;
-pub use helpers::{cni_bin_dir, node_options, run_pod, wait_node_ready};
-pub use node::{KubeNode, NodeOptions};
+pub use helpers::{Cluster, cni_bin_dir, node_options, run_pod, wait_node_ready};
+pub use node::{CaMode, KubeNode, NodeOptions, mesh_keygen, test_kubelet_patch};
 
 /// Environment variable naming a directory with a prebuilt `kube` multicall binary and `pause`
-/// (what `tests/kube/build.sh` prints); without it the harness runs build.sh itself.
+/// (what `image-builder/kubernetes/build.sh` prints); without it the harness runs build.sh.
 pub const KUBE_DIR_ENV: &str = "SOCIALWEB_KUBE_DIR";
 
 /// Removes cgroup roots of nodes from runs that were killed.
@@ -41,7 +42,8 @@ impl Binaries {
     }
 }
 
-/// The Kubernetes build, from `SOCIALWEB_KUBE_DIR` or by running `tests/kube/build.sh`
+/// The Kubernetes build, from `SOCIALWEB_KUBE_DIR` or by running
+/// `image-builder/kubernetes/build.sh`
 /// (seconds when cached, minutes cold). Fails loudly if neither works.
 pub fn binaries() -> Result<Binaries> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -49,7 +51,8 @@ pub fn binaries() -> Result<Binaries> {
         if let Some(dir) = std::env::var_os(KUBE_DIR_ENV) {
             return Ok(PathBuf::from(dir));
         }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kube/build.sh");
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../image-builder/kubernetes/build.sh");
         let out = std::process::Command::new(&script)
             .stderr(std::process::Stdio::inherit())
             .output()
@@ -64,7 +67,7 @@ pub fn binaries() -> Result<Binaries> {
     for p in [b.kube(), b.pause()] {
         if !p.is_file() {
             bail!(
-                "{} is missing; unset {KUBE_DIR_ENV} or point it at tests/kube/build.sh's output",
+                "{} is missing; unset {KUBE_DIR_ENV} or point it at image-builder/kubernetes/build.sh's output",
                 p.display()
             );
         }

@@ -1,10 +1,13 @@
-//! A Kubernetes node inside a node namespace: containerd and a kubelet sharing a private mount
-//! namespace (a fresh tmpfs on `/run`, and `/var/lib` and `/var/log` bound to the node's
-//! scratch directory, so `/run/containerd`,
-//! `/var/lib/kubelet`, `/var/lib/containerd`, `/var/lib/rancher`, `/var/log/pods` are the
-//! node's own) and their own cgroup root. Pods get their network from the CNI configuration
-//! in [`KubeNode::cni_conf_dir`], run by containerd exactly as on a real node.
+//! A Kubernetes node on this machine, joined the way a rented guest joins: a "machine" (a
+//! node network namespace, a private mount namespace with its own `/run`, `/var/lib`,
+//! `/var/log` and a copy-on-write `/etc`, and a cgroup root) in which the harness starts only
+//! `socialweb-agent run` with an identity document, as the node image's systemd unit does.
+//! The agent brings up containerd, the kubelet (TLS-bootstrapped with the identity's token)
+//! and kube-proxy itself; the harness plays the broker (it writes the identity) and the
+//! machine (it provides the filesystem view), nothing else.
 
+use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::net::Ipv4Addr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -12,14 +15,25 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
 
 use super::cgroup::CgroupRoot;
 use super::control_plane::ControlPlane;
 use super::{tail, wait_for};
+use crate::cni::workspace_bin;
 use crate::images;
 use crate::netns::Netns;
 use crate::process::Spawned;
 use crate::tmp::TempDir;
+
+/// How the identity names the control plane's CA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaMode {
+    /// `ca_cert_sha256`: the agent fetches the CA and checks the pin (the broker's default).
+    Pin,
+    /// `ca_cert`: the CA itself.
+    Pem,
+}
 
 /// What a node is started with.
 #[derive(Debug, Clone)]
@@ -27,40 +41,79 @@ pub struct NodeOptions {
     pub name: String,
     /// The node's address (the kubelet's `--node-ip`, where the apiserver reaches it).
     pub node_ip: Ipv4Addr,
-    /// Directory with the CNI plugins containerd may run (`socialweb-cni`, `loopback`).
+    /// Directory with the CNI plugins containerd may run (`socialweb-cni`, `loopback`,
+    /// `portmap`).
     pub cni_bin_dir: PathBuf,
-    /// kubelet `--cluster-dns`.
-    pub cluster_dns: Ipv4Addr,
-    /// The resolver pods with `dnsPolicy: Default` and the node itself use.
+    /// The upstream resolver in the identity.
     pub upstream_dns: Ipv4Addr,
+    /// The mesh relay in the identity.
+    pub relay_url: String,
+    /// The mesh key (hex) and endpoint id; `None`: a fresh one.
+    pub mesh_key: Option<(String, String)>,
+    pub ca: CaMode,
+    /// Identity fields to replace (a wrong pin, token or server for the negative tests).
+    pub identity_overrides: BTreeMap<String, Value>,
+    pub mtu: u16,
 }
 
-/// A running node. Dropping it stops the kubelet and containerd, kills every container, and
-/// removes its cgroups and files.
+/// A running node: a machine and its agent. Dropping it kills the agent and everything in
+/// the machine (containerd, kubelet, kube-proxy, every container), and removes its cgroups
+/// and files.
 #[derive(Debug)]
 pub struct KubeNode {
-    kubelet: Spawned,
-    containerd: Spawned,
+    agent: Spawned,
     holder: Spawned,
     holder_pid: u32,
     cgroup: CgroupRoot,
     pub name: String,
+    /// The mesh endpoint id (public key) of the node.
+    pub endpoint: String,
+    /// The bootstrap token's secret half (tests check it never reaches a log).
+    pub token_secret: String,
+    pub identity: PathBuf,
+    pub ctl: PathBuf,
+    agent_args: Vec<OsString>,
     pub timings: Vec<(&'static str, Duration)>,
     dir: TempDir,
 }
 
+/// The kubelet configuration the test machines need on top of the agent's: they share one
+/// host disk, whose fill level says nothing about a node, so disk-pressure eviction and image
+/// garbage collection are off; cAdvisor cannot size a machine's bind-mounted filesystems.
+pub fn test_kubelet_patch() -> Value {
+    json!({
+        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "0%",
+                         "nodefs.inodesFree": "0%", "imagefs.available": "0%"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "localStorageCapacityIsolation": false,
+    })
+}
+
+/// A fresh mesh key pair `(secret hex, endpoint id)`, from `socialweb-agent keygen`.
+pub fn mesh_keygen() -> Result<(String, String)> {
+    let out = Command::new(workspace_bin("socialweb-agent"))
+        .args(["keygen", "--json"])
+        .output()?;
+    let v: Value = serde_json::from_slice(&out.stdout).context("keygen output")?;
+    Ok((
+        v["secret_key"].as_str().unwrap_or_default().into(),
+        v["endpoint"].as_str().unwrap_or_default().into(),
+    ))
+}
+
 impl KubeNode {
-    /// Starts containerd and a kubelet in `ns`, joined to `cp`. Returns once the kubelet runs;
-    /// the Node object appears in the cluster moments later (see [`KubeNode::wait_registered`]).
+    /// Builds the machine in `ns`, writes the identity (with a new bootstrap token from `cp`)
+    /// and the seed images, and starts `socialweb-agent run`. Returns at once: the node joins
+    /// by itself (see [`KubeNode::wait_ready`]).
     pub fn start(cp: &ControlPlane<'_>, ns: &Netns, opts: NodeOptions) -> Result<KubeNode> {
         let t = Instant::now();
         let mut timings = Vec::new();
-        let dir = TempDir::new(&format!("kubelet-{}", opts.name))?;
+        let dir = TempDir::new(&format!("node-{}", opts.name))?;
         let d = dir.path();
         let cgroup = CgroupRoot::create(&format!("swt-{}-{}", std::process::id(), dir_seq(d)))?;
 
-        // The holder creates the mount namespace and keeps it alive; containerd and the
-        // kubelet enter it.
+        // The holder creates the mount namespace and keeps it alive; the agent enters it.
         let ready = d.join("holder.ready");
         // /sys is remounted so that it shows this network namespace's devices (as
         // `ip netns exec` does), with the cgroup hierarchies carried over, which the kubelet
@@ -68,7 +121,9 @@ impl KubeNode {
         // /var/lib and /var/log are bind mounts of directories on the host's disk rather than
         // tmpfs: cAdvisor cannot tell tmpfs mounts apart and the kubelet's eviction manager
         // then fails to find the image filesystem.
-        for sub in ["var-lib", "var-log"] {
+        // /etc is an overlay on the host's: the machine writes /etc/cni/net.d and whatever
+        // else a node writes there without touching the host's.
+        for sub in ["var-lib", "var-log", "etc-up", "etc-work"] {
             std::fs::create_dir_all(d.join(sub))?;
         }
         let script = format!(
@@ -76,6 +131,7 @@ impl KubeNode {
              mount --rbind /sys/fs/cgroup /run/.cgroup; mount -t sysfs sysfs /sys; \
              mount --rbind /run/.cgroup /sys/fs/cgroup; umount -l /run/.cgroup; \
              mount --bind {d}/var-lib /var/lib; mount --bind {d}/var-log /var/log; \
+             mount -t overlay overlay -o lowerdir=/etc,upperdir={d}/etc-up,workdir={d}/etc-work /etc; \
              touch {ready}; exec sleep 2147483647",
             d = d.display(),
             ready = ready.display()
@@ -92,107 +148,254 @@ impl KubeNode {
             "-c",
             &script,
         ]);
-        let holder = Spawned::start_logged(hcmd, "mount namespace holder", &d.join("holder.log"))?;
+        let holder = Spawned::start_logged(hcmd, "machine holder", &d.join("holder.log"))?;
         wait_for(
-            "the node's mount namespace",
+            "the machine's mount namespace",
             Duration::from_secs(10),
             || Ok(ready.exists().then_some(())),
         )
         .with_context(|| tail(&d.join("holder.log"), 10))?;
         // nsenter, unshare and sh exec one another: the holder's pid ends up running `sleep`.
         let holder_pid = find_sleep_child(holder.id()).context("finding the holder's process")?;
+        timings.push(("machine", t.elapsed()));
 
+        // What the node image carries: the seed images and the Kubernetes node binaries.
+        let seeds = d.join("var-lib/socialweb/images");
+        std::fs::create_dir_all(&seeds)?;
+        images::write_pause(&seeds.join("pause.tar"), &cp.bins.pause())?;
+        images::write_busybox(&seeds.join("busybox.tar"))?;
+        let bin = d.join("bin");
+        std::fs::create_dir_all(&bin)?;
+        for name in ["kubelet", "kube-proxy"] {
+            std::os::unix::fs::symlink(cp.bins.kube(), bin.join(name))?;
+        }
+
+        // What the broker writes: the identity.
+        let (secret, endpoint) = match &opts.mesh_key {
+            Some(k) => k.clone(),
+            None => mesh_keygen()?,
+        };
+        let token = cp.new_token(&opts.name)?;
+        let mut identity = json!({
+            "version": 2, "cluster": "test", "node": opts.name,
+            "server_url": cp.url, "join_token": token.expose(),
+            "relay_url": opts.relay_url, "mesh_secret_key": secret,
+            "cluster_cidr": super::control_plane::CLUSTER_CIDR,
+            "service_cidr": super::control_plane::SERVICE_CIDR,
+            "cluster_domain": "cluster.local",
+            "upstream_resolvers": [opts.upstream_dns.to_string()],
+            "labels": {"socialweb.computer/pool": "test"},
+        });
+        match opts.ca {
+            CaMode::Pin => {
+                identity["ca_cert_sha256"] = socialweb_wire::CaTrust::pin_text(&cp.ca_pin()?).into()
+            }
+            CaMode::Pem => identity["ca_cert"] = cp.pki.ca_pem().into(),
+        }
+        for (k, v) in &opts.identity_overrides {
+            identity[k] = v.clone();
+        }
+        let identity_path = d.join("identity.json");
+        std::fs::write(&identity_path, serde_json::to_vec_pretty(&identity)?)?;
+
+        let ctl = d.join("agent.sock");
+        let agent_args: Vec<OsString> = vec![
+            "--log".into(),
+            "stderr".into(),
+            "run".into(),
+            "--identity".into(),
+            identity_path.clone().into(),
+            "--ctl-socket".into(),
+            ctl.clone().into(),
+            "--kubelet".into(),
+            bin.join("kubelet").into(),
+            "--kube-proxy".into(),
+            bin.join("kube-proxy").into(),
+            "--cni-bin-dir".into(),
+            opts.cni_bin_dir.clone().into(),
+            "--cgroup-root".into(),
+            format!("/{}", cgroup.name).into(),
+            "--node-ip".into(),
+            opts.node_ip.to_string().into(),
+            "--child-log-dir".into(),
+            "/var/log/socialweb".into(),
+            "--kubelet-config-patch".into(),
+            test_kubelet_patch().to_string().into(),
+            "--mtu".into(),
+            opts.mtu.to_string().into(),
+        ];
         let mut node = KubeNode {
-            kubelet: Spawned::none("kubelet"),
-            containerd: Spawned::none("containerd"),
+            agent: Spawned::none("agent"),
             holder,
             holder_pid,
             cgroup,
             name: opts.name.clone(),
-            timings: Vec::new(),
+            endpoint,
+            token_secret: token.secret.clone(),
+            identity: identity_path,
+            ctl,
+            agent_args,
+            timings,
             dir,
         };
-        let d = node.dir.path().to_path_buf();
-
-        std::fs::create_dir_all(d.join("net.d"))?;
-        std::fs::write(
-            d.join("resolv.conf"),
-            format!("nameserver {}\n", opts.upstream_dns),
-        )?;
-        std::fs::write(
-            d.join("containerd.toml"),
-            containerd_config(&opts.cni_bin_dir, &d.join("net.d")),
-        )?;
-        let containerd = Spawned::start_logged(
-            node.enter(
-                "containerd",
-                &["--config", &d.join("containerd.toml").to_string_lossy()],
-            ),
-            "containerd",
-            &d.join("containerd.log"),
-        )?;
-        node.containerd = containerd;
-        wait_for("containerd's socket", Duration::from_secs(30), || {
-            Ok(node
-                .enter("test", &["-S", "/run/containerd/containerd.sock"])
-                .status()?
-                .success()
-                .then_some(()))
-        })
-        .with_context(|| tail(&d.join("containerd.log"), 20))?;
-        timings.push(("containerd", t.elapsed()));
-
-        let pause_tar = d.join("pause.tar");
-        let busybox_tar = d.join("busybox.tar");
-        images::write_pause(&pause_tar, &cp.bins.pause())?;
-        images::write_busybox(&busybox_tar)?;
-        for tar in [&pause_tar, &busybox_tar] {
-            node.ctr(&["images", "import", &tar.to_string_lossy()])?;
-        }
-        timings.push(("images imported", t.elapsed()));
-
-        let kubeconfig = cp.node_kubeconfig(&opts.name)?;
-        std::fs::write(
-            d.join("kubelet.yaml"),
-            kubelet_config(
-                &cp.pki.ca_cert(),
-                &node.cgroup.name,
-                &opts,
-                &d.join("resolv.conf"),
-            ),
-        )?;
-        let kube = cp.bins.kube();
-        let kubelet = Spawned::start_logged(
-            node.enter(
-                &kube.to_string_lossy(),
-                &[
-                    "kubelet",
-                    &format!("--config={}", d.join("kubelet.yaml").display()),
-                    &format!("--kubeconfig={}", kubeconfig.display()),
-                    "--container-runtime-endpoint=unix:///run/containerd/containerd.sock",
-                    &format!("--hostname-override={}", opts.name),
-                    &format!("--node-ip={}", opts.node_ip),
-                    "--node-labels=socialweb.computer/node-local-dns=true",
-                    "--v=1",
-                ],
-            ),
-            "kubelet",
-            &d.join("kubelet.log"),
-        )?;
-        node.kubelet = kubelet;
-        timings.push(("kubelet started", t.elapsed()));
-        node.timings = timings;
+        node.start_agent()?;
+        node.timings.push(("agent started", t.elapsed()));
         Ok(node)
     }
 
-    /// A command run inside the node's mount and network namespaces.
-    pub fn enter(&self, program: &str, args: &[&str]) -> Command {
+    /// Starts the agent in the machine (again, after [`KubeNode::kill_agent`]).
+    pub fn start_agent(&mut self) -> Result<()> {
+        let mut cmd = self.enter_cmd(&workspace_bin("socialweb-agent").to_string_lossy());
+        cmd.args(&self.agent_args)
+            .env("SOCIALWEB_LOG", "info,socialweb_agent=debug,iroh=warn");
+        self.agent =
+            Spawned::start_logged(cmd, &format!("agent on {}", self.name), &self.log("agent"))?;
+        Ok(())
+    }
+
+    /// Kills the agent with SIGKILL (a crash: no cleanup).
+    pub fn kill_agent(&mut self) {
+        self.agent.kill_now();
+    }
+
+    /// Stops the agent with SIGTERM and waits until it has exited.
+    pub fn stop_agent(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let pid = nix::unistd::Pid::from_raw(self.agent.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+        let agent = &mut self.agent;
+        wait_for("the agent to exit after SIGTERM", timeout, || {
+            agent.try_status()
+        })
+    }
+
+    /// The agent's pid (0 when not running).
+    pub fn agent_pid(&self) -> u32 {
+        self.agent.id()
+    }
+
+    /// Runs `socialweb-agent <args> --ctl-socket <this node's>` and returns its stdout.
+    pub fn cli(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new(workspace_bin("socialweb-agent"))
+            .args(args)
+            .arg("--ctl-socket")
+            .arg(&self.ctl)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "socialweb-agent {} on {}: {}",
+                args.join(" "),
+                self.name,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `socialweb-agent status --json`.
+    pub fn status(&self) -> Result<Value> {
+        Ok(serde_json::from_str(&self.cli(&["status", "--json"])?)?)
+    }
+
+    /// The state of one bring-up step and its last error.
+    pub fn step(&self, name: &str) -> Result<Value> {
+        let s = self.status()?;
+        s["steps"]
+            .as_array()
+            .and_then(|st| st.iter().find(|x| x["name"] == name).cloned())
+            .with_context(|| format!("no step {name} in {s}"))
+    }
+
+    /// The pid of a child the agent runs (`containerd`, `kubelet`, `kube-proxy`).
+    pub fn child_pid(&self, name: &str) -> Result<Option<u32>> {
+        let s = self.status()?;
+        Ok(s["children"]
+            .as_array()
+            .and_then(|c| c.iter().find(|x| x["name"] == name && x["running"] == true))
+            .and_then(|c| c["pid"].as_u64())
+            .map(|p| p as u32))
+    }
+
+    /// Waits until the agent says every step is done (the node joined, the pod network is up,
+    /// kube-proxy runs).
+    pub fn wait_ready(&self, timeout: Duration) -> Result<()> {
+        wait_for(
+            &format!("{}'s agent to be ready", self.name),
+            timeout,
+            || {
+                Ok(self
+                    .status()
+                    .ok()
+                    .filter(|s| s["ready"] == true)
+                    .map(|_| ()))
+            },
+        )
+        .with_context(|| self.diagnostics())
+    }
+
+    /// The agent's status and the tails of its and its children's logs (for failures).
+    pub fn diagnostics(&self) -> String {
+        let mut out = format!(
+            "--- {} status ---\n{}\n",
+            self.name,
+            self.cli(&["status"]).unwrap_or_else(|e| format!("{e:#}"))
+        );
+        for c in ["agent", "containerd", "kubelet", "kube-proxy"] {
+            out.push_str(&format!(
+                "--- {} {c} ---\n{}\n",
+                self.name,
+                tail(&self.log(c), 15)
+            ));
+        }
+        out
+    }
+
+    /// Every log line the node wrote so far: the agent's and its children's.
+    pub fn all_logs(&self) -> String {
+        ["agent", "containerd", "kubelet", "kube-proxy"]
+            .iter()
+            .map(|c| std::fs::read_to_string(self.log(c)).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Pids of the processes named `comm` running in this machine (its mount namespace).
+    pub fn pids_of(&self, comm: &str) -> Vec<u32> {
+        let Ok(target) =
+            std::fs::metadata(format!("/proc/{}/ns/mnt", self.holder_pid)).map(|m| m.ino())
+        else {
+            return Vec::new();
+        };
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().to_string_lossy().parse::<u32>().ok())
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm)
+                    && std::fs::metadata(format!("/proc/{p}/ns/mnt"))
+                        .is_ok_and(|m| m.ino() == target)
+                    && !std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                        s.rsplit(')')
+                            .next()
+                            .is_some_and(|r| r.trim_start().starts_with('Z'))
+                    })
+            })
+            .collect()
+    }
+
+    /// A command run inside the machine's mount and network namespaces.
+    fn enter_cmd(&self, program: &str) -> Command {
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--mount=/proc/{}/ns/mnt", self.holder_pid))
             .arg(format!("--net=/proc/{}/ns/net", self.holder_pid))
             .arg("--")
-            .arg(program)
-            .args(args);
+            .arg(program);
+        cmd
+    }
+
+    /// A command run inside the machine's mount and network namespaces.
+    pub fn enter(&self, program: &str, args: &[&str]) -> Command {
+        let mut cmd = self.enter_cmd(program);
+        cmd.args(args);
         cmd
     }
 
@@ -276,9 +479,10 @@ impl KubeNode {
         Ok(cmd)
     }
 
-    /// Where containerd reads CNI configurations from (the node agent writes there).
+    /// Where containerd reads CNI configurations from (the node agent writes there), as seen
+    /// from the host.
     pub fn cni_conf_dir(&self) -> PathBuf {
-        self.dir.path().join("net.d")
+        self.dir.path().join("etc-up/cni/net.d")
     }
 
     /// Waits until the Node object exists and returns its `spec.podCIDR` once allocated.
@@ -291,18 +495,20 @@ impl KubeNode {
                 Ok(v["spec"]["podCIDR"].as_str().map(str::to_string))
             },
         )
-        .with_context(|| tail(&self.log("kubelet"), 30))
+        .with_context(|| self.diagnostics())
     }
 
-    /// A component's log: `kubelet` or `containerd`.
+    /// A log: `agent`, or a child's (`containerd`, `kubelet`, `kube-proxy`).
     pub fn log(&self, component: &str) -> PathBuf {
-        self.dir.path().join(format!("{component}.log"))
+        match component {
+            "agent" => self.dir.path().join("agent.log"),
+            c => self.dir.path().join(format!("var-log/socialweb/{c}.log")),
+        }
     }
 
-    /// Stops the node as a crash would: kubelet, containerd and every container killed.
+    /// Stops the node as a lost VM would: the agent, its children and every container killed.
     fn stop(&mut self) {
-        self.kubelet.kill_now();
-        self.containerd.kill_now();
+        self.agent.kill_now();
         self.cgroup.destroy();
         // containerd-shims left the cgroup tree (they live beside containerd); kill whatever
         // still runs in the node's mount namespace, then the holder, which ends it.
@@ -389,84 +595,4 @@ fn kill_mount_namespace(pid: u32) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn containerd_config(cni_bin: &Path, cni_conf: &Path) -> String {
-    format!(
-        r#"version = 2
-root = "/var/lib/containerd"
-state = "/run/containerd"
-disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp"]
-
-[grpc]
-  address = "/run/containerd/containerd.sock"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause}"
-  disable_apparmor = true
-  enable_selinux = false
-  # This machine grants root no CAP_SYS_RESOURCE, so a sandbox's oom_score_adj of -998 could
-  # not be set and every pod would fail in runc init; keep scores at or above containerd's.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{bin}"
-    conf_dir = "{conf}"
-    max_conf_num = 1
-"#,
-        pause = images::PAUSE_IMAGE,
-        bin = cni_bin.display(),
-        conf = cni_conf.display(),
-    )
-}
-
-fn kubelet_config(ca: &Path, cgroup_root: &str, opts: &NodeOptions, resolv: &Path) -> String {
-    format!(
-        r#"apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: false
-  x509:
-    clientCAFile: {ca}
-authorization:
-  mode: AlwaysAllow
-address: {ip}
-port: 10250
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-cgroupDriver: cgroupfs
-cgroupRoot: /{cgroup_root}
-cgroupsPerQOS: true
-failCgroupV1: false
-failSwapOn: false
-clusterDNS:
-- {dns}
-clusterDomain: cluster.local
-resolvConf: {resolv}
-serializeImagePulls: false
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard:
-  memory.available: "1Mi"
-  nodefs.available: "0%"
-  nodefs.inodesFree: "0%"
-  imagefs.available: "0%"
-localStorageCapacityIsolation: false
-protectKernelDefaults: false
-"#,
-        ca = ca.display(),
-        ip = opts.node_ip,
-        dns = opts.cluster_dns,
-        resolv = resolv.display(),
-    )
 }

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes the tests run against, from Go modules, and caches it outside the repo.
+# Builds the Kubernetes socialweb ships (control plane for the broker, kubelet and kube-proxy
+# for the node image, kubectl), from Go modules, and caches it outside the repo.
 #
 # k3s itself cannot be built here: the Go module proxy this project can reach refuses every
 # github.com/k3s-io/k3s version (403, "not available"). So this builds the upstream components
-# k3s is made of -- kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl
-# and an embedded etcd -- into one multicall binary (main.go, the way k3s packs them), from
-# k8s.io/kubernetes at the version pinned in go.mod. docs/testing.md has the details.
+# k3s is made of -- kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy,
+# kubectl and an embedded etcd -- into one multicall binary (main.go, the way k3s packs them), from
+# k8s.io/kubernetes at the version pinned in go.mod. docs/kubernetes.md has the details.
 #
 # Prints the directory holding `kube` (the multicall binary) and `pause` (the pod sandbox's
 # process, compiled from the pause.c shipped in the same kubernetes module).

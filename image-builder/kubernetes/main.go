@@ -1,5 +1,7 @@
-// Command kube is a multicall binary holding the upstream Kubernetes control plane, kubelet,
-// kubectl and an embedded etcd, for socialweb's test fixtures.
+// Command kube is a multicall binary holding the upstream Kubernetes socialweb ships: the
+// control plane the broker runs per tenant cluster (etcd embedded, apiserver,
+// controller-manager, scheduler), the node parts the node image carries (kubelet, kube-proxy)
+// and kubectl. Called as `kube <component>` or through a symlink named after the component.
 package main
 
 import (
@@ -23,6 +25,7 @@ import (
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
@@ -31,7 +34,7 @@ func main() {
 	args := os.Args[1:]
 	if name == "kube" {
 		if len(args) == 0 {
-			fmt.Fprintln(os.Stderr, "usage: kube <apiserver|controller-manager|scheduler|kubelet|kubectl|etcd> [flags]")
+			fmt.Fprintln(os.Stderr, "usage: kube <apiserver|controller-manager|scheduler|kubelet|proxy|kubectl|etcd> [flags]")
 			os.Exit(2)
 		}
 		name, args = args[0], args[1:]
@@ -46,6 +49,8 @@ func main() {
 		cmd = scheduler.NewSchedulerCommand()
 	case "kubelet":
 		cmd = kubelet.NewKubeletCommand(context.Background())
+	case "proxy", "kube-proxy":
+		cmd = proxy.NewProxyCommand()
 	case "kubectl":
 		cmd = kubectl.NewDefaultKubectlCommand()
 	case "etcd":

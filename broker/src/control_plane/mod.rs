@@ -1,0 +1,234 @@
+//! How a tenant control plane is configured: the flags of each component of the Kubernetes we
+//! ship (image-builder/kubernetes), the manifests applied once it is up, and bootstrap tokens
+//! for joining nodes. Pure: values in, values out; the process supervision lives elsewhere.
+//!
+//! The configuration reproduces what k3s does with `--flannel-backend=none
+//! --cluster-cidr=10.42.0.0/16` (docs/kubernetes.md): pod CIDRs allocated by the control plane,
+//! no overlay, no bundled addons, and nodes joining with a token.
+
+pub mod token;
+
+use std::ffi::OsString;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+pub use token::{bootstrap_token_secret, new_bootstrap_token};
+
+/// The cluster CIDR pod CIDRs are allocated from (k3s's default).
+pub const CLUSTER_CIDR: &str = "10.42.0.0/16";
+/// The Service CIDR (k3s's default); its first address is `kubernetes.default`.
+pub const SERVICE_CIDR: &str = "10.43.0.0/16";
+/// The prefix length of each node's pod CIDR.
+pub const NODE_CIDR_MASK: u8 = 24;
+/// The group every bootstrap token of a socialweb cluster carries (see deploy/bootstrap.yaml).
+pub const BOOTSTRAP_GROUP: &str = "system:bootstrappers:socialweb:nodes";
+/// The service-account issuer (what in-cluster clients see in their tokens).
+pub const SA_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// RBAC and the cluster-info reader every tenant cluster needs for nodes to join.
+pub const BOOTSTRAP_MANIFEST: &str = include_str!("../../deploy/bootstrap.yaml");
+
+/// Where a control plane's credentials are (all PEM files).
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    /// The cluster CA: signs every component's certificate and the nodes' client
+    /// certificates (the controller-manager's CSR signer uses it).
+    pub ca_cert: PathBuf,
+    pub ca_key: PathBuf,
+    /// The apiserver's serving certificate.
+    pub serving_cert: PathBuf,
+    pub serving_key: PathBuf,
+    /// The apiserver's client certificate for kubelets.
+    pub kubelet_client_cert: PathBuf,
+    pub kubelet_client_key: PathBuf,
+    /// The service-account signing key and its public half.
+    pub sa_key: PathBuf,
+    pub sa_pub: PathBuf,
+}
+
+/// Where the apiserver listens and where its datastore is.
+#[derive(Debug, Clone)]
+pub struct Apiserver {
+    pub bind: IpAddr,
+    pub port: u16,
+    /// `http://127.0.0.1:2379` for the embedded etcd.
+    pub etcd_url: String,
+}
+
+fn arg(k: &str, v: impl AsRef<std::ffi::OsStr>) -> OsString {
+    let mut s = OsString::from(format!("--{k}="));
+    s.push(v.as_ref());
+    s
+}
+
+/// Names and addresses the apiserver's serving certificate must carry: its address, loopback,
+/// and every name in-cluster clients use for `kubernetes.default` (with its ClusterIP).
+pub fn serving_names(bind: IpAddr) -> Vec<String> {
+    let mut names = vec![
+        bind.to_string(),
+        "127.0.0.1".into(),
+        "10.43.0.1".into(),
+        "localhost".into(),
+        "kubernetes".into(),
+        "kubernetes.default".into(),
+        "kubernetes.default.svc".into(),
+        "kubernetes.default.svc.cluster.local".into(),
+    ];
+    names.dedup();
+    names
+}
+
+/// kube-apiserver's flags.
+pub fn apiserver_args(a: &Apiserver, c: &Credentials) -> Vec<OsString> {
+    vec![
+        arg("etcd-servers", &a.etcd_url),
+        arg("bind-address", a.bind.to_string()),
+        arg("advertise-address", a.bind.to_string()),
+        arg("secure-port", a.port.to_string()),
+        arg("tls-cert-file", &c.serving_cert),
+        arg("tls-private-key-file", &c.serving_key),
+        arg("client-ca-file", &c.ca_cert),
+        arg("kubelet-client-certificate", &c.kubelet_client_cert),
+        arg("kubelet-client-key", &c.kubelet_client_key),
+        arg("service-account-key-file", &c.sa_pub),
+        arg("service-account-signing-key-file", &c.sa_key),
+        arg("service-account-issuer", SA_ISSUER),
+        arg("service-cluster-ip-range", SERVICE_CIDR),
+        arg("authorization-mode", "Node,RBAC"),
+        arg("enable-admission-plugins", "NodeRestriction"),
+        // Joining nodes authenticate with bootstrap tokens (Secrets in kube-system).
+        arg("enable-bootstrap-token-auth", "true"),
+        // Anonymous requests reach only what RBAC grants system:anonymous: health endpoints
+        // and the cluster-info ConfigMap (deploy/bootstrap.yaml).
+        arg("anonymous-auth", "true"),
+        arg("allow-privileged", "true"),
+        arg("profiling", "false"),
+        arg("enable-priority-and-fairness", "false"),
+        arg("kubelet-preferred-address-types", "InternalIP"),
+    ]
+}
+
+/// kube-controller-manager's flags, given its kubeconfig.
+pub fn controller_manager_args(kubeconfig: &Path, c: &Credentials) -> Vec<OsString> {
+    vec![
+        arg("kubeconfig", kubeconfig),
+        arg("authentication-kubeconfig", kubeconfig),
+        arg("authorization-kubeconfig", kubeconfig),
+        arg("bind-address", "127.0.0.1"),
+        arg("leader-elect", "false"),
+        // The default controllers (csrapproving and csrsigning among them) plus the token
+        // cleaner, which deletes bootstrap tokens once they expire.
+        arg("controllers", "*,tokencleaner"),
+        arg("allocate-node-cidrs", "true"),
+        arg("cluster-cidr", CLUSTER_CIDR),
+        arg("node-cidr-mask-size", NODE_CIDR_MASK.to_string()),
+        arg("service-cluster-ip-range", SERVICE_CIDR),
+        arg("cluster-signing-cert-file", &c.ca_cert),
+        arg("cluster-signing-key-file", &c.ca_key),
+        arg("root-ca-file", &c.ca_cert),
+        arg("service-account-private-key-file", &c.sa_key),
+        arg("use-service-account-credentials", "true"),
+        arg("profiling", "false"),
+    ]
+}
+
+/// kube-scheduler's flags, given its kubeconfig.
+pub fn scheduler_args(kubeconfig: &Path) -> Vec<OsString> {
+    vec![
+        arg("kubeconfig", kubeconfig),
+        arg("authentication-kubeconfig", kubeconfig),
+        arg("authorization-kubeconfig", kubeconfig),
+        arg("bind-address", "127.0.0.1"),
+        arg("leader-elect", "false"),
+        arg("profiling", "false"),
+    ]
+}
+
+/// The `cluster-info` ConfigMap in `kube-public`, as kubeadm publishes it: a kubeconfig with
+/// the server and the CA and no credentials. A node with only a pin of the CA reads it
+/// anonymously and checks the pin before it trusts the CA.
+pub fn cluster_info(server: &str, ca_pem: &str) -> serde_json::Value {
+    use base64::Engine;
+    let kubeconfig = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "", "cluster": {
+            "server": server,
+            "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(ca_pem),
+        }}],
+        "contexts": [],
+        "users": [],
+    });
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "cluster-info", "namespace": "kube-public",
+                     "labels": {"app.kubernetes.io/managed-by": "socialweb"}},
+        "data": {"kubeconfig": serde_json::to_string_pretty(&kubeconfig).expect("JSON")},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn creds() -> Credentials {
+        let p = |s: &str| PathBuf::from(format!("/pki/{s}"));
+        Credentials {
+            ca_cert: p("ca.crt"),
+            ca_key: p("ca.key"),
+            serving_cert: p("apiserver.crt"),
+            serving_key: p("apiserver.key"),
+            kubelet_client_cert: p("kc.crt"),
+            kubelet_client_key: p("kc.key"),
+            sa_key: p("sa.key"),
+            sa_pub: p("sa.pub"),
+        }
+    }
+
+    fn has(args: &[OsString], flag: &str) -> bool {
+        args.iter().any(|a| a.to_string_lossy() == flag)
+    }
+
+    #[test]
+    fn the_apiserver_accepts_bootstrap_tokens_and_restricts_nodes() {
+        let a = apiserver_args(
+            &Apiserver {
+                bind: "127.0.0.1".parse().unwrap(),
+                port: 6443,
+                etcd_url: "http://127.0.0.1:2379".into(),
+            },
+            &creds(),
+        );
+        assert!(has(&a, "--enable-bootstrap-token-auth=true"));
+        assert!(has(&a, "--authorization-mode=Node,RBAC"));
+        assert!(has(&a, "--enable-admission-plugins=NodeRestriction"));
+        assert!(has(&a, "--service-account-key-file=/pki/sa.pub"));
+    }
+
+    #[test]
+    fn the_controller_manager_allocates_pod_cidrs_and_signs_node_certificates() {
+        let a = controller_manager_args(Path::new("/kcm.kubeconfig"), &creds());
+        assert!(has(&a, "--allocate-node-cidrs=true"));
+        assert!(has(&a, "--cluster-cidr=10.42.0.0/16"));
+        assert!(has(&a, "--cluster-signing-cert-file=/pki/ca.crt"));
+        assert!(has(&a, "--controllers=*,tokencleaner"));
+    }
+
+    #[test]
+    fn cluster_info_carries_the_ca_and_no_credentials() {
+        let cm = cluster_info("https://10.0.0.1:6443", "-----BEGIN CERTIFICATE-----\n");
+        let kc: serde_json::Value =
+            serde_json::from_str(cm["data"]["kubeconfig"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            kc["clusters"][0]["cluster"]["server"],
+            "https://10.0.0.1:6443"
+        );
+        assert_eq!(kc["users"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn the_bootstrap_manifest_binds_the_token_group() {
+        assert!(BOOTSTRAP_MANIFEST.contains(BOOTSTRAP_GROUP));
+    }
+}

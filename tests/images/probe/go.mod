@@ -1,0 +1,3 @@
+module socialweb.local/probe
+
+go 1.24

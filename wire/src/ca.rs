@@ -1,0 +1,80 @@
+//! The control plane's CA as the identity names it (contract 1): a PEM certificate, or a pin
+//! of one. A pin is SHA-256 over the certificate's SubjectPublicKeyInfo (DER), the value
+//! kubeadm's `--discovery-token-ca-cert-hash` takes, so an operator can compute it with
+//! `openssl x509 -pubkey -noout -in ca.crt | openssl pkey -pubin -outform der | sha256sum`.
+
+use sha2::{Digest, Sha256};
+
+/// One certificate of a PEM bundle: its DER and the pin of its public key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinnedCert {
+    pub der: Vec<u8>,
+    pub pin: [u8; 32],
+}
+
+impl PinnedCert {
+    /// The certificate in PEM.
+    pub fn pem(&self) -> String {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&self.der);
+        let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+        for chunk in b64.as_bytes().chunks(64) {
+            out.push_str(std::str::from_utf8(chunk).expect("base64 is ASCII"));
+            out.push('\n');
+        }
+        out.push_str("-----END CERTIFICATE-----\n");
+        out
+    }
+}
+
+/// Every certificate in a PEM bundle, with its pin. An error names what is unreadable.
+pub fn certificates(pem: &[u8]) -> Result<Vec<PinnedCert>, String> {
+    let mut out = Vec::new();
+    for (i, block) in x509_parser::pem::Pem::iter_from_buffer(pem).enumerate() {
+        let block = block.map_err(|e| format!("PEM block {i}: {e}"))?;
+        if block.label != "CERTIFICATE" {
+            continue;
+        }
+        let (_, cert) = x509_parser::parse_x509_certificate(&block.contents)
+            .map_err(|e| format!("certificate {i}: {e}"))?;
+        let spki = cert.tbs_certificate.subject_pki.raw;
+        out.push(PinnedCert {
+            pin: Sha256::digest(spki).into(),
+            der: block.contents.clone(),
+        });
+    }
+    if out.is_empty() {
+        return Err("no PEM certificate found".into());
+    }
+    Ok(out)
+}
+
+/// The pin of the first certificate in `pem`.
+pub fn pin(pem: &[u8]) -> Result<[u8; 32], String> {
+    Ok(certificates(pem)?[0].pin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert!(certificates(b"").is_err());
+        assert!(
+            certificates(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+                .is_err()
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..800)) {
+            let _ = certificates(&bytes);
+            let mut framed = b"-----BEGIN CERTIFICATE-----\n".to_vec();
+            framed.extend(&bytes);
+            framed.extend(b"\n-----END CERTIFICATE-----\n");
+            let _ = certificates(&framed);
+        }
+    }
+}
