@@ -59,6 +59,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_pin_is_the_sha256_of_the_public_key_info() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let cert = params.self_signed(&key).unwrap();
+        let certs = certificates(cert.pem().as_bytes()).unwrap();
+        assert_eq!(certs.len(), 1);
+        let want: [u8; 32] =
+            Sha256::digest(rcgen::PublicKeyData::subject_public_key_info(&key)).into();
+        assert_eq!(certs[0].pin, want);
+        assert_eq!(certs[0].der, cert.der().to_vec());
+        // Through PEM and back.
+        assert_eq!(pin(certs[0].pem().as_bytes()).unwrap(), want);
+    }
+
+    #[test]
     fn garbage_is_an_error_not_a_panic() {
         assert!(certificates(b"").is_err());
         assert!(
