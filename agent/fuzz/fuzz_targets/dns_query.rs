@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use socialweb_agent::dns::Dns;
 use socialweb_agent::dns::server::Fast;
-use socialweb_agent::dns::store::{Endpoint, Port, Service, ServiceKind, Slice, Store};
+use socialweb_dns_core::store::{Endpoint, Port, Service, ServiceKind, Slice, Store};
 
 fn dns() -> &'static Dns {
     static DNS: OnceLock<Dns> = OnceLock::new();

@@ -13,9 +13,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::watch;
 
-use super::answer::MAX_UDP_PAYLOAD;
-use super::cache::{Cache, Hit, Key};
 use super::stats::{Stats, bump};
+use socialweb_dns_core::answer::MAX_UDP_PAYLOAD;
+use socialweb_dns_core::cache::{Cache, Hit, Key};
 
 /// How long one upstream gets before the next is tried.
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_millis(1500);

@@ -14,7 +14,7 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
 use super::server::Dns;
-use super::store::{Endpoint, Port, Service, ServiceKind, Slice, Store};
+use socialweb_dns_core::store::{Endpoint, Port, Service, ServiceKind, Slice, Store};
 
 /// Whether the reflector's store holds a complete state after this event: not while a
 /// (re)list is under way, when the store still holds the previous state and swaps the new one

@@ -17,11 +17,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
-use super::answer::{self, Context, Decision, MAX_UDP_PAYLOAD};
 use super::forward::{Forwarder, Resolved};
 use super::stats::{DnsStats, Stats, bump};
-use super::store::Snapshot;
-use super::wire::{self, WireCache};
+use socialweb_dns_core::answer::{self, Context, Decision, MAX_UDP_PAYLOAD};
+use socialweb_dns_core::store::{Snapshot, Store};
+use socialweb_dns_core::wire::{self, WireCache};
 
 /// How long a TCP client may be silent (between or within queries) before it is dropped.
 pub const TCP_IDLE: Duration = Duration::from_secs(10);
@@ -61,7 +61,7 @@ impl Dns {
     pub fn new(zone: &str, reverse_nets: Vec<IpNet>, upstreams: Vec<SocketAddr>) -> Dns {
         let stats = Arc::new(Stats::default());
         Dns {
-            snapshot: ArcSwap::from_pointee(super::store::Store::default().snapshot(zone)),
+            snapshot: ArcSwap::from_pointee(Store::default().snapshot(zone)),
             pods: ArcSwap::from_pointee(HashMap::new()),
             reverse_nets,
             forwarder: Forwarder::new(upstreams, stats.clone()),
@@ -155,7 +155,8 @@ impl Dns {
             && out.len() > 3
             && out[2] & 0x02 == 0
         {
-            self.wire.put(q.key, out.clone(), generation, until, from);
+            self.wire
+                .put(q.key, out.clone(), generation, Instant::now(), until, from);
         }
         Fast::Reply(out)
     }
@@ -397,8 +398,19 @@ mod tests {
     use super::*;
 
     fn dns() -> Dns {
-        let mut store = super::super::store::fixtures::store();
-        store.remove_service("default", "ext");
+        use socialweb_dns_core::store::{Port, Service, ServiceKind};
+        let mut store = Store::default();
+        store.upsert_service(Service {
+            namespace: "default".into(),
+            name: "web".into(),
+            kind: ServiceKind::ClusterIp(vec!["10.43.0.10".parse().unwrap()]),
+            ports: vec![Port {
+                name: Some("http".into()),
+                protocol: "TCP".into(),
+                port: 80,
+            }],
+            publish_not_ready: false,
+        });
         let d = Dns::new(
             "cluster.local",
             vec!["10.43.0.0/16".parse().unwrap()],
@@ -440,7 +452,7 @@ mod tests {
         );
         assert_eq!(d.stats().cluster, 2);
         // A new zone invalidates the bytes.
-        d.set_snapshot(super::super::store::Store::default().snapshot("cluster.local"));
+        d.set_snapshot(Store::default().snapshot("cluster.local"));
         let Fast::Reply(third) = d.fast(&query("web.default.svc.cluster.local."), src, true) else {
             panic!()
         };

@@ -84,7 +84,7 @@ pub fn read_query(packet: &[u8], namespace: Option<Arc<str>>) -> Option<Query<'_
         }
         (
             true,
-            payload.clamp(512, usize::from(super::answer::MAX_UDP_PAYLOAD)),
+            payload.clamp(512, usize::from(crate::answer::MAX_UDP_PAYLOAD)),
         )
     } else {
         if i != packet.len() {
@@ -163,10 +163,19 @@ impl WireCache {
             .then(|| (patch(&e.bytes, q), e.from))
     }
 
-    pub fn put(&self, key: WireKey, bytes: Vec<u8>, generation: u64, until: Instant, from: u8) {
+    /// Keeps `bytes` as the answer to `key` until `until`. A full shard first drops what is
+    /// stale at `now`, and everything if that frees nothing.
+    pub fn put(
+        &self,
+        key: WireKey,
+        bytes: Vec<u8>,
+        generation: u64,
+        now: Instant,
+        until: Instant,
+        from: u8,
+    ) {
         let mut shard = self.shard(&key).lock().expect("lock");
         if shard.len() >= self.per_shard {
-            let now = Instant::now();
             shard.retain(|_, e| e.until > now && e.generation == generation);
             if shard.len() >= self.per_shard {
                 shard.clear();

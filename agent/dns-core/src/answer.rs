@@ -10,7 +10,7 @@ use hickory_proto::rr::rdata::{A, AAAA, CNAME, PTR, SOA, SRV, TXT};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use ipnet::IpNet;
 
-use super::store::{Lookup, NameData, Snapshot};
+use crate::store::{Lookup, NameData, Snapshot};
 
 /// TTL of every cluster record (CoreDNS's default).
 pub const TTL: u32 = 5;
@@ -311,7 +311,7 @@ pub fn autopath_answer(req: &Message, upstream: &Message) -> Message {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dns::store::fixtures::store;
+    use crate::store::fixtures::store;
     use hickory_proto::op::Query;
 
     fn ask(name: &str, t: RecordType) -> Message {
