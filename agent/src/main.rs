@@ -479,7 +479,7 @@ fn human_bytes(n: u64) -> String {
 }
 
 fn drops_text(
-    d: &std::collections::BTreeMap<socialweb_agent::mesh::filter::DropReason, u64>,
+    d: &std::collections::BTreeMap<socialweb_mesh_core::filter::DropReason, u64>,
 ) -> String {
     if d.is_empty() {
         return "-".into();

@@ -29,11 +29,11 @@ use crate::directory::static_file;
 use crate::join::config as files;
 use crate::join::proxy_mode::{self, ProxyChoice};
 use crate::join::{self, Machine, images, sysctl, trust, write_file, write_json};
-use crate::mesh::directory::NodeEntry;
 use crate::mesh::{self, Mesh, MeshConfig, egress};
 use crate::node::{self, PodNetwork};
 use crate::status::{AgentStatus, Steps};
 use crate::supervise::{ChildSpec, Supervisor};
+use socialweb_mesh_core::directory::{self as peer_directory, NodeEntry};
 
 /// What `run` is told on its command line.
 #[derive(Debug, Clone)]
@@ -514,7 +514,7 @@ async fn follow_directory(
     );
     loop {
         let entries = directory.borrow_and_update().clone();
-        let view = mesh::directory::view(&entries, &s.id.node, &s.id.cluster_cidr);
+        let view = peer_directory::view(&entries, &s.id.node, &s.id.cluster_cidr);
         let cidr = view.own.as_ref().map(|o| o.pod_cidr);
         let due = retry_at.is_some_and(|t| t <= tokio::time::Instant::now());
         if cidr != own || due {

@@ -4,7 +4,7 @@
 
 use ipnet::IpNet;
 use libfuzzer_sys::fuzz_target;
-use socialweb_agent::mesh::{filter, icmp};
+use socialweb_mesh_core::{filter, icmp};
 
 fuzz_target!(|data: &[u8]| {
     let peer: IpNet = "10.42.1.0/24".parse().unwrap();

@@ -18,7 +18,7 @@ use socialweb_wire::mesh::{ADDRS_ANNOTATION, ENDPOINT_ANNOTATION};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::mesh::directory::NodeEntry;
+use socialweb_mesh_core::directory::NodeEntry;
 
 /// A client from a kubeconfig file (the node's, written by the join).
 pub async fn client(kubeconfig: &Path) -> Result<Client> {

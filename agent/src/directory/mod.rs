@@ -1,6 +1,6 @@
 //! Sources of the peer directory. Each reports every node it knows (this one included) as a
 //! list of [`NodeEntry`] on a watch channel; the mesh turns that into peers
-//! ([`crate::mesh::directory::view`]).
+//! (`socialweb_mesh_core::directory::view`).
 //!
 //! - [`static_file`]: a JSON file, re-read when it changes (the demo, machines without k3s).
 //! - [`kube`]: Kubernetes Nodes: `spec.podCIDR` plus the annotations each agent writes on its
@@ -9,4 +9,4 @@
 pub mod kube;
 pub mod static_file;
 
-pub use crate::mesh::directory::NodeEntry;
+pub use socialweb_mesh_core::directory::NodeEntry;

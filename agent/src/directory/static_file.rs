@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::mesh::directory::{NodeEntry, StaticFile};
+use socialweb_mesh_core::directory::{NodeEntry, StaticFile};
 
 pub fn read(path: &Path) -> Result<Vec<NodeEntry>> {
     let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;

@@ -1,12 +1,11 @@
 //! The mesh: every other node's pod CIDR routed through a TUN device as QUIC datagrams over
 //! iroh, directly where a path exists and through the operator's relay where none does
 //! (contracts 2 and 3; docs/mesh.md).
+//!
+//! The pure core (packets, the filter, ICMP, the directory, the peer plan) is the crate
+//! `socialweb-mesh-core`; these modules are the edges and the running mesh.
 
-pub mod directory;
 pub mod egress;
-pub mod filter;
-pub mod icmp;
-pub mod packet;
 pub mod relay;
 pub mod routes;
 pub mod runtime;

@@ -21,10 +21,12 @@ use tracing::{debug, info, warn};
 use tun_rs::GROTable;
 use url::Url;
 
-use super::directory::{self, Change, NodeEntry, View};
-use super::filter::{self, DropReason, Routes};
+use socialweb_mesh_core::directory::{NodeEntry, View};
+use socialweb_mesh_core::filter::{self, DropReason, Routes};
+use socialweb_mesh_core::{icmp, peers};
+
 use super::stats::{Drops, Flow, MeshStatus, PeerStatus, RouteStatus};
-use super::{icmp, routes, transport};
+use super::{routes, transport};
 
 /// Datagrams taken from a connection at once.
 const BATCH: usize = 64;
@@ -166,39 +168,31 @@ impl Mesh {
         self.inner.endpoint.bound_sockets()
     }
 
-    /// Brings the peers in line with a directory view.
+    /// Brings the peers in line with a directory view ([`peers::plan`] decides, this carries
+    /// the plan out).
     pub async fn apply(&self, view: &View) -> Result<()> {
         let _guard = self.inner.update.lock().await;
         let old = self.inner.state.load_full();
-        let own = view.own.as_ref().map(|o| Own {
-            cidr: o.pod_cidr,
-            gateway: o.gateway(),
-        });
-        let old_entries: BTreeMap<String, NodeEntry> = old
+        let running: BTreeMap<String, NodeEntry> = old
             .by_node
             .iter()
             .map(|(k, v)| (k.clone(), v.entry.clone()))
             .collect();
+        let plan = peers::plan(
+            &running,
+            old.own.as_ref().map(|o| o.cidr),
+            view,
+            self.inner.endpoint.id().as_bytes(),
+        );
         let mut by_node = old.by_node.clone();
-        let mut fresh = Vec::new();
-        let own_changed = own != old.own;
-        for change in directory::diff(&old_entries, &view.peers) {
-            match change {
-                Change::Removed(e) => {
-                    if let Some(slot) = by_node.remove(&e.node) {
-                        self.retire(&slot, "left the peer directory").await;
-                    }
-                }
-                Change::Updated { old: _, new } => {
-                    if let Some(slot) = by_node.remove(&new.node) {
-                        self.retire(&slot, "its directory entry changed").await;
-                    }
-                    fresh.push(new);
-                }
-                Change::Added(e) => fresh.push(e),
+        for (node, why) in &plan.retire {
+            if let Some(slot) = by_node.remove(node) {
+                self.retire(&slot, why.reason()).await;
             }
         }
-        for e in fresh {
+        let mut dial = Vec::new();
+        for add in &plan.add {
+            let e = &add.entry;
             let id = match transport::parse_endpoint_id(&e.endpoint) {
                 Ok(id) => id,
                 Err(err) => {
@@ -218,10 +212,16 @@ impl Mesh {
                 since: Mutex::new(None),
                 gone: self.inner.shutdown.child_token(),
             });
+            if add.dial {
+                dial.push(slot.clone());
+            }
             by_node.insert(e.node.clone(), slot);
         }
         let state = State {
-            own: own.clone(),
+            own: view.own.as_ref().map(|o| Own {
+                cidr: o.pod_cidr,
+                gateway: o.gateway(),
+            }),
             by_endpoint: by_node.values().map(|s| (s.id, s.clone())).collect(),
             routes: Routes::new(by_node.values().map(|s| (s.entry.pod_cidr, s.clone()))),
             by_node,
@@ -232,26 +232,22 @@ impl Mesh {
         }
         let new_state = Arc::new(state);
         self.inner.state.store(new_state.clone());
-        // Dial the peers this side is responsible for; re-install routes of connected peers
-        // when our own CIDR (the routes' source address) changed.
-        for slot in new_state.by_node.values() {
-            let is_new = !old
-                .by_node
-                .get(&slot.entry.node)
-                .is_some_and(|o| Arc::ptr_eq(o, slot));
-            if is_new && self.dials(slot.id) {
-                tokio::spawn(self.clone().dial_loop(slot.clone()));
-            } else if own_changed && slot.conn.load().is_some() {
-                self.install_route(slot).await;
+        for slot in dial {
+            tokio::spawn(self.clone().dial_loop(slot));
+        }
+        if plan.reroute_kept {
+            // The kept peers' routes carry the old gateway as their source.
+            for slot in new_state.by_node.values() {
+                let kept = old
+                    .by_node
+                    .get(&slot.entry.node)
+                    .is_some_and(|o| Arc::ptr_eq(o, slot));
+                if kept && slot.conn.load().is_some() {
+                    self.install_route(slot).await;
+                }
             }
         }
         Ok(())
-    }
-
-    /// Whether this node dials `peer` (the smaller endpoint id dials), so that each pair has
-    /// exactly one connection.
-    fn dials(&self, peer: EndpointId) -> bool {
-        self.inner.endpoint.id().as_bytes() < peer.as_bytes()
     }
 
     async fn retire(&self, slot: &Arc<PeerSlot>, why: &str) {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use super::filter::DropReason;
+use socialweb_mesh_core::filter::DropReason;
 
 /// Datagrams and bytes one way.
 #[derive(Debug, Default)]

@@ -74,7 +74,7 @@ fn is_v4_query(icmp: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mesh::packet::build::udp4;
+    use crate::packet::build::udp4;
     use etherparse::{NetSlice, SlicedPacket, TransportSlice};
     use std::net::Ipv4Addr;
 

@@ -1,6 +1,7 @@
 //! The peer directory (contract 2), pure: which nodes exist, their pod CIDRs and mesh
 //! endpoints, as a source reports them; which of them this node accepts as peers; and what
-//! changed between two views. Sources (Kubernetes Nodes, a static file) live in `sources`.
+//! changed between two views. The sources (Kubernetes Nodes, a static file) are the agent's
+//! `directory` module.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};

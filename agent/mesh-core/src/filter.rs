@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::packet::{self, Header};
+use crate::packet::{self, Header};
 
 /// Why a packet was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -124,7 +124,7 @@ pub fn egress<'r, K>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mesh::packet::build::udp4;
+    use crate::packet::build::udp4;
     use std::net::Ipv4Addr;
 
     fn net(s: &str) -> IpNet {
