@@ -1,11 +1,13 @@
 //! This node's own network: the `cni0` bridge on its pod CIDR and the CNI configuration
 //! containerd reads (contract 4).
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow};
 use ipnet::{IpNet, Ipv4Net};
 use serde_json::json;
+use socialweb_netlink::{self as netlink, bridge};
 
 /// Name of the configuration file the agent writes.
 pub const CONFLIST: &str = "10-socialweb.conflist";
@@ -33,49 +35,13 @@ fn v4(cidr: &IpNet) -> Result<Ipv4Net> {
 /// IPv4 address from it: a gateway of a previous pod CIDR would keep routing that CIDR to the
 /// bridge, shadowing the mesh's route to whichever node holds it now.
 pub fn ensure_bridge(pod_cidr: &IpNet, mtu: u16) -> Result<()> {
-    use futures_util::TryStreamExt;
-    use netlink_packet_route::address::AddressAttribute;
     let net = v4(pod_cidr)?;
-    let gateway = socialweb_cni::config::first_host(net);
-    socialweb_cni::netlink::run(None, |h| async move {
-        let (index, _) = socialweb_cni::netlink::ensure_bridge(
-            &h,
-            BRIDGE,
-            gateway,
-            net.prefix_len(),
-            u32::from(mtu),
-        )
-        .await?;
-        let addrs: Vec<_> = h
-            .address()
-            .get()
-            .set_link_index_filter(index)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(|e| {
-                socialweb_cni::spec::CniError::new(
-                    socialweb_cni::spec::Code::Netlink,
-                    format!("reading addresses of {BRIDGE}: {e}"),
-                )
-            })?;
-        for a in addrs {
-            let stale = a.attributes.iter().any(|x| {
-                matches!(x, AddressAttribute::Address(std::net::IpAddr::V4(ip)) if *ip != gateway)
-            });
-            if stale {
-                tracing::info!(
-                    bridge = BRIDGE,
-                    "removing a previous pod CIDR's gateway: {:?}",
-                    a.attributes
-                );
-                h.address().del(a).execute().await.map_err(|e| {
-                    socialweb_cni::spec::CniError::new(
-                        socialweb_cni::spec::Code::Netlink,
-                        format!("removing a stale address from {BRIDGE}: {e}"),
-                    )
-                })?;
-            }
+    let gateway = Ipv4Addr::from(u32::from(net.network()) + 1);
+    netlink::run::<_, _, _, netlink::Error>(None, |h| async move {
+        let (index, _) =
+            bridge::ensure(&h, BRIDGE, gateway, net.prefix_len(), u32::from(mtu)).await?;
+        for old in bridge::drop_other_gateways(&h, BRIDGE, index, gateway).await? {
+            tracing::info!(bridge = BRIDGE, %old, "removed a previous pod CIDR's gateway");
         }
         Ok(())
     })

@@ -3,12 +3,12 @@
 //!
 //! Pure core: [`spec`] (the protocol), [`config`] (the network configuration), [`ipam`] (the
 //! allocation table and its decisions). Edges: [`store`] (the table on disk under a lock),
-//! [`netlink`] (kernel links, addresses, routes), [`world`] (boot id, process liveness).
+//! [`world`] (boot id, process liveness); the kernel through `socialweb-netlink`, the node
+//! side's one netlink implementation, which the agent shares.
 //! [`plugin`] runs the verbs.
 
 pub mod config;
 pub mod ipam;
-pub mod netlink;
 pub mod plugin;
 pub mod spec;
 pub mod store;

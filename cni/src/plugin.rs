@@ -8,10 +8,10 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{self, NetConf};
 use crate::ipam::{Phase, Request};
-use crate::netlink;
 use crate::spec::{CniError, CniResult, Code, Env, Interface, IpConfig, Route, Verb};
 use crate::store::Store;
 use crate::world::Os;
+use socialweb_netlink::{self as netlink, bridge, link, veth};
 
 /// Environment variable that makes ADD stop (sleep) right after it reserved an address, so a
 /// test can kill it there. Only for tests of crash recovery; documented in docs/cni.md.
@@ -88,10 +88,9 @@ fn add(env: &Env, conf: &NetConf) -> Result<serde_json::Value, CniError> {
         }
         Err(e) => {
             let host = host_veth_name(&env.container_id, &env.ifname);
-            let _ = netlink::run(
-                None,
-                |h| async move { netlink::delete_link(&h, &host).await },
-            );
+            let _ = netlink::run::<_, _, _, CniError>(None, |h| async move {
+                Ok(link::delete(&h, &host).await?)
+            });
             let _ = store.update(|t| Ok(t.release(&env.container_id, &env.ifname)));
             Err(e)
         }
@@ -102,23 +101,15 @@ fn attach(env: &Env, conf: &NetConf, netns: &File, ip: Ipv4Addr) -> Result<CniRe
     let host = host_veth_name(&env.container_id, &env.ifname);
     let prefix = conf.subnet.prefix_len();
     let host_name = host.as_str();
-    let (bridge_mac, host_mac) = netlink::run(None, |h| async move {
+    let (bridge_mac, host_mac) = netlink::run::<_, _, _, CniError>(None, |h| async move {
         let (bridge_index, bridge_mac) =
-            netlink::ensure_bridge(&h, &conf.bridge, conf.gateway, prefix, conf.mtu).await?;
-        let host_mac = netlink::create_veth(
-            &h,
-            host_name,
-            bridge_index,
-            conf.hairpin,
-            conf.mtu,
-            netns,
-            &env.ifname,
-        )
-        .await?;
+            bridge::ensure(&h, &conf.bridge, conf.gateway, prefix, conf.mtu).await?;
+        let index = veth::create(&h, host_name, conf.mtu, netns, &env.ifname).await?;
+        let host_mac = veth::attach(&h, host_name, index, bridge_index, conf.hairpin).await?;
         Ok((bridge_mac, host_mac))
     })?;
-    let pod_mac = netlink::run(env.netns.as_deref(), |h| async move {
-        netlink::configure_pod_end(
+    let pod_mac = netlink::run::<_, _, _, CniError>(env.netns.as_deref(), |h| async move {
+        Ok(veth::configure_pod_end(
             &h,
             &env.ifname,
             ip,
@@ -127,7 +118,7 @@ fn attach(env: &Env, conf: &NetConf, netns: &File, ip: Ipv4Addr) -> Result<CniRe
             conf.default_route,
             conf.mtu,
         )
-        .await
+        .await?)
     })?;
     let gateway = conf.gateway.to_string();
     Ok(CniResult {
@@ -176,10 +167,11 @@ fn del(env: &Env, conf: &NetConf) -> Result<(), CniError> {
     let host = host_veth_name(&env.container_id, &env.ifname);
     // Deleting the host end deletes the pair, wherever the other end is. Only if there was no
     // host end (someone renamed or deleted it) is the container's end looked for.
-    let found = netlink::run(
-        None,
-        |h| async move { netlink::delete_link(&h, &host).await },
-    )?;
+    let found =
+        netlink::run::<_, _, _, CniError>(
+            None,
+            |h| async move { Ok(link::delete(&h, &host).await?) },
+        )?;
     if !found
         && let Some(ns) = env
             .netns
@@ -187,8 +179,8 @@ fn del(env: &Env, conf: &NetConf) -> Result<(), CniError> {
             .filter(|p| std::path::Path::new(p).exists())
     {
         // A namespace that cannot be entered any more is as good as gone.
-        let _ = netlink::run(Some(ns), |h| async move {
-            netlink::delete_link(&h, &env.ifname).await
+        let _ = netlink::run::<_, _, _, CniError>(Some(ns), |h| async move {
+            Ok(link::delete(&h, &env.ifname).await?)
         });
     }
     Ok(())
@@ -245,8 +237,8 @@ fn check(env: &Env, conf: &NetConf) -> Result<(), CniError> {
     }
 
     let host = host_veth_name(&env.container_id, &env.ifname);
-    let ports = netlink::run(None, |h| async move {
-        netlink::bridge_ports(&h, &conf.bridge).await
+    let ports = netlink::run::<_, _, _, CniError>(None, |h| async move {
+        Ok(link::bridge_ports(&h, &conf.bridge).await?)
     })?;
     if !ports.contains(&host) {
         return Err(check_failed(format!(
@@ -255,8 +247,8 @@ fn check(env: &Env, conf: &NetConf) -> Result<(), CniError> {
         )));
     }
 
-    let end = netlink::run(Some(sandbox), |h| async move {
-        netlink::read_pod_end(&h, &env.ifname).await
+    let end = netlink::run::<_, _, _, CniError>(Some(sandbox), |h| async move {
+        Ok(veth::read_pod_end(&h, &env.ifname).await?)
     })?
     .ok_or_else(|| check_failed(format!("{} is missing from {sandbox}", env.ifname)))?;
     if !end.up {
@@ -286,10 +278,9 @@ fn check(env: &Env, conf: &NetConf) -> Result<(), CniError> {
 
 fn status(conf: &NetConf) -> Result<(), CniError> {
     let bridge = conf.bridge.clone();
-    let present = netlink::run(
-        None,
-        |h| async move { netlink::link_by_name(&h, &bridge).await },
-    )?;
+    let present = netlink::run::<_, _, _, CniError>(None, |h| async move {
+        Ok(link::by_name(&h, &bridge).await?)
+    })?;
     if present.is_none() {
         return Err(CniError::new(
             Code::NotAvailable,
@@ -320,10 +311,10 @@ fn gc(conf: &NetConf) -> Result<(), CniError> {
         .iter()
         .map(|a| host_veth_name(&a.container_id, &a.ifname))
         .collect();
-    netlink::run(None, |h| async move {
-        for port in netlink::bridge_ports(&h, &conf.bridge).await? {
+    netlink::run::<_, _, _, CniError>(None, |h| async move {
+        for port in link::bridge_ports(&h, &conf.bridge).await? {
             if port.starts_with("sw") && port.len() == 13 && !keep.contains(&port) {
-                let _ = netlink::delete_link(&h, &port).await?;
+                let _ = link::delete(&h, &port).await?;
             }
         }
         Ok(())

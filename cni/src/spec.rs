@@ -83,6 +83,18 @@ impl fmt::Display for CniError {
 
 impl std::error::Error for CniError {}
 
+/// A namespace that cannot be opened or entered is the runtime's container gone (code 3);
+/// anything else the kernel refused is code 100, naming the step.
+impl From<socialweb_netlink::Error> for CniError {
+    fn from(e: socialweb_netlink::Error) -> CniError {
+        let code = match e {
+            socialweb_netlink::Error::Namespace { .. } => Code::ContainerUnknown,
+            _ => Code::Netlink,
+        };
+        CniError::new(code, e.to_string())
+    }
+}
+
 /// The verbs of spec 1.1.0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verb {

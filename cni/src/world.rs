@@ -4,7 +4,6 @@
 use std::net::Ipv4Addr;
 
 use crate::ipam::{Owner, World};
-use crate::netlink;
 
 /// The real machine.
 #[derive(Debug)]
@@ -50,7 +49,7 @@ impl World for Os {
     }
 
     fn holds(&self, netns: &str, ifname: &str, ip: Ipv4Addr) -> bool {
-        netlink::netns_holds(netns, ifname, ip)
+        socialweb_netlink::veth::netns_holds(netns, ifname, ip)
     }
 }
 

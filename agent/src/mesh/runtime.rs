@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use ipnet::IpNet;
 use iroh::endpoint::Connection;
 use iroh::{Endpoint, EndpointId, TransportAddr};
-use rtnetlink::Handle;
+use socialweb_netlink::Handle;
 use socialweb_wire::mesh::CLOSE_NOT_A_PEER;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -120,13 +120,7 @@ impl Mesh {
             format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", cfg.tun_name),
             "1",
         );
-        nl.link()
-            .set(
-                rtnetlink::LinkUnspec::new_with_index(tun_index)
-                    .up()
-                    .build(),
-            )
-            .execute()
+        socialweb_netlink::link::set_up(&nl, tun_index, &cfg.tun_name)
             .await
             .context("bringing the TUN device up")?;
         // Routes a crashed run left behind point at a device that no longer exists and are
