@@ -235,6 +235,16 @@ fn node_local_dns_answers_the_cluster_zone_and_forwards_the_rest() {
         ["db-0.db.default.svc.cluster.local."]
     );
     assert_eq!(
+        c.short(&["-x", "10.42.200.6"]),
+        ["10-42-200-6.db.default.svc.cluster.local."],
+        "an endpoint without a hostname: its system-assigned name"
+    );
+    assert_eq!(
+        c.status(&["-x", "10.42.200.7"]),
+        "NXDOMAIN",
+        "a not-ready endpoint has no PTR"
+    );
+    assert_eq!(
         c.short(&["tolerant.default.svc.cluster.local"]),
         ["10.42.201.9"],
         "publishNotReadyAddresses"

@@ -250,10 +250,13 @@ impl Store {
                     }
                     host
                 }
-                // No hostname: SRV targets a name made from the address, as CoreDNS does.
+                // No hostname: the system-assigned one, made from the address as CoreDNS
+                // does; it has the A (or AAAA), the SRV targets and the PTR a hostname would.
                 None => {
-                    let host = format!("{}.{base}", dashed(&e.addresses[0]));
-                    b.name(&host).add_ip(e.addresses[0]);
+                    let ip = e.addresses[0];
+                    let host = format!("{}.{base}", dashed(&ip));
+                    b.name(&host).add_ip(ip);
+                    b.ptr(ip, &host);
                     host
                 }
             };
@@ -497,6 +500,26 @@ mod tests {
         assert_eq!(
             s.reverse(&"10.42.1.5".parse().unwrap()),
             ["db-0.db.default.svc.cluster.local"]
+        );
+    }
+
+    #[test]
+    fn endpoints_without_a_hostname_have_a_ptr_to_their_assigned_name() {
+        // Spec 1.1.0, 2.4.3: a PTR for every ready endpoint's hostname, which without a
+        // `hostname` is the system-assigned one its A and SRV records use.
+        let s = snap();
+        assert_eq!(
+            s.reverse(&"10.42.2.6".parse().unwrap()),
+            ["10-42-2-6.db.default.svc.cluster.local"]
+        );
+        assert_eq!(
+            s.reverse(&"10.42.3.3".parse().unwrap()),
+            ["10-42-3-3.tolerant.other.svc.cluster.local"],
+            "publishNotReadyAddresses makes the endpoint eligible"
+        );
+        assert!(
+            s.reverse(&"10.42.2.7".parse().unwrap()).is_empty(),
+            "a not-ready endpoint has no name to point back to"
         );
     }
 
