@@ -73,38 +73,51 @@ impl Forwarder {
     }
 
     /// Resolves a question: cache, then the upstreams (sharing an identical query already
-    /// under way), then a stale answer.
+    /// under way), then a stale answer. Cancellation-safe: if this future is dropped while it
+    /// leads a shared query, the query's entry goes with it and those waiting on it ask again.
     pub async fn resolve(&self, q: &Query) -> Resolved {
         let key = Key::new(&q.name, q.query_type, q.query_class);
         if let Some(m) = self.cached(q) {
             return Resolved::Answer(m);
         }
         bump(&self.stats.cache_misses);
-        let (sender, waiter) = {
-            let mut inflight = self.inflight.lock().expect("lock");
-            match inflight.get(&key) {
-                Some(rx) => (None, Some(rx.clone())),
-                None => {
-                    let (tx, rx) = watch::channel(None);
-                    inflight.insert(key.clone(), rx);
-                    (Some(tx), None)
+        loop {
+            match self.join_or_lead(&key) {
+                Role::Follow(mut rx) => {
+                    bump(&self.stats.coalesced);
+                    if let Ok(r) = rx.wait_for(Option::is_some).await
+                        && let Some(r) = r.clone()
+                    {
+                        return r;
+                    }
+                    // The leader was dropped before it had an answer: ask again (perhaps
+                    // the cache has it by now, perhaps as the new leader).
+                    if let Some(m) = self.cached(q) {
+                        return Resolved::Answer(m);
+                    }
+                }
+                Role::Lead(leader) => {
+                    let result = self.ask_upstreams(q, &key).await;
+                    leader.finish(result.clone());
+                    return result;
                 }
             }
-        };
-        if let Some(mut rx) = waiter {
-            bump(&self.stats.coalesced);
-            let result = rx.wait_for(Option::is_some).await.map(|r| r.clone());
-            return match result {
-                Ok(Some(r)) => r,
-                _ => Resolved::Failed,
-            };
         }
-        let result = self.ask_upstreams(q, &key).await;
-        self.inflight.lock().expect("lock").remove(&key);
-        if let Some(tx) = sender {
-            let _ = tx.send(Some(result.clone()));
+    }
+
+    /// Waits on the identical query under way, or becomes its leader.
+    fn join_or_lead(&self, key: &Key) -> Role<'_> {
+        let mut inflight = self.inflight.lock().expect("lock");
+        if let Some(rx) = inflight.get(key) {
+            return Role::Follow(rx.clone());
         }
-        result
+        let (tx, rx) = watch::channel(None);
+        inflight.insert(key.clone(), rx);
+        Role::Lead(Leader {
+            inflight: &self.inflight,
+            key: key.clone(),
+            tx,
+        })
     }
 
     async fn ask_upstreams(&self, q: &Query, key: &Key) -> Resolved {
@@ -132,6 +145,41 @@ impl Forwarder {
                 Resolved::Stale(m)
             }
             None => Resolved::Failed,
+        }
+    }
+}
+
+enum Role<'f> {
+    Follow(InFlight),
+    Lead(Leader<'f>),
+}
+
+/// The leader of a shared upstream query. Its entry in the in-flight table lives exactly as
+/// long as it does: [`Leader::finish`] hands the answer to the waiters, and dropping it
+/// unfinished (the future that held it was cancelled) still removes the entry, and the
+/// waiters see the channel close.
+struct Leader<'f> {
+    inflight: &'f Mutex<HashMap<Key, InFlight>>,
+    key: Key,
+    tx: watch::Sender<Option<Resolved>>,
+}
+
+impl Leader<'_> {
+    fn finish(self, result: Resolved) {
+        let _ = self.tx.send(Some(result));
+    }
+}
+
+impl Drop for Leader<'_> {
+    fn drop(&mut self) {
+        let mut inflight = self.inflight.lock().expect("lock");
+        // Only this leader inserts under its key while it lives, but check: never remove
+        // another query's entry.
+        if inflight
+            .get(&self.key)
+            .is_some_and(|rx| rx.same_channel(&self.tx.subscribe()))
+        {
+            inflight.remove(&self.key);
         }
     }
 }
@@ -281,6 +329,59 @@ mod tests {
         assert_eq!(stats.snapshot().coalesced, 9);
         // And the next one comes from the cache.
         assert!(f.cached(&question("SAME.example.")).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_dropped_leader_leaves_the_name_resolvable() {
+        use futures_util::FutureExt;
+        let (addr, udp, _) = upstream(Duration::from_millis(300), false).await;
+        let stats = Arc::new(Stats::default());
+        let f = Forwarder::new(vec![addr], stats.clone());
+        // The leader sends its upstream query and is dropped before the answer: a client
+        // timeout, a shutdown, a select! that took another branch.
+        assert!(
+            f.resolve(&question("dropped.example."))
+                .now_or_never()
+                .is_none(),
+            "the first poll is still waiting for the upstream"
+        );
+        assert!(
+            f.inflight.lock().unwrap().is_empty(),
+            "no coalescing entry outlives its leader"
+        );
+        // The next client for the name is answered, by a query of its own.
+        assert!(matches!(
+            f.resolve(&question("dropped.example.")).await,
+            Resolved::Answer(m) if m.answers.len() == 1
+        ));
+        assert_eq!(stats.snapshot().coalesced, 0);
+        assert!(udp.load(Ordering::SeqCst) >= 1);
+    }
+
+    #[tokio::test]
+    async fn followers_of_a_dropped_leader_ask_again_instead_of_failing() {
+        let (addr, _, _) = upstream(Duration::from_millis(300), false).await;
+        let f = Arc::new(Forwarder::new(vec![addr], Arc::new(Stats::default())));
+        let leader = tokio::spawn({
+            let f = f.clone();
+            async move { f.resolve(&question("shared.example.")).await }
+        });
+        // Wait until the leader is in flight, then start a follower and drop the leader.
+        while f.inflight.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let follower = tokio::spawn({
+            let f = f.clone();
+            async move { f.resolve(&question("shared.example.")).await }
+        });
+        while f.stats.snapshot().coalesced == 0 {
+            tokio::task::yield_now().await;
+        }
+        leader.abort();
+        assert!(matches!(
+            follower.await.unwrap(),
+            Resolved::Answer(m) if m.answers.len() == 1
+        ));
     }
 
     #[tokio::test]
