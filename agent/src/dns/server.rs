@@ -15,6 +15,7 @@ use ipnet::IpNet;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
 use super::forward::{Forwarder, Resolved};
@@ -27,6 +28,11 @@ use socialweb_dns_core::wire::{self, WireCache};
 pub const TCP_IDLE: Duration = Duration::from_secs(10);
 /// TCP connections served at once; more wait in the kernel's backlog.
 pub const TCP_MAX_CONNECTIONS: usize = 256;
+/// UDP queries waiting on an upstream at once. Each holds a task and, while it asks, a
+/// socket; beyond this a query is answered REFUSED at once and counted as shed (CoreDNS's
+/// `forward max_concurrent` does the same), so a flood of uncached names costs neither file
+/// descriptors nor memory. Well under the soft limit of 1024 descriptors systemd gives.
+pub const SLOW_UDP_MAX: usize = 512;
 
 /// The server's state, shared by every socket.
 #[derive(Debug)]
@@ -41,6 +47,8 @@ pub struct Dns {
     wire: WireCache,
     /// Bumped with every new snapshot: cluster answers cached as bytes are good for one.
     generation: AtomicU64,
+    /// Permits for UDP queries waiting on an upstream ([`SLOW_UDP_MAX`]).
+    slow_udp: Arc<Semaphore>,
 }
 
 /// Which counter a wire-cache hit bumps.
@@ -68,6 +76,7 @@ impl Dns {
             stats,
             wire: WireCache::new(200_000),
             generation: AtomicU64::new(0),
+            slow_udp: Arc::new(Semaphore::new(SLOW_UDP_MAX)),
         }
     }
 
@@ -82,6 +91,7 @@ impl Dns {
         s.cache_entries = self.forwarder.cache_len();
         s.cluster_names = self.snapshot.load().names();
         s.pods_known = self.pods.load().len();
+        s.slow_udp_in_flight = SLOW_UDP_MAX - self.slow_udp.available_permits();
         s
     }
 
@@ -347,10 +357,17 @@ fn udp_loop(dns: Arc<Dns>, sock: UdpSocket, rt: tokio::runtime::Handle) {
             Fast::Drop => {}
             Fast::Slow(slow) => {
                 let (req, decision) = *slow;
+                let Ok(permit) = dns.slow_udp.clone().try_acquire_owned() else {
+                    bump(&dns.stats.shed);
+                    let refused = answer::error(&req, ResponseCode::Refused);
+                    let _ = sock.send_to(&dns.finish(&req, refused, true), peer);
+                    continue;
+                };
                 let (dns, sock) = (dns.clone(), sock.clone());
                 rt.spawn(async move {
                     let out = dns.slow(req, decision, true).await;
                     let _ = sock.send_to(&out, peer);
+                    drop(permit);
                 });
             }
         }
@@ -469,6 +486,75 @@ mod tests {
             d.fast(&query("example.com."), "10.0.0.1".parse().unwrap(), true),
             Fast::Slow(..)
         ));
+    }
+
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    }
+
+    /// A flood of names nobody has cached, against an upstream that never answers (each
+    /// upstream query holds a socket for its whole timeout): the slow path stays within its
+    /// bound, sheds the rest, and the zone is still answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_of_uncached_names_is_shed_not_piled_up() {
+        let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let d = dns();
+        let dns = Arc::new(Dns::new(
+            "cluster.local",
+            vec![],
+            vec![silent.local_addr().unwrap()],
+        ));
+        dns.set_snapshot(d.snapshot.load_full().as_ref().clone());
+        let addr = UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        serve(dns.clone(), addr, 1).await.unwrap();
+        let baseline = open_fds();
+
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut peak = baseline;
+        for i in 0..6000 {
+            client
+                .send_to(&query(&format!("n{i}.flood.example.")), addr)
+                .unwrap();
+            if i % 200 == 0 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                peak = peak.max(open_fds());
+            }
+        }
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+            peak = peak.max(open_fds());
+        }
+        assert!(
+            peak <= baseline + SLOW_UDP_MAX + 100,
+            "{peak} descriptors open at the peak, {baseline} before the flood"
+        );
+        let stats = dns.stats();
+        assert!(stats.shed > 0, "{stats:?}");
+        assert!(stats.slow_udp_in_flight <= SLOW_UDP_MAX);
+        // The zone is still answered from the hot path.
+        let mut ask = Message::from_vec(&query("web.default.svc.cluster.local.")).unwrap();
+        ask.metadata.id = 4242;
+        client.send_to(&ask.to_vec().unwrap(), addr).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = [0u8; 1500];
+        loop {
+            let n = client.recv(&mut buf).expect("an answer for the zone");
+            let m = Message::from_vec(&buf[..n]).unwrap();
+            if m.metadata.id == 4242 {
+                assert_eq!(m.answers.len(), 1, "{m:?}");
+                break;
+            }
+            assert_eq!(
+                m.metadata.response_code,
+                ResponseCode::Refused,
+                "shed: {m:?}"
+            );
+        }
     }
 
     proptest::proptest! {

@@ -32,6 +32,9 @@ pub struct Stats {
     pub truncated: AtomicU64,
     /// Packets that were not DNS messages at all (no reply sent).
     pub dropped: AtomicU64,
+    /// UDP queries refused because [`super::server::SLOW_UDP_MAX`] were already waiting on an
+    /// upstream.
+    pub shed: AtomicU64,
     latency: [AtomicU64; BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
 }
@@ -85,6 +88,7 @@ impl Stats {
             formerr: g(&self.formerr),
             truncated: g(&self.truncated),
             dropped: g(&self.dropped),
+            shed: g(&self.shed),
             upstream_latency_mean_ms: (total > 0)
                 .then(|| g(&self.latency_sum_us) as f64 / total as f64 / 1000.0),
             upstream_latency_p50_ms_at_most: quantile(0.5),
@@ -92,6 +96,7 @@ impl Stats {
             cache_entries: 0,
             cluster_names: 0,
             pods_known: 0,
+            slow_udp_in_flight: 0,
         }
     }
 }
@@ -114,6 +119,7 @@ pub struct DnsStats {
     pub formerr: u64,
     pub truncated: u64,
     pub dropped: u64,
+    pub shed: u64,
     pub upstream_latency_mean_ms: Option<f64>,
     /// Upper bound of the histogram bucket holding the median.
     pub upstream_latency_p50_ms_at_most: Option<f64>,
@@ -121,4 +127,6 @@ pub struct DnsStats {
     pub cache_entries: usize,
     pub cluster_names: usize,
     pub pods_known: usize,
+    /// UDP queries waiting on an upstream now.
+    pub slow_udp_in_flight: usize,
 }
