@@ -132,9 +132,11 @@ impl Table {
         dropped
     }
 
-    /// Reserves an address in `subnet` for (container, interface). Asking again for the same
-    /// pair returns the address it already holds. Never hands out the network, gateway or
-    /// broadcast address.
+    /// Reserves an address in `subnet` for (container, interface). Never hands out the
+    /// network, gateway or broadcast address. A pair that already holds an address is refused
+    /// and the table left as it is: attached, it is a live attachment (code 103; the spec
+    /// wants ADD of an existing interface to fail); reserved, another ADD of the same pair is
+    /// still running (code 11; call [`Table::reclaim`] first so that only live ones remain).
     pub fn allocate(
         &mut self,
         subnet: Ipv4Net,
@@ -143,13 +145,22 @@ impl Table {
         owner: Owner,
         boot_id: &str,
     ) -> Result<Ipv4Addr, CniError> {
-        if let Some(i) = self.find(request.container_id, request.ifname) {
-            let a = &mut self.allocations[i];
-            a.netns = request.netns.map(str::to_string);
-            if a.phase != Phase::Attached {
-                a.phase = Phase::Reserved { owner };
-            }
-            return Ok(a.ip);
+        if let Some(a) = self.get(request.container_id, request.ifname) {
+            let (id, ifname, ip) = (request.container_id, request.ifname, a.ip);
+            return Err(match a.phase {
+                Phase::Attached => CniError::new(
+                    Code::AttachmentExists,
+                    format!("container {id} already has {ifname}, with {ip}"),
+                )
+                .with_details("an ADD for an attachment that exists; DEL it first"),
+                Phase::Reserved { owner } => CniError::new(
+                    Code::TryAgainLater,
+                    format!(
+                        "an ADD of {ifname} for container {id} is already running (pid {})",
+                        owner.pid
+                    ),
+                ),
+            });
         }
         let first = u32::from(subnet.network()) + 1;
         let last = u32::from(subnet.broadcast()) - 1;
@@ -196,6 +207,18 @@ impl Table {
             }
             None => false,
         }
+    }
+
+    /// Releases the allocation of (container, interface) if it is still the reservation
+    /// `owner` made: what a failed ADD gives back, and nothing else.
+    pub fn release_reservation(
+        &mut self,
+        container_id: &str,
+        ifname: &str,
+        owner: Owner,
+    ) -> Option<Allocation> {
+        let i = self.find(container_id, ifname)?;
+        (self.allocations[i].phase == Phase::Reserved { owner }).then(|| self.allocations.remove(i))
     }
 
     /// Releases the allocation of (container, interface); releasing twice is not an error.
@@ -325,13 +348,40 @@ mod tests {
     }
 
     #[test]
-    fn the_same_attachment_gets_the_same_address() {
+    fn a_second_allocation_for_an_attachment_is_refused_and_changes_nothing() {
         let mut t = Table::default();
         let s = net("10.0.0.0/24");
         let gw = Ipv4Addr::new(10, 0, 0, 1);
-        let a = t.allocate(s, gw, req("c"), ME, "b1").unwrap();
-        assert_eq!(t.allocate(s, gw, req("c"), ME, "b1").unwrap(), a);
-        assert_eq!(t.allocations.len(), 1);
+        t.allocate(s, gw, req("c"), ME, "b1").unwrap();
+        let running = t.clone();
+        let e = t.allocate(s, gw, req("c"), ME, "b1").unwrap_err();
+        assert_eq!(e.code, Code::TryAgainLater, "the first ADD still runs");
+        assert_eq!(t, running);
+        t.mark_attached("c", "eth0");
+        let attached = t.clone();
+        let e = t.allocate(s, gw, req("c"), ME, "b1").unwrap_err();
+        assert_eq!(e.code, Code::AttachmentExists);
+        assert!(e.msg.contains("already has eth0"), "{}", e.msg);
+        assert_eq!(t, attached);
+    }
+
+    #[test]
+    fn a_failed_add_gives_back_only_its_own_reservation() {
+        let mut t = Table::default();
+        let s = net("10.0.0.0/24");
+        let gw = Ipv4Addr::new(10, 0, 0, 1);
+        let other = Owner {
+            pid: 2,
+            start_time: 9,
+        };
+        t.allocate(s, gw, req("mine"), ME, "b1").unwrap();
+        t.allocate(s, gw, req("theirs"), other, "b1").unwrap();
+        t.allocate(s, gw, req("done"), ME, "b1").unwrap();
+        t.mark_attached("done", "eth0");
+        assert!(t.release_reservation("theirs", "eth0", ME).is_none());
+        assert!(t.release_reservation("done", "eth0", ME).is_none());
+        assert!(t.release_reservation("mine", "eth0", ME).is_some());
+        assert_eq!(t.allocations.len(), 2);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The verbs, each a short sequence of store and netlink steps. Every failure after a
-//! reservation undoes what was done, so a failed ADD leaves the node as it found it.
+//! The verbs, each a short sequence of store and netlink steps. A failed ADD undoes exactly
+//! what it made itself (its reservation, its veth pair) and nothing it found: an ADD for an
+//! attachment that exists fails before touching anything (docs/cni.md says why).
 
 use std::fs::File;
 use std::net::Ipv4Addr;
@@ -52,21 +53,17 @@ fn add(env: &Env, conf: &NetConf) -> Result<serde_json::Value, CniError> {
         )
     })?;
     let os = Os::new();
+    let me = os.me();
     let store = Store::new(&conf.data_dir, &conf.name);
     let request = Request {
         container_id: &env.container_id,
         ifname: &env.ifname,
         netns: Some(netns_path),
     };
+    // Fails, saving nothing, if this attachment exists or another ADD of it runs.
     let ip = store.update(|t| {
         t.reclaim(&os);
-        t.allocate(
-            conf.subnet,
-            conf.gateway,
-            request,
-            os.me(),
-            os.boot_id_str(),
-        )
+        t.allocate(conf.subnet, conf.gateway, request, me, os.boot_id_str())
     })?;
 
     if std::env::var(FAULT_ENV).as_deref() == Ok("hang-after-reserve") {
@@ -76,35 +73,56 @@ fn add(env: &Env, conf: &NetConf) -> Result<serde_json::Value, CniError> {
         }
     }
 
-    match attach(env, conf, &netns, ip) {
-        Ok(result) => {
-            store.update(|t| Ok(t.mark_attached(&env.container_id, &env.ifname)))?;
-            Ok(serde_json::to_value(
-                result
-                    .append_to(conf.prev_result.clone())
-                    .for_version(&conf.cni_version),
-            )
-            .expect("a result serialises"))
-        }
+    let mut made_pair = false;
+    let attached = attach(env, conf, &netns, ip, &mut made_pair).and_then(|result| {
+        store.update(|t| Ok(t.mark_attached(&env.container_id, &env.ifname)))?;
+        Ok(result)
+    });
+    match attached {
+        Ok(result) => Ok(serde_json::to_value(
+            result
+                .append_to(conf.prev_result.clone())
+                .for_version(&conf.cni_version),
+        )
+        .expect("a result serialises")),
         Err(e) => {
-            let host = host_veth_name(&env.container_id, &env.ifname);
-            let _ = netlink::run::<_, _, _, CniError>(None, |h| async move {
-                Ok(link::delete(&h, &host).await?)
-            });
-            let _ = store.update(|t| Ok(t.release(&env.container_id, &env.ifname)));
+            // Only what this ADD made. The bridge stays: it is the node's (the agent makes
+            // it), shared by every attachment, and a concurrent ADD may be using it.
+            if made_pair {
+                let host = host_veth_name(&env.container_id, &env.ifname);
+                let _ = netlink::run::<_, _, _, CniError>(None, |h| async move {
+                    Ok(link::delete(&h, &host).await?)
+                });
+            }
+            let _ = store.update(|t| Ok(t.release_reservation(&env.container_id, &env.ifname, me)));
             Err(e)
         }
     }
 }
 
-fn attach(env: &Env, conf: &NetConf, netns: &File, ip: Ipv4Addr) -> Result<CniResult, CniError> {
+/// Attaches the container; sets `made_pair` once the veth pair exists, so that a failure
+/// after that point knows the pair is this call's to remove.
+fn attach(
+    env: &Env,
+    conf: &NetConf,
+    netns: &File,
+    ip: Ipv4Addr,
+    made_pair: &mut bool,
+) -> Result<CniResult, CniError> {
     let host = host_veth_name(&env.container_id, &env.ifname);
     let prefix = conf.subnet.prefix_len();
     let host_name = host.as_str();
     let (bridge_mac, host_mac) = netlink::run::<_, _, _, CniError>(None, |h| async move {
         let (bridge_index, bridge_mac) =
             bridge::ensure(&h, &conf.bridge, conf.gateway, prefix, conf.mtu).await?;
-        let index = veth::create(&h, host_name, conf.mtu, netns, &env.ifname).await?;
+        let index = match veth::create(&h, host_name, conf.mtu, netns, &env.ifname).await {
+            Ok(index) => index,
+            Err(e) if e.already_exists() => {
+                return Err(name_taken(&h, host_name, &env.ifname, netns_of(env)).await);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        *made_pair = true;
         let host_mac = veth::attach(&h, host_name, index, bridge_index, conf.hairpin).await?;
         Ok((bridge_mac, host_mac))
     })?;
@@ -159,6 +177,31 @@ fn attach(env: &Env, conf: &NetConf, netns: &File, ip: Ipv4Addr) -> Result<CniRe
         },
         dns: serde_json::Value::Null,
     })
+}
+
+fn netns_of(env: &Env) -> &str {
+    env.netns.as_deref().unwrap_or_default()
+}
+
+/// Which name the kernel found taken when the pair could not be created: the host end's
+/// (this attachment's, or a leftover of it) or the container's interface (the spec: ADD of an
+/// interface that exists in the container fails).
+async fn name_taken(h: &netlink::Handle, host: &str, ifname: &str, netns: &str) -> CniError {
+    match link::index(h, host).await {
+        Ok(Some(_)) => CniError::new(
+            Code::AttachmentExists,
+            format!("host interface {host} already exists (this attachment's host end)"),
+        )
+        .with_details(
+            "an ADD for an attachment that exists, or a leftover of one: DEL it first; \
+             nothing was changed",
+        ),
+        _ => CniError::new(
+            Code::AttachmentExists,
+            format!("{ifname} already exists in the container ({netns})"),
+        )
+        .with_details("nothing was changed"),
+    }
 }
 
 fn del(env: &Env, conf: &NetConf) -> Result<(), CniError> {

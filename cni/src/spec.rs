@@ -33,6 +33,9 @@ pub enum Code {
     PoolExhausted = 101,
     /// CHECK found the container's network not as ADD left it.
     CheckFailed = 102,
+    /// ADD for an attachment that exists: the container already has this interface (or the
+    /// host end this attachment would get exists).
+    AttachmentExists = 103,
 }
 
 /// An error result: printed as JSON on stdout, with a non-zero exit status.

@@ -196,6 +196,123 @@ fn reference_add_check_del() {
     add_check_del_scenario(Impl::Reference);
 }
 
+/// A second ADD for an attachment that exists (a runtime retrying) must fail and leave the
+/// first attachment as it was: its interface, its address, its place in the pool. The pool
+/// here has one address, so a plugin that gave it back would hand it to the next pod.
+fn repeated_add_scenario(imp: Impl) {
+    let f = Fixture::new(imp);
+    // A /30: the gateway and one pod address.
+    let conf = f.config("1.0.0", "10.42.17.0/30");
+    let a = Netns::new("first").unwrap();
+    let first = f.add("ctr-a", &a, &conf);
+    let ip_a = result_ip(&first, "eth0").unwrap();
+    let node_links = f.node_links();
+
+    let again = f.call(&Call::for_pod("ADD", "ctr-a", &a), &conf);
+    assert!(
+        !again.ok,
+        "{imp:?}: ADD of an existing attachment must fail"
+    );
+    assert!(again.code().is_some(), "{imp:?}: {}", again.stdout);
+
+    // The first attachment is intact.
+    let held = a.ip(&["-4", "addr", "show", "dev", "eth0"]).unwrap();
+    assert!(held.contains(&format!("{ip_a}/30")), "{imp:?}: {held}");
+    probe::ping(&a, "10.42.17.1", 1)
+        .unwrap_or_else(|e| panic!("{imp:?}: the first pod lost its network: {e:#}"));
+    assert_eq!(f.node_links(), node_links, "{imp:?}: node links unchanged");
+    assert_eq!(f.allocated(), vec![ip_a.clone()], "{imp:?}");
+
+    // Its address is still taken: the next pod finds the pool empty rather than a second
+    // holder of the same address.
+    let b = Netns::new("second").unwrap();
+    let next = f.call(&Call::for_pod("ADD", "ctr-b", &b), &conf);
+    assert!(
+        !next.ok,
+        "{imp:?}: the next pod was given {:?}, the first pod's address is {ip_a}",
+        result_ip(&next.json, "eth0")
+    );
+    if imp == Impl::Ours {
+        assert_eq!(again.code(), Some(103), "{}", again.stdout);
+        assert!(again.msg().contains("already"), "{}", again.msg());
+        assert_eq!(next.code(), Some(101), "{}", next.stdout);
+    }
+}
+
+#[test]
+fn ours_refuses_a_repeated_add_and_keeps_the_first_attachment() {
+    repeated_add_scenario(Impl::Ours);
+}
+
+#[test]
+fn reference_refuses_a_repeated_add_and_keeps_the_first_attachment() {
+    repeated_add_scenario(Impl::Reference);
+}
+
+/// An ADD whose interface name is already taken inside the container fails (the spec: "If an
+/// interface of the requested name already exists in the container, the CNI plugin MUST
+/// return with an error") and changes nothing.
+fn taken_ifname_scenario(imp: Impl) {
+    let f = Fixture::new(imp);
+    let conf = f.config("1.0.0", "10.42.18.0/24");
+    // The bridge exists already (as the agent makes it), so only the ADD's own work counts.
+    let warm = Netns::new("warm").unwrap();
+    f.add("ctr-warm", &warm, &conf);
+    let pod = Netns::new("taken").unwrap();
+    // (A bridge: this kernel has no dummy driver; any kind of link will do.)
+    pod.ip(&["link", "add", "eth0", "type", "bridge"]).unwrap();
+    let (node_links, allocated) = (f.node_links(), f.allocated());
+
+    let out = f.call(&Call::for_pod("ADD", "ctr-x", &pod), &conf);
+    assert!(!out.ok, "{imp:?}: must fail");
+    let kind = pod.ip(&["-d", "link", "show", "eth0"]).unwrap();
+    assert!(
+        kind.contains("bridge"),
+        "{imp:?}: the pod's own eth0 is left: {kind}"
+    );
+    assert_eq!(f.node_links(), node_links, "{imp:?}: node links unchanged");
+    assert_eq!(f.allocated(), allocated, "{imp:?}: no address taken");
+    if imp == Impl::Ours {
+        assert_eq!(out.code(), Some(103), "{}", out.stdout);
+        assert!(out.msg().contains("eth0"), "{}", out.msg());
+    }
+}
+
+#[test]
+fn ours_refuses_an_interface_name_taken_in_the_container() {
+    taken_ifname_scenario(Impl::Ours);
+}
+
+#[test]
+fn reference_refuses_an_interface_name_taken_in_the_container() {
+    taken_ifname_scenario(Impl::Reference);
+}
+
+/// A host interface already carries the name ours would give this attachment's host end (a
+/// leftover nobody recorded): the ADD fails and leaves it alone, since it did not make it.
+/// (The reference names host ends at random, so it has no such case.)
+#[test]
+fn ours_leaves_a_host_interface_it_did_not_create() {
+    let f = Fixture::new(Impl::Ours);
+    let conf = f.config("1.0.0", "10.42.19.0/24");
+    let warm = Netns::new("warm").unwrap();
+    f.add("ctr-warm", &warm, &conf);
+    let host = socialweb_cni::plugin::host_veth_name("ctr-x", "eth0");
+    f.node
+        .ip(&["link", "add", &host, "type", "bridge"])
+        .unwrap();
+    let (node_links, allocated) = (f.node_links(), f.allocated());
+    let pod = Netns::new("pod").unwrap();
+
+    let out = f.call(&Call::for_pod("ADD", "ctr-x", &pod), &conf);
+    assert!(!out.ok);
+    assert_eq!(f.node_links(), node_links, "{host} is still there");
+    assert_eq!(f.allocated(), allocated);
+    assert!(!link::links(&pod).unwrap().contains(&"eth0".to_string()));
+    assert_eq!(out.code(), Some(103), "{}", out.stdout);
+    assert!(out.msg().contains(&host), "{}", out.msg());
+}
+
 #[test]
 fn ours_speaks_1_1_and_the_result_describes_the_attachment() {
     let f = Fixture::new(Impl::Ours);

@@ -61,12 +61,9 @@ impl Error {
         }
     }
 
-    /// The errno the kernel answered with, if this is a kernel refusal.
-    pub fn errno(&self) -> Option<i32> {
-        match self {
-            Error::Kernel { error, .. } => errno(error),
-            _ => None,
-        }
+    /// Whether the kernel refused because a name or address is taken (EEXIST).
+    pub fn already_exists(&self) -> bool {
+        matches!(self, Error::Kernel { error, .. } if errno(error) == Some(libc::EEXIST))
     }
 }
 
