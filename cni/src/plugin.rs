@@ -15,7 +15,9 @@ use crate::world::Os;
 use socialweb_netlink::{self as netlink, bridge, link, veth};
 
 /// Environment variable that makes ADD stop (sleep) right after it reserved an address, so a
-/// test can kill it there. Only for tests of crash recovery; documented in docs/cni.md.
+/// test can kill it there. Only with the `fault-injection` feature, which the test harness
+/// turns on and the shipped plugin does not have; documented in docs/cni.md.
+#[cfg(feature = "fault-injection")]
 pub const FAULT_ENV: &str = "SOCIALWEB_CNI_FAULT";
 
 /// Runs one verb. `Ok(Some(json))` is printed on stdout; `Ok(None)` prints nothing (DEL, GC).
@@ -66,6 +68,7 @@ fn add(env: &Env, conf: &NetConf) -> Result<serde_json::Value, CniError> {
         t.allocate(conf.subnet, conf.gateway, request, me, os.boot_id_str())
     })?;
 
+    #[cfg(feature = "fault-injection")]
     if std::env::var(FAULT_ENV).as_deref() == Ok("hang-after-reserve") {
         eprintln!("socialweb-cni: {FAULT_ENV}=hang-after-reserve: reserved {ip}, now hanging");
         loop {

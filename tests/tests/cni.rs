@@ -453,8 +453,10 @@ fn fifty_concurrent_adds_from_separate_processes_get_fifty_addresses() {
 /// Kills an ADD after it reserved an address and before it attached it.
 fn crashed_add(f: &Fixture, conf: &Value, id: &str, pod: &Netns) -> String {
     let mut call = Call::for_pod("ADD", id, pod);
-    call.env
-        .push(("SOCIALWEB_CNI_FAULT", "hang-after-reserve".into()));
+    call.env.push((
+        socialweb_cni::plugin::FAULT_ENV,
+        "hang-after-reserve".into(),
+    ));
     let before = f.allocated().len();
     let child = call.start(&f.node, &f.plugin, conf).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -463,7 +465,13 @@ fn crashed_add(f: &Fixture, conf: &Value, id: &str, pod: &Netns) -> String {
         std::thread::sleep(Duration::from_millis(20));
     }
     let stderr = child.kill();
-    assert!(stderr.contains("hanging"), "{stderr}");
+    assert!(
+        stderr.contains("hanging"),
+        "{} ignored {}: build it as the workspace does (`cargo build --workspace --bins`, \
+         where the harness turns on its fault-injection feature), not alone: {stderr}",
+        f.plugin.display(),
+        socialweb_cni::plugin::FAULT_ENV
+    );
     assert!(
         !link::links(pod).unwrap().contains(&"eth0".to_string()),
         "nothing was attached"
