@@ -557,9 +557,11 @@ async fn mesh(command: MeshCommand, c: ClientArgs) -> Result<()> {
                     );
                 }
                 println!(
-                    "drops not tied to a peer: {}  strangers refused: {}",
+                    "drops not tied to a peer: {}  refused: {} strangers, {} early peers, {} not sorted yet",
                     drops_text(&s.drops),
-                    s.strangers_refused
+                    s.strangers_refused,
+                    s.early_peers_refused,
+                    s.refusals_pending
                 );
                 for (node, why) in &s.rejected {
                     println!("refused directory entry {node}: {why}");

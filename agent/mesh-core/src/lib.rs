@@ -6,6 +6,8 @@
 //! - [`icmp`]: ICMP Packet Too Big for packets larger than a peer's path carries.
 //! - [`directory`]: the peers a node accepts from a directory source, and what changed.
 //! - [`peers`]: what a new directory view does to the running peers (retire, add, dial).
+//! - [`refusals`]: connections refused before the directory listed their endpoint, sorted
+//!   into early peers' and strangers'.
 //!
 //! This crate may not depend on an async runtime, sockets, netlink or Kubernetes, and takes
 //! the time as an argument where it needs one: the `tidy` test holds it to that.
@@ -15,3 +17,4 @@ pub mod filter;
 pub mod icmp;
 pub mod packet;
 pub mod peers;
+pub mod refusals;

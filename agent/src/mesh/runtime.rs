@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,6 +22,7 @@ use url::Url;
 
 use socialweb_mesh_core::directory::{NodeEntry, View};
 use socialweb_mesh_core::filter::{self, DropReason, Routes};
+use socialweb_mesh_core::refusals::Refusals;
 use socialweb_mesh_core::{icmp, peers};
 
 use super::stats::{Drops, Flow, MeshStatus, PeerStatus, RouteStatus};
@@ -30,6 +30,13 @@ use super::{routes, transport};
 
 /// Datagrams taken from a connection at once.
 const BATCH: usize = 64;
+
+/// How long a refused endpoint may take to appear in the directory and count as a peer that
+/// dialled early rather than a stranger. Directory sources on two nodes lag each other by
+/// well under a second (one API watch each, or one file polled every 500 ms).
+const REFUSAL_WINDOW: Duration = Duration::from_secs(10);
+/// Refusals waiting for that at once (a flood of strangers beyond it is counted at once).
+const REFUSALS_PENDING_MAX: usize = 1024;
 
 /// How the mesh is set up.
 #[derive(Debug, Clone)]
@@ -94,7 +101,8 @@ struct Inner {
     /// Serialises directory updates (the data path never takes it).
     update: tokio::sync::Mutex<()>,
     drops: Drops,
-    strangers: AtomicU64,
+    /// Connections refused for an endpoint the directory did not list.
+    refusals: Mutex<Refusals>,
     shutdown: CancellationToken,
 }
 
@@ -144,7 +152,7 @@ impl Mesh {
                 state: ArcSwap::from_pointee(State::default()),
                 update: tokio::sync::Mutex::new(()),
                 drops: Drops::default(),
-                strangers: AtomicU64::new(0),
+                refusals: Mutex::new(Refusals::new(REFUSAL_WINDOW, REFUSALS_PENDING_MAX)),
                 shutdown: CancellationToken::new(),
             }),
         };
@@ -226,6 +234,11 @@ impl Mesh {
         }
         let new_state = Arc::new(state);
         self.inner.state.store(new_state.clone());
+        // Endpoints refused a moment ago that the directory lists now dialled early.
+        self.inner.refusals.lock().expect("lock").listed(
+            new_state.by_endpoint.keys().map(|id| id.as_bytes()),
+            Instant::now(),
+        );
         for slot in dial {
             tokio::spawn(self.clone().dial_loop(slot));
         }
@@ -331,8 +344,12 @@ impl Mesh {
                 match slot {
                     Some(slot) => mesh.serve(slot, conn).await,
                     None => {
-                        mesh.inner.strangers.fetch_add(1, Ordering::Relaxed);
-                        warn!(endpoint = %id, "refused a connection from an endpoint not in the peer directory");
+                        mesh.inner
+                            .refusals
+                            .lock()
+                            .expect("lock")
+                            .refused(*id.as_bytes(), Instant::now());
+                        warn!(endpoint = %id, "refused a connection from an endpoint not in the peer directory (yet?)");
                         conn.close(CLOSE_NOT_A_PEER.into(), b"not in the peer directory");
                     }
                 }
@@ -562,6 +579,11 @@ impl Mesh {
     /// The whole mesh, for `mesh status`.
     pub fn status(&self) -> MeshStatus {
         let state = self.inner.state.load();
+        let refused = {
+            let mut r = self.inner.refusals.lock().expect("lock");
+            r.settle(Instant::now());
+            r.counts()
+        };
         let addr = self.inner.endpoint.addr();
         MeshStatus {
             node: self.inner.cfg.node.clone(),
@@ -582,7 +604,9 @@ impl Mesh {
             },
             peers: state.by_node.values().map(|s| peer_status(s)).collect(),
             drops: self.inner.drops.snapshot(),
-            strangers_refused: self.inner.strangers.load(Ordering::Relaxed),
+            strangers_refused: refused.strangers,
+            early_peers_refused: refused.early_peers,
+            refusals_pending: refused.pending,
             rejected: state.rejected.clone(),
         }
     }

@@ -106,7 +106,13 @@ pub struct MeshStatus {
     pub peers: Vec<PeerStatus>,
     /// Drops not attributable to a peer (no route, malformed from the TUN, ...).
     pub drops: BTreeMap<DropReason, u64>,
+    /// Connections refused from endpoints the directory did not list within a window after.
     pub strangers_refused: u64,
+    /// Connections refused from endpoints the directory listed soon after: real peers that
+    /// dialled before this node's directory caught up with theirs (they dial again).
+    pub early_peers_refused: u64,
+    /// Refusals not sorted yet (inside their window).
+    pub refusals_pending: u64,
     pub rejected: Vec<(String, String)>,
 }
 
