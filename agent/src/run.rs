@@ -519,22 +519,25 @@ async fn follow_directory(
         let due = retry_at.is_some_and(|t| t <= tokio::time::Instant::now());
         if cidr != own || due {
             match cidr {
-                Some(cidr) => match own_network(&cidr, &s) {
-                    Ok(detail) => {
-                        own = Some(cidr);
-                        retry_at = None;
-                        backoff.reset();
-                        s.steps.done("pod-network", Some(detail));
-                        if let Some(tx) = &net_done {
-                            let _ = tx.send(true);
+                Some(cidr) => {
+                    s.steps.running("pod-network", None); // counts the attempt
+                    match own_network(&cidr, &s) {
+                        Ok(detail) => {
+                            own = Some(cidr);
+                            retry_at = None;
+                            backoff.reset();
+                            s.steps.done("pod-network", Some(detail));
+                            if let Some(tx) = &net_done {
+                                let _ = tx.send(true);
+                            }
+                        }
+                        Err(e) => {
+                            let delay = backoff.next_delay();
+                            s.steps.failed("pod-network", format!("{e:#}"), delay);
+                            retry_at = Some(tokio::time::Instant::now() + delay);
                         }
                     }
-                    Err(e) => {
-                        let delay = backoff.next_delay();
-                        s.steps.failed("pod-network", format!("{e:#}"), delay);
-                        retry_at = Some(tokio::time::Instant::now() + delay);
-                    }
-                },
+                }
                 None => {
                     warn!(node = %s.id.node, "this node is not in the peer directory yet; no pod CIDR")
                 }

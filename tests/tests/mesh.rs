@@ -507,3 +507,53 @@ fn spoofed_packets_are_dropped_and_counted_and_strangers_are_refused() {
         "the relay carried a stranger's connection"
     );
 }
+
+/// A relay admits only the endpoints it is told; one started without an allow list would
+/// relay anyone's traffic, so it refuses to start unless `--open` says that is meant.
+#[test]
+fn a_relay_without_an_allow_list_refuses_to_start_unless_open() {
+    let agent = testbed::cni::workspace_bin("socialweb-agent");
+    let run = |args: &[&str]| {
+        std::process::Command::new(&agent)
+            .arg("relay")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let bare = run(&["--listen", "127.0.0.1:0"]);
+    let stderr = String::from_utf8_lossy(&bare.stderr);
+    assert!(!bare.status.success(), "started without --allow: {stderr}");
+    assert!(
+        stderr.contains("--allow") && stderr.contains("--open"),
+        "says what is missing: {stderr}"
+    );
+    let both = run(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--open",
+        "--allow",
+        &"0".repeat(64),
+    ]);
+    assert!(
+        !both.status.success(),
+        "--open with an allow list is a contradiction"
+    );
+
+    // --open starts, and says so.
+    let ns = Netns::new("open-relay").unwrap();
+    ns.ip(&["link", "set", "lo", "up"]).unwrap();
+    let mut cmd = ns.command(&agent.to_string_lossy());
+    cmd.args(["relay", "--listen", "127.0.0.1:3340", "--open"]);
+    let dir = testbed::tmp::TempDir::new("relay").unwrap();
+    let log = dir.path().join("relay.log");
+    let mut relay = testbed::process::Spawned::start_logged(cmd, "relay", &log).unwrap();
+    wait_for("the open relay to listen", Duration::from_secs(10), || {
+        Ok(ns
+            .run(|| std::net::TcpStream::connect(("127.0.0.1", 3340)).is_ok())?
+            .then_some(()))
+    })
+    .unwrap();
+    assert!(relay.is_running());
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains("admitting any endpoint"), "{said}");
+}
