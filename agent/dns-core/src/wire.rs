@@ -59,8 +59,9 @@ pub fn read_query(packet: &[u8], namespace: Option<Arc<str>>) -> Option<Query<'_
             i += 1;
             break;
         }
-        if len > 63 || lower.len() + len + 1 > 255 {
-            return None; // compression pointers or nonsense: the full path decides
+        // At most 255 octets with the root's (RFC 1035, 3.1): this label and the root must fit.
+        if len > 63 || lower.len() + len + 1 + 1 > 255 {
+            return None; // compression pointers, too long, or nonsense: the full path decides
         }
         let label = packet.get(i + 1..i + 1 + len)?;
         lower.push(len as u8);
@@ -79,7 +80,7 @@ pub fn read_query(packet: &[u8], namespace: Option<Arc<str>>) -> Option<Query<'_
         }
         let payload = usize::from(u16::from_be_bytes([rr[3], rr[4]]));
         let rdlen = usize::from(u16::from_be_bytes([rr[9], rr[10]]));
-        if i + 11 + rdlen != packet.len() {
+        if i + 11 + rdlen != packet.len() || !plain_options(&packet[i + 11..]) {
             return None;
         }
         (
@@ -106,6 +107,25 @@ pub fn read_query(packet: &[u8], namespace: Option<Arc<str>>) -> Option<Query<'_
         },
         udp_limit,
     })
+}
+
+/// Whether OPT's RDATA is a well-formed list of options (code, length, data) that fills it
+/// exactly, none of them one whose content a full parse would judge (NSID, Client Subnet).
+/// Cookies, padding and the like pass: the answer does not depend on them.
+fn plain_options(mut rdata: &[u8]) -> bool {
+    const NSID: u16 = 3;
+    const CLIENT_SUBNET: u16 = 8;
+    while !rdata.is_empty() {
+        let [c0, c1, l0, l1, rest @ ..] = rdata else {
+            return false;
+        };
+        let len = usize::from(u16::from_be_bytes([*l0, *l1]));
+        if matches!(u16::from_be_bytes([*c0, *c1]), NSID | CLIENT_SUBNET) || len > rest.len() {
+            return false;
+        }
+        rdata = &rest[len..];
+    }
+    true
 }
 
 /// The answer to `q` from a cached answer: its id, its RD and CD bits, its question's case.
@@ -199,6 +219,9 @@ pub fn namespace_of(pods: &HashMap<IpAddr, String>, src: &IpAddr) -> Option<Arc<
 }
 
 #[cfg(test)]
+mod agreement;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query as HQuery};
@@ -262,6 +285,35 @@ mod tests {
         let mut trailing = query("a.b.", false);
         trailing.push(0);
         assert!(read_query(&trailing, None).is_none());
+    }
+
+    #[test]
+    fn names_of_255_octets_are_read_and_longer_ones_declined() {
+        let full = "a".repeat(63);
+        // 3 x 64 + 62 + the root = 255 octets; one more is too long (RFC 1035, 3.1).
+        let longest = format!("{full}.{full}.{full}.{}.", "b".repeat(61));
+        let q = query(&longest, false);
+        assert_eq!(read_query(&q, None).unwrap().key.qname.len(), 255);
+        let mut too_long = q.clone();
+        too_long[12 + 3 * 64] = 62; // the last label claims one more octet...
+        too_long.insert(12 + 3 * 64 + 1, b'b'); // ...and has it
+        assert!(read_query(&too_long, None).is_none());
+    }
+
+    #[test]
+    fn edns_options_are_read_only_when_well_formed() {
+        let mut q = query("a.b.", true);
+        let at = q.len();
+        // A cookie (code 10, 8 octets): fine.
+        q.extend_from_slice(&[0, 10, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8]);
+        q[at - 1] = 12; // RDLENGTH
+        assert!(read_query(&q, None).is_some());
+        let mut overrun = q.clone();
+        overrun[at + 3] = 9; // the option claims more than RDATA holds
+        assert!(read_query(&overrun, None).is_none());
+        let mut subnet = q.clone();
+        subnet[at + 1] = 8; // Client Subnet: the full path reads it
+        assert!(read_query(&subnet, None).is_none());
     }
 
     proptest::proptest! {
