@@ -133,6 +133,10 @@ struct RunArgs {
     /// UDP threads serving DNS.
     #[arg(long, default_value_t = 2)]
     dns_threads: usize,
+    /// Receive buffer asked for each DNS UDP socket, in bytes (the kernel doubles it and caps
+    /// it at net.core.rmem_max); 0 leaves the kernel's default.
+    #[arg(long, default_value_t = socialweb_agent::dns::server::DEFAULT_RCVBUF, env = "SOCIALWEB_DNS_RCVBUF")]
+    dns_rcvbuf: usize,
     /// Do not serve node-local DNS.
     #[arg(long)]
     no_dns: bool,
@@ -329,6 +333,7 @@ async fn dispatch(command: Command) -> Result<()> {
                 pod_network,
                 dns_listen: (!a.no_dns).then_some(a.dns_listen),
                 dns_threads: a.dns_threads,
+                dns_rcvbuf: a.dns_rcvbuf,
             })
             .await
         }

@@ -56,6 +56,8 @@ pub struct RunOptions {
     pub dns_listen: Option<SocketAddr>,
     /// UDP serving threads for DNS.
     pub dns_threads: usize,
+    /// Receive buffer of each DNS UDP socket; 0: the kernel's default.
+    pub dns_rcvbuf: usize,
 }
 
 /// The bring-up steps, in order.
@@ -218,7 +220,7 @@ async fn bring_up(s: Arc<Shared>, stop: CancellationToken) -> Result<()> {
     if let Some(addr) = opts.dns_listen {
         s.steps
             .until_done("dns", retry(), || async {
-                let (dns, placement, ups) = start_dns(id, addr, opts.dns_threads).await?;
+                let (dns, placement, ups) = start_dns(id, addr, opts).await?;
                 let detail = format!("{addr} on {placement:?}, upstreams {ups:?}");
                 let _ = s.dns.set((dns, placement));
                 Ok(((), Some(detail)))
@@ -620,7 +622,7 @@ async fn teardown(s: &Shared) {
 async fn start_dns(
     id: &NodeIdentity,
     addr: SocketAddr,
-    threads: usize,
+    opts: &RunOptions,
 ) -> Result<(
     Arc<crate::dns::Dns>,
     crate::dns::bind::Placement,
@@ -643,7 +645,7 @@ async fn start_dns(
         vec![id.cluster_cidr, id.service_cidr],
         ups.clone(),
     ));
-    crate::dns::server::serve(dns.clone(), addr, threads).await?;
+    crate::dns::server::serve(dns.clone(), addr, opts.dns_threads, opts.dns_rcvbuf).await?;
     info!(%addr, zone = %id.cluster_domain, upstreams = ?ups, "node-local DNS up");
     Ok((dns, placement, ups))
 }

@@ -323,10 +323,7 @@ fn node_local_dns_answers_the_cluster_zone_and_forwards_the_rest() {
 
     // A Service created now resolves, from the watch, with nothing restarted (how soon is
     // measured by bench/dns: this machine is too noisy for a time limit in a test).
-    assert_eq!(
-        c.status(&["fresh.default.svc.cluster.local"]),
-        "NXDOMAIN"
-    );
+    assert_eq!(c.status(&["fresh.default.svc.cluster.local"]), "NXDOMAIN");
     c.c.cp.apply("apiVersion: v1\nkind: Service\nmetadata: {name: fresh, namespace: default}\nspec:\n  ports: [{port: 80}]\n").unwrap();
     let fresh_ip = wait_for("fresh to resolve", Duration::from_secs(60), || {
         Ok(c.short(&["fresh.default.svc.cluster.local"]).pop())

@@ -282,20 +282,29 @@ fn forwarded(req: &Message, upstream: &Message) -> Message {
     m
 }
 
-fn reuseport_udp(addr: SocketAddr) -> Result<UdpSocket> {
+/// The receive buffer each UDP socket asks for by default: room for a burst of some
+/// thousands of queries while a thread is busy.
+pub const DEFAULT_RCVBUF: usize = 4 << 20;
+
+/// A UDP socket on `addr` shared with the other serving threads (SO_REUSEPORT); `rcvbuf`
+/// bytes of receive buffer asked for, or the kernel's default for 0.
+fn reuseport_udp(addr: SocketAddr, rcvbuf: usize) -> Result<UdpSocket> {
     let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     s.set_reuse_port(true)?;
-    s.set_recv_buffer_size(4 << 20)?;
+    if rcvbuf > 0 {
+        s.set_recv_buffer_size(rcvbuf)?;
+    }
     s.bind(&addr.into())
         .with_context(|| format!("binding UDP {addr}"))?;
     Ok(s.into())
 }
 
-/// Serves UDP on `addr` with `threads` sockets and TCP on the runtime.
-pub async fn serve(dns: Arc<Dns>, addr: SocketAddr, threads: usize) -> Result<()> {
+/// Serves UDP on `addr` with `threads` sockets (each asking for `rcvbuf` bytes of receive
+/// buffer, 0 for the kernel's default) and TCP on the runtime.
+pub async fn serve(dns: Arc<Dns>, addr: SocketAddr, threads: usize, rcvbuf: usize) -> Result<()> {
     let rt = tokio::runtime::Handle::current();
     for i in 0..threads.max(1) {
-        let sock = reuseport_udp(addr)?;
+        let sock = reuseport_udp(addr, rcvbuf)?;
         let dns = dns.clone();
         let rt = rt.clone();
         std::thread::Builder::new()
@@ -509,7 +518,7 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        serve(dns.clone(), addr, 1).await.unwrap();
+        serve(dns.clone(), addr, 1, DEFAULT_RCVBUF).await.unwrap();
         let baseline = open_fds();
 
         let client = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -549,10 +558,14 @@ mod tests {
                 assert_eq!(m.answers.len(), 1, "{m:?}");
                 break;
             }
-            assert_eq!(
-                m.metadata.response_code,
-                ResponseCode::Refused,
-                "shed: {m:?}"
+            // Shed queries are REFUSED at once; admitted ones end SERVFAIL when the silent
+            // upstream times out, which on a loaded machine can come before the zone's answer.
+            assert!(
+                matches!(
+                    m.metadata.response_code,
+                    ResponseCode::Refused | ResponseCode::ServFail
+                ),
+                "shed or timed out: {m:?}"
             );
         }
     }
