@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use socialweb_agent::ctl::{self, protocol::Request};
 use socialweb_agent::join::Machine;
@@ -74,8 +74,6 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Run a mesh relay (the broker hosts one; this is for tests and the demo).
-    Relay(RelayArgs),
     /// Make a mesh secret key and print it with its endpoint id.
     Keygen {
         /// Print JSON: {"secret_key": .., "endpoint": ..}.
@@ -241,22 +239,6 @@ enum DnsCommand {
     Stats,
 }
 
-/// Who the relay admits: exactly one of an allow list or --open, so that a relay open to
-/// anyone is never started by forgetting the list.
-#[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("admit").required(true).args(["allow", "open"])))]
-struct RelayArgs {
-    /// Address to serve plain HTTP on; nodes use http://<this>.
-    #[arg(long, default_value = "0.0.0.0:3340")]
-    listen: SocketAddr,
-    /// Admit only these endpoint ids (repeatable). Required unless --open.
-    #[arg(long = "allow")]
-    allow: Vec<String>,
-    /// Admit anyone (a relay open to the internet relays anyone's traffic; for experiments).
-    #[arg(long)]
-    open: bool,
-}
-
 fn init_logging(to: LogTo) {
     use tracing_subscriber::prelude::*;
     let filter =
@@ -365,7 +347,6 @@ async fn dispatch(command: Command) -> Result<()> {
         }
         Command::Mesh { command, client } => mesh(command, client).await,
         Command::Status { client } => status(client).await,
-        Command::Relay(a) => relay(a).await,
         Command::Keygen { json } => {
             let secret: [u8; 32] = rand::random();
             let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
@@ -444,36 +425,6 @@ async fn status(c: ClientArgs) -> Result<()> {
             );
         }
     }
-    Ok(())
-}
-
-async fn relay(a: RelayArgs) -> Result<()> {
-    use socialweb_agent::mesh::relay::{Allow, serve};
-    let allow = if a.open {
-        eprintln!("relay: --open: admitting any endpoint");
-        Allow::everyone()
-    } else {
-        Allow::only(
-            a.allow
-                .iter()
-                .map(|s| socialweb_agent::mesh::transport::parse_endpoint_id(s))
-                .collect::<Result<Vec<_>>>()?,
-        )
-    };
-    let server = serve(a.listen, allow).await?;
-    eprintln!(
-        "relay serving on http://{}",
-        server
-            .http_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default()
-    );
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    server.shutdown().await.context("stopping the relay")?;
     Ok(())
 }
 

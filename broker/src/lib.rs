@@ -1,7 +1,22 @@
-//! `socialweb-broker`: the operator's daemon. This library holds what the daemon and the test
-//! fixture share, so that the clusters tests run are configured exactly as tenant clusters are.
+//! `socialweb-broker`: the operator's daemon (docs/operations.md).
 //!
-//! - [`control_plane`]: how a tenant control plane is configured (component flags, the
-//!   manifests nodes need to join, bootstrap tokens).
+//! - [`control_plane`]: how a tenant control plane is configured and supervised (its PKI, the
+//!   component flags, the join manifests, bootstrap tokens); the test fixture shares it.
+//! - [`scale`]: the scale decision (pure) and the driver that feeds it from watches.
+//! - [`market`]: the market protocol, the client, and the local provider.
+//! - [`provision`]: renting one node, step by step, crash-safe.
+//! - [`store`]: SQLite or PostgreSQL, one schema.
+//! - [`daemon`], [`ctl`], [`config`], [`metrics`], [`relay`], [`tenant`], [`process`].
 
+pub mod config;
 pub mod control_plane;
+pub mod ctl;
+pub mod daemon;
+pub mod market;
+pub mod metrics;
+pub mod process;
+pub mod provision;
+pub mod relay;
+pub mod scale;
+pub mod store;
+pub mod tenant;

@@ -1,23 +1,331 @@
-//! `socialweb-broker`: the small daemon on the operator's host.
+//! `socialweb-broker`: the small daemon on the operator's host, and its operator commands.
 
-use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use socialweb_broker::config::Config;
+use socialweb_broker::ctl::{self, Request};
+use tokio_util::sync::CancellationToken;
 
 /// The socialweb broker.
 ///
-/// One daemon on the operator's host. It rents nodes for tenant clusters from the compute
-/// market (RFP, bids, lease), keeps one certificate authority per cluster and fronts each
-/// tenant apiserver with an mTLS proxy that honours revocation, decides how many nodes each
-/// cluster needs from its Pods, and hosts the relay the node mesh falls back to.
+/// One daemon on the operator's host. It runs a control plane per tenant cluster, decides
+/// from each cluster's Pods how many nodes it needs, rents them from the compute market (RFP,
+/// bids, lease; the embedded local provider boots them on this machine), releases them when
+/// the work stops and the hold passes, and hosts the relay the node mesh falls back to.
+///
+/// Start here:  socialweb-broker run --config /etc/socialweb/broker.toml
+///              socialweb-broker cluster create demo
+///              socialweb-broker cluster show demo
 #[derive(Debug, Parser)]
-#[command(name = "socialweb-broker", version, about, long_about)]
-struct Cli {}
+#[command(
+    name = "socialweb-broker",
+    version,
+    about,
+    long_about,
+    verbatim_doc_comment
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Args)]
+struct ConfigArgs {
+    /// The configuration file (TOML; docs/operations.md). Environment variables override
+    /// it (SOCIALWEB_CLUSTERPROVIDER_SCALE_MAX_NODES and the others listed there).
+    #[arg(long, env = "SOCIALWEB_BROKER_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the daemon: store, market, relay, metrics, every cluster.
+    Run(ConfigArgs),
+    /// Create, list, show or delete tenant clusters (through the running daemon).
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// What the provider itself says this broker leases (the market's view, not the store's).
+    Leases {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Run only the local provider (the market protocol on loopback), as its own process.
+    Provider(ConfigArgs),
+    /// Run a mesh relay on its own (the daemon hosts one; this is for tests and experiments).
+    Relay(RelayArgs),
+    /// Check a configuration file and the environment, and print the result.
+    CheckConfig(ConfigArgs),
+}
+
+#[derive(Debug, Args)]
+struct ClientArgs {
+    /// The daemon's control socket.
+    #[arg(
+        long,
+        global = true,
+        default_value = "/run/socialweb-broker/broker.sock",
+        env = "SOCIALWEB_BROKER_CTL_SOCKET"
+    )]
+    ctl_socket: PathBuf,
+    /// Print JSON.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Create a cluster (at zero nodes) and wait for its control plane.
+    Create {
+        name: String,
+        /// How long to wait for the control plane to be ready.
+        #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+    },
+    /// Every cluster, its state and node count.
+    List,
+    /// A cluster's scale decisions and provisions.
+    Show { name: String },
+    /// Delete a cluster: release every node, stop its control plane, remove its data.
+    Delete { name: String },
+}
+
+#[derive(Debug, Args)]
+struct RelayArgs {
+    /// Address to serve plain HTTP on; nodes use http://<this>.
+    #[arg(long, default_value = "0.0.0.0:3340")]
+    listen: SocketAddr,
+    /// Admit only these endpoint ids (repeatable). Required unless --open.
+    #[arg(long = "allow", required_unless_present = "open")]
+    allow: Vec<String>,
+    /// Admit anyone (a relay open to the internet relays anyone's traffic; for experiments).
+    #[arg(long, conflicts_with = "allow")]
+    open: bool,
+}
+
+fn load(a: &ConfigArgs) -> Result<Config> {
+    Config::load(a.config.as_deref(), |k| std::env::var(k).ok())
+        .map_err(|e| anyhow::anyhow!("configuration: {e}"))
+}
+
+fn init_logging() {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("SOCIALWEB_LOG").unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new("info,iroh=warn,iroh_relay=warn,sqlx=warn,kube=warn")
+        });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
 
 fn main() {
-    let _ = Cli::parse();
-    // Nothing runs yet: say so rather than exit as if work had been done.
-    eprintln!(
-        "socialweb-broker: not implemented yet in this version (only --help and --version); \
-         see docs/architecture.md"
-    );
-    std::process::exit(2);
+    let cli = Cli::parse();
+    init_logging();
+    let rt = tokio::runtime::Runtime::new().expect("starting the async runtime");
+    if let Err(e) = rt.block_on(dispatch(cli.command)) {
+        eprintln!("socialweb-broker: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn until_signal(stop: CancellationToken) -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    stop.cancel();
+    Ok(())
+}
+
+/// `FAILPOINTS` in a build without failpoints would be silently ignored, and a crash test
+/// would pass without crashing anything: refuse it.
+fn check_failpoints() -> Result<()> {
+    if std::env::var_os("FAILPOINTS").is_some() && !cfg!(feature = "failpoints") {
+        anyhow::bail!(
+            "FAILPOINTS is set, but this socialweb-broker was built without the `failpoints` \
+             feature (build it with `cargo build --workspace` or `--features failpoints`)"
+        );
+    }
+    Ok(())
+}
+
+async fn dispatch(command: Command) -> Result<()> {
+    check_failpoints()?;
+    match command {
+        Command::Run(a) => {
+            let cfg = load(&a)?;
+            let _scenario = fail::FailScenario::setup();
+            let socket = cfg.ctl_socket.clone();
+            let d = socialweb_broker::daemon::Daemon::start(cfg).await?;
+            let _ctl = ctl::serve(&socket, d.clone())?;
+            tracing::info!(socket = %socket.display(), "broker running");
+            let stop = CancellationToken::new();
+            until_signal(stop.clone()).await?;
+            d.shutdown().await;
+            Ok(())
+        }
+        Command::Provider(a) => {
+            let cfg = load(&a)?;
+            let _scenario = fail::FailScenario::setup();
+            let stop = CancellationToken::new();
+            let s = stop.clone();
+            tokio::spawn(async move { until_signal(s).await });
+            socialweb_broker::daemon::run_provider(cfg, stop).await
+        }
+        Command::CheckConfig(a) => {
+            let cfg = load(&a)?;
+            println!(
+                "{}",
+                toml::to_string_pretty(&cfg).context("printing the configuration")?
+            );
+            Ok(())
+        }
+        Command::Relay(a) => {
+            use socialweb_broker::relay::{Allow, serve};
+            let allow = if a.open {
+                eprintln!("relay: --open: admitting any endpoint");
+                Allow::everyone()
+            } else {
+                Allow::only(
+                    a.allow
+                        .iter()
+                        .map(|s| {
+                            s.parse::<iroh::EndpointId>()
+                                .with_context(|| format!("{s:?} is not an endpoint id"))
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                )
+            };
+            let server = serve(a.listen, allow).await?;
+            eprintln!(
+                "relay serving on http://{}",
+                server
+                    .http_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default()
+            );
+            until_signal(CancellationToken::new()).await?;
+            server.shutdown().await.context("stopping the relay")?;
+            Ok(())
+        }
+        Command::Leases { client } => {
+            let v = ctl::call(
+                &client.ctl_socket,
+                &Request::Leases,
+                Duration::from_secs(30),
+            )
+            .await?;
+            if client.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                println!(
+                    "{:<38} {:<10} {:<16} {:<14} REASON",
+                    "LEASE", "STATE", "CLUSTER", "NODE"
+                );
+                for l in v.as_array().into_iter().flatten() {
+                    println!(
+                        "{:<38} {:<10} {:<16} {:<14} {}",
+                        l["id"].as_str().unwrap_or(""),
+                        l["state"].as_str().unwrap_or(""),
+                        l["tags"]["cluster"].as_str().unwrap_or("-"),
+                        l["tags"]["node"].as_str().unwrap_or("-"),
+                        l["reason"].as_str().unwrap_or("-")
+                    );
+                }
+            }
+            Ok(())
+        }
+        Command::Cluster { command, client } => cluster(command, client).await,
+    }
+}
+
+async fn cluster(command: ClusterCommand, c: ClientArgs) -> Result<()> {
+    let (req, timeout) = match &command {
+        ClusterCommand::Create { name, wait } => (
+            Request::ClusterCreate {
+                name: name.clone(),
+                wait_secs: wait.as_secs(),
+            },
+            *wait + Duration::from_secs(30),
+        ),
+        ClusterCommand::List => (Request::ClusterList, Duration::from_secs(30)),
+        ClusterCommand::Show { name } => (
+            Request::ClusterShow { name: name.clone() },
+            Duration::from_secs(30),
+        ),
+        ClusterCommand::Delete { name } => (
+            Request::ClusterDelete { name: name.clone() },
+            Duration::from_secs(300),
+        ),
+    };
+    let v = ctl::call(&c.ctl_socket, &req, timeout).await?;
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    match command {
+        ClusterCommand::Create { .. } => {
+            println!(
+                "cluster {} {}",
+                v["name"].as_str().unwrap_or(""),
+                v["state"].as_str().unwrap_or("")
+            );
+            println!("server     {}", v["server"].as_str().unwrap_or(""));
+            println!("kubeconfig {}", v["kubeconfig"].as_str().unwrap_or(""));
+        }
+        ClusterCommand::List => {
+            println!("{:<20} {:<10} {:>5}  SERVER", "CLUSTER", "STATE", "NODES");
+            for x in v.as_array().into_iter().flatten() {
+                println!(
+                    "{:<20} {:<10} {:>5}  {}",
+                    x["name"].as_str().unwrap_or(""),
+                    x["state"].as_str().unwrap_or(""),
+                    x["nodes"],
+                    x["server"].as_str().unwrap_or("")
+                );
+            }
+        }
+        ClusterCommand::Show { .. } => {
+            let cl = &v["cluster"];
+            println!(
+                "cluster {} {}  nodes {}  server {}",
+                cl["name"].as_str().unwrap_or(""),
+                cl["state"].as_str().unwrap_or(""),
+                cl["nodes"],
+                cl["server"].as_str().unwrap_or("")
+            );
+            println!("\nDECISIONS");
+            for d in v["decisions"].as_array().into_iter().flatten() {
+                let at = d["at"].as_i64().unwrap_or(0);
+                println!(
+                    "{}  {} nodes={}  ({})",
+                    humantime::format_rfc3339_millis(socialweb_broker::store::from_millis(at)),
+                    d["action"].as_str().unwrap_or(""),
+                    d["target"],
+                    d["reason"].as_str().unwrap_or("")
+                );
+            }
+            println!("\n{:<20} {:<10} {:<38} REASON", "NODE", "STEP", "LEASE");
+            for p in v["provisions"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<20} {:<10} {:<38} {}",
+                    p["node"].as_str().unwrap_or(""),
+                    p["state"].as_str().unwrap_or(""),
+                    p["lease_id"].as_str().unwrap_or(""),
+                    p["reason"].as_str().unwrap_or("-")
+                );
+            }
+        }
+        ClusterCommand::Delete { name } => println!("cluster {name} deleted"),
+    }
+    Ok(())
 }

@@ -8,12 +8,14 @@
 //!
 //! Tests that use it need root; without root they fail with a message that says so.
 
+pub mod broker;
 pub mod cni;
 pub mod images;
 pub mod k8s;
 pub mod link;
 pub mod mesh;
 pub mod netns;
+pub mod postgres;
 pub mod probe;
 pub mod process;
 pub mod resolver;

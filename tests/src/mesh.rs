@@ -82,9 +82,10 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Starts the relay in `host`, logging to `log`, and waits until it listens.
+    /// Starts the relay (`socialweb-broker relay`, the broker's relay on its own) in `host`,
+    /// logging to `log`, and waits until it listens.
     pub fn start(host: &Netns, allow: Option<&[String]>, log: &Path) -> Result<Relay> {
-        let mut cmd = host.command(&workspace_bin("socialweb-agent").to_string_lossy());
+        let mut cmd = host.command(&workspace_bin("socialweb-broker").to_string_lossy());
         cmd.args([
             "relay",
             "--listen",

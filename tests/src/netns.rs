@@ -95,6 +95,17 @@ impl Netns {
         c
     }
 
+    /// A command that runs `program` in the namespace's network only, in the caller's mount
+    /// namespace: `ip netns exec` remounts `/sys`, which drops the cgroup hierarchies under
+    /// `/sys/fs/cgroup` that a machine maker (the local provider) must hand on to its nodes.
+    pub fn command_keeping_mounts(&self, program: &str) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net={}", self.path().display()))
+            .arg("--")
+            .arg(program);
+        c
+    }
+
     /// Runs a program inside the namespace to completion and returns its output, whatever its
     /// exit status.
     pub fn output(&self, program: &str, args: &[&str]) -> Result<Output> {
@@ -170,7 +181,7 @@ fn pids_in(name: &str) -> Vec<i32> {
 }
 
 /// Kills whatever runs inside the namespace, then deletes it.
-fn remove(name: &str) -> Result<()> {
+pub fn remove(name: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let pids = pids_in(name);

@@ -508,13 +508,13 @@ fn spoofed_packets_are_dropped_and_counted_and_strangers_are_refused() {
     );
 }
 
-/// A relay admits only the endpoints it is told; one started without an allow list would
+/// The relay (`socialweb-broker relay`) admits only the endpoints it is told; one started without an allow list would
 /// relay anyone's traffic, so it refuses to start unless `--open` says that is meant.
 #[test]
 fn a_relay_without_an_allow_list_refuses_to_start_unless_open() {
-    let agent = testbed::cni::workspace_bin("socialweb-agent");
+    let broker = testbed::cni::workspace_bin("socialweb-broker");
     let run = |args: &[&str]| {
-        std::process::Command::new(&agent)
+        std::process::Command::new(&broker)
             .arg("relay")
             .args(args)
             .output()
@@ -542,7 +542,7 @@ fn a_relay_without_an_allow_list_refuses_to_start_unless_open() {
     // --open starts, and says so.
     let ns = Netns::new("open-relay").unwrap();
     ns.ip(&["link", "set", "lo", "up"]).unwrap();
-    let mut cmd = ns.command(&agent.to_string_lossy());
+    let mut cmd = ns.command(&broker.to_string_lossy());
     cmd.args(["relay", "--listen", "127.0.0.1:3340", "--open"]);
     let dir = testbed::tmp::TempDir::new("relay").unwrap();
     let log = dir.path().join("relay.log");

@@ -6,7 +6,6 @@
 //! `socialweb-mesh-core`; these modules are the edges and the running mesh.
 
 pub mod egress;
-pub mod relay;
 pub mod routes;
 pub mod runtime;
 pub mod stats;

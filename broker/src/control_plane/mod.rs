@@ -6,6 +6,8 @@
 //! --cluster-cidr=10.42.0.0/16` (docs/kubernetes.md): pod CIDRs allocated by the control plane,
 //! no overlay, no bundled addons, and nodes joining with a token.
 
+pub mod pki;
+pub mod runner;
 pub mod token;
 
 use std::ffi::OsString;
@@ -27,6 +29,10 @@ pub const SA_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
 /// RBAC and the cluster-info reader every tenant cluster needs for nodes to join.
 pub const BOOTSTRAP_MANIFEST: &str = include_str!("../../deploy/bootstrap.yaml");
+
+/// What the node agent and kube-proxy read with the node's credentials (the agent's own
+/// manifest, applied by whoever creates a cluster).
+pub const AGENT_RBAC: &str = include_str!("../../../agent/deploy/rbac.yaml");
 
 /// Where a control plane's credentials are (all PEM files).
 #[derive(Debug, Clone)]

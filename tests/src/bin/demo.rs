@@ -1,154 +1,227 @@
-//! `socialweb-demo` (`./x demo`): a local socialweb cluster on this machine.
+//! `socialweb-demo` (`./x demo`): the product on this machine, end to end.
 //!
-//! A host namespace plays the operator's host (control plane, relay); node namespaces play
-//! rented guests that can reach the host and nothing else. Each node gets an identity
-//! document and runs `socialweb-agent`, which joins by itself (containerd, the kubelet,
-//! kube-proxy); pods on different nodes talk through the mesh.
+//! A network namespace plays the operator's host. On it runs `socialweb-broker run` with its
+//! embedded local provider, and everything after that is what an operator and a user do: a
+//! cluster created with `socialweb-broker cluster create` (zero nodes), a workload applied
+//! with kubectl, nodes rented, booted and joined by themselves (each a machine on this host
+//! that reaches only the host, so pod traffic crosses the broker's relay), pods reaching each
+//! other and resolving names, the workload deleted and the cluster back at zero.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use testbed::k8s::{Cluster, run_pod};
+use testbed::Netns;
+use testbed::broker::{Broker, BrokerOptions};
+use testbed::k8s::wait_for;
 use testbed::topology::HOST_SERVICE_ADDR;
-use testbed::{Reach, Topology};
 
-/// A local socialweb cluster: a control plane, nodes with kubelets and node agents, pods on
-/// every node talking across the mesh.
+/// A local socialweb cluster, from zero nodes to a few and back.
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 struct Args {
-    /// How many nodes.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(2..=8))]
-    nodes: u8,
-    /// Let nodes reach each other directly (default: only the host, so traffic goes through
-    /// the relay, as between guests behind user-mode NAT).
-    #[arg(long)]
-    direct: bool,
-    /// Keep the cluster up until Ctrl-C, to look around (`ip netns list`, the printed
-    /// kubeconfig, `socialweb-agent mesh status --ctl-socket ...`).
+    /// How many pods (one per node, so as many nodes).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..=8))]
+    nodes: u32,
+    /// Keep the cluster up with its pods until Ctrl-C, to look around, before it goes back
+    /// to zero.
     #[arg(long)]
     hold: bool,
+    /// The scale hold: how long the cluster idles before it returns to zero.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    scale_hold: Duration,
 }
 
-/// Retries a flaky first attempt (a fresh Service's endpoints take a moment).
-fn wait_for_ok(mut f: impl FnMut() -> Result<String>) -> Result<String> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match f() {
-            Ok(v) => return Ok(v),
-            Err(e) if Instant::now() > deadline => return Err(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(500)),
-        }
-    }
+fn step(t: Instant, what: &str) {
+    println!("\n== [{:>5.1}s] {what}", t.elapsed().as_secs_f64());
 }
 
-fn step(started: Instant, what: &str) {
-    println!("\n== [{:>5.1}s] {what}", started.elapsed().as_secs_f64());
+fn web(i: u32) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: web-{i}, namespace: default, labels: {{app: web, instance: web-{i}}}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  affinity:
+    podAntiAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+      - topologyKey: kubernetes.io/hostname
+        labelSelector: {{matchLabels: {{app: web}}}}
+  containers:
+  - name: web
+    image: socialweb.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "mkdir -p /www && echo \"hello from $(hostname) on $NODE_NAME\" > /www/index.html && httpd -f -p 8080 -h /www"]
+    env: [{{name: NODE_NAME, valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}}}]
+    resources: {{requests: {{cpu: 100m, memory: 32Mi}}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web-{i}, namespace: default}}
+spec:
+  selector: {{instance: web-{i}}}
+  ports: [{{name: http, port: 80, targetPort: 8080}}]
+"#
+    )
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
     let t = Instant::now();
-    let reach = if args.direct {
-        Reach::Direct
-    } else {
-        Reach::HostOnly
-    };
+    let n = args.nodes;
 
     step(
         t,
-        &format!(
-            "a host and {} nodes (network namespaces); nodes reach {}",
-            args.nodes,
-            if args.direct {
-                "each other directly"
-            } else {
-                "only the host"
-            }
-        ),
+        "the operator's host (a network namespace) with an upstream DNS resolver (dnsmasq, example.test)",
     );
-    let topo = Topology::new(args.nodes, reach)?;
-    println!(
-        "host    {}  (services on {HOST_SERVICE_ADDR})",
-        topo.host.name()
-    );
-    for n in &topo.nodes {
-        println!("node-{}  {}  address {}", n.index, n.ns.name(), n.addr);
-    }
+    let host = Netns::new("demohost")?;
+    testbed::link::sysctl(&host, "net.ipv4.ip_forward", "0")?;
+    println!("host {}", host.name());
 
     step(
         t,
-        &format!(
-            "an upstream DNS resolver on the host ({HOST_SERVICE_ADDR}: dnsmasq, answering example.test)"
-        ),
+        "socialweb-broker run: store, embedded local provider, relay, metrics",
     );
-    let _upstream = testbed::resolver::dnsmasq(
-        &topo.host,
+    let b = Broker::start(
+        &host,
+        BrokerOptions {
+            max_nodes: n,
+            pods_per_node: 1,
+            hold: args.scale_hold,
+            ..Default::default()
+        },
+    )?;
+    // The resolver listens on the host's service address, which the broker puts in place.
+    let _dns = testbed::resolver::dnsmasq(
+        &host,
         HOST_SERVICE_ADDR,
         &[
             "--address=/example.test/192.0.2.10",
             "--address=/example.test/2001:db8::10",
         ],
     )?;
+    println!("config {}", b.config.display());
+    print!(
+        "{}",
+        std::fs::read_to_string(&b.config)?
+            .lines()
+            .take(3)
+            .map(|l| format!("  {l}\n"))
+            .collect::<String>()
+    );
+
+    step(t, "socialweb-broker cluster create demo");
+    print!("{}", b.cli(&["cluster", "create", "demo"])?);
+    println!(
+        "nodes: {}",
+        b.kubectl("demo", &["get", "nodes"])?
+            .trim()
+            .lines()
+            .count()
+            .saturating_sub(1)
+    );
 
     step(
         t,
-        "control plane and mesh relay on the host; on every node only an identity document and socialweb-agent",
+        &format!("kubectl apply: {n} web pods, one per node (anti-affinity), a Service each"),
     );
-    let c = Cluster::start(&topo, |_| {})?;
-    let cp = &c.cp;
-    println!("apiserver {}  (zero nodes: {:?})", cp.url, cp.node_names()?);
-    println!("admin kubeconfig {}", cp.admin_kubeconfig.display());
+    let manifest: String = (1..=n).map(|i| format!("{}---\n", web(i))).collect();
+    b.apply("demo", &manifest)?;
+    let reason = b.wait_decision("demo", "Provision", i64::from(n), Duration::from_secs(30))?;
+    println!(
+        "scale decision: Provision nodes={n}: {}",
+        reason.trim_start_matches("Provision: ")
+    );
 
     step(
         t,
-        "each agent joins by itself: containerd, the kubelet (TLS bootstrap), the Node, cni0, the mesh, kube-proxy",
+        "nodes rented from the local provider, booting and joining by themselves",
     );
-    c.wait_ready(Duration::from_secs(180))
-        .with_context(|| c.diagnostics())?;
-    print!("{}", cp.kubectl(&["get", "nodes", "-o", "custom-columns=NODE:.metadata.name,READY:.status.conditions[-1].status,POD-CIDR:.spec.podCIDR,ADDRESS:.status.addresses[0].address"])?);
-    print!("{}", c.node(1).cli(&["status"])?);
+    let mut seen = 0;
+    wait_for("every node Ready", Duration::from_secs(300), || {
+        let v = b.kubectl_json("demo", &["get", "nodes"])?;
+        let ready: Vec<String> = v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|x| {
+                x["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+            })
+            .map(|x| x["metadata"]["name"].as_str().unwrap_or("").to_string())
+            .collect();
+        if ready.len() > seen {
+            seen = ready.len();
+            println!(
+                "[{:>5.1}s] Ready: {}",
+                t.elapsed().as_secs_f64(),
+                ready.join(" ")
+            );
+        }
+        Ok((ready.len() == n as usize).then_some(()))
+    })
+    .with_context(|| b.diagnostics())?;
+    print!("{}", b.kubectl("demo", &["get", "nodes", "-o", "custom-columns=NODE:.metadata.name,POD-CIDR:.spec.podCIDR,ADDRESS:.status.addresses[0].address"])?);
+    wait_for("every pod Running", Duration::from_secs(120), || {
+        let v = b.kubectl_json("demo", &["get", "pods"])?;
+        let items = v["items"].as_array().cloned().unwrap_or_default();
+        Ok(
+            (items.len() == n as usize && items.iter().all(|p| p["status"]["phase"] == "Running"))
+                .then_some(()),
+        )
+    })
+    .with_context(|| b.diagnostics())?;
+    print!("{}", b.kubectl("demo", &["get", "pods", "-o", "wide"])?);
 
-    step(t, "a web server pod on every node");
-    let mut ips = Vec::new();
-    for i in 1..=args.nodes {
-        let name = format!("web-{i}");
-        let ip = run_pod(
-            cp,
-            &name,
-            &format!("node-{i}"),
+    step(
+        t,
+        "pod to pod across nodes through the relay: by pod IP, by Service name",
+    );
+    for i in 1..=n {
+        let to = i % n + 1;
+        let ip = b.kubectl_json("demo", &["get", "pod", &format!("web-{to}")])?["status"]["podIP"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let ping = b.kubectl(
+            "demo",
             &[
-                "sh",
+                "exec",
+                &format!("web-{i}"),
+                "--",
+                "ping",
                 "-c",
-                "mkdir -p /www && echo \"hello from $(hostname) on $NODE_NAME\" > /www/index.html && httpd -f -p 8080 -h /www",
+                "2",
+                "-W",
+                "2",
+                &ip,
             ],
         )?;
-        // A headless Service per pod, so `web-N` resolves to the pod's address.
-        cp.apply(&format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  clusterIP: None\n  selector: {{app: {name}}}\n  ports: [{{name: http, port: 8080}}]\n"
-        ))?;
-        ips.push((name, ip));
-    }
-    print!("{}", cp.kubectl(&["get", "pods", "-o", "wide"])?);
-
-    step(t, "pod to pod across nodes (kubectl exec: ping, then HTTP)");
-    for (i, (from, _)) in ips.iter().enumerate() {
-        let (to, ip) = &ips[(i + 1) % ips.len()];
-        let ping = cp
-            .kubectl(&["exec", from, "--", "ping", "-c", "2", "-W", "2", ip])
-            .with_context(|| c.diagnostics())?;
         let summary = ping
             .lines()
             .find(|l| l.contains("packets transmitted"))
             .unwrap_or("")
-            .trim();
-        // By address: Debian's busybox-static is glibc built statically, whose resolver
-        // crashes (no NSS in a static binary); names are shown with nslookup below.
-        let url = format!("http://{ip}:8080/");
-        let page = wait_for_ok(|| cp.kubectl(&["exec", from, "--", "wget", "-qO-", &url]))?;
+            .trim()
+            .to_string();
+        let page = wait_for("the Service to answer", Duration::from_secs(20), || {
+            Ok(b.kubectl(
+                "demo",
+                &[
+                    "exec",
+                    &format!("web-{i}"),
+                    "--",
+                    "probe",
+                    "get",
+                    &format!("http://web-{to}/"),
+                ],
+            )
+            .ok())
+        })?;
         println!(
-            "{from} -> {to} ({ip}): {summary}; GET {url} says {:?}",
+            "web-{i} -> web-{to} ({ip}): {summary}; GET http://web-{to}/ says {:?}",
             page.trim()
         );
     }
@@ -157,40 +230,46 @@ fn main() -> Result<()> {
         t,
         "names through each node's own DNS at 169.254.20.10: a cluster name, an external one",
     );
-    let first = &ips[0].0;
     print!(
         "{}",
-        cp.kubectl(&["exec", first, "--", "cat", "/etc/resolv.conf"])?
+        b.kubectl("demo", &["exec", "web-1", "--", "cat", "/etc/resolv.conf"])?
     );
     for name in ["web-2.default.svc.cluster.local", "example.test"] {
-        let out = cp.kubectl(&["exec", first, "--", "nslookup", name])?;
-        let answer: Vec<&str> = out
-            .lines()
-            .filter(|l| l.starts_with("Address") && !l.contains("#53"))
-            .map(str::trim)
-            .collect();
-        println!("{first}: nslookup {name} -> {}", answer.join(" "));
+        let out = b.kubectl("demo", &["exec", "web-1", "--", "probe", "lookup", name])?;
+        println!("web-1: {name} -> {}", out.trim());
     }
-    print!("{}", c.node(1).cli(&["dns", "stats"])?);
 
-    step(t, "socialweb-agent mesh status, on node-1");
-    print!("{}", c.node(1).cli(&["mesh", "status"])?);
+    step(t, "socialweb-agent mesh status, on a node");
+    if let Some(node) = b.node_dirs().first() {
+        let out = std::process::Command::new(testbed::cni::workspace_bin("socialweb-agent"))
+            .args(["mesh", "status", "--ctl-socket"])
+            .arg(node.join("agent.sock"))
+            .output()?;
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+    }
+    println!("\nthe provider's own view:");
+    print!("{}", b.cli(&["leases"])?);
 
     if args.hold {
-        step(t, "holding; Ctrl-C tears everything down");
+        step(
+            t,
+            "holding; Ctrl-C deletes the workload and returns the cluster to zero",
+        );
+        let kube = testbed::k8s::binaries()?.kube();
         println!(
-            "kubectl:      {} kubectl --kubeconfig {} get pods -o wide",
-            cp.bins.kube().display(),
-            cp.admin_kubeconfig.display()
+            "kubectl:  ip netns exec {} {} kubectl --kubeconfig {} get pods -o wide",
+            host.name(),
+            kube.display(),
+            b.kubeconfig("demo").display()
         );
         println!(
-            "              (run it inside the host namespace: ip netns exec {} ...)",
-            topo.host.name()
+            "broker:   socialweb-broker cluster show demo --ctl-socket {}",
+            b.socket.display()
         );
-        for n in &c.nodes {
+        for d in b.node_dirs() {
             println!(
-                "agent:        socialweb-agent status --ctl-socket {}   (also: mesh status, dns stats)",
-                n.ctl.display()
+                "agent:    socialweb-agent status --ctl-socket {}",
+                d.join("agent.sock").display()
             );
         }
         let mut signals = nix::sys::signal::SigSet::empty();
@@ -200,7 +279,34 @@ fn main() -> Result<()> {
         signals.wait()?;
     }
 
-    step(t, "tearing down");
-    drop(c);
+    step(
+        t,
+        "kubectl delete the workload; the cluster idles through the hold",
+    );
+    b.kubectl("demo", &["delete", "pods", "--all", "--wait=true"])?;
+    let reason = b.wait_decision("demo", "Teardown", 0, Duration::from_secs(120))?;
+    println!(
+        "scale decision: Teardown nodes=0: {}",
+        reason.trim_start_matches("Teardown: ")
+    );
+    wait_for("zero live leases", Duration::from_secs(120), || {
+        Ok(b.live_leases()?.is_empty().then_some(()))
+    })?;
+    wait_for("zero nodes", Duration::from_secs(60), || {
+        Ok(b.kubectl_json("demo", &["get", "nodes"])?["items"]
+            .as_array()
+            .is_some_and(|a| a.is_empty())
+            .then_some(()))
+    })?;
+    println!(
+        "back at zero: nodes 0, live leases 0 ({} released), control plane {}",
+        b.provider_leases()?.len(),
+        b.kubectl("demo", &["get", "--raw", "/readyz"])?.trim()
+    );
+    print!("{}", b.cli(&["cluster", "show", "demo"])?);
+
+    step(t, "socialweb-broker cluster delete demo");
+    b.cli(&["cluster", "delete", "demo"])?;
+    print!("{}", b.cli(&["cluster", "list"])?);
     Ok(())
 }

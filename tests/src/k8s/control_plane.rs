@@ -178,7 +178,7 @@ impl<'a> ControlPlane<'a> {
         // what the node agent and kube-proxy read with the node's credentials.
         cp.apply(cpconf::BOOTSTRAP_MANIFEST)?;
         cp.apply(&cpconf::cluster_info(&cp.url, cp.pki.ca_pem()).to_string())?;
-        cp.apply(include_str!("../../../agent/deploy/rbac.yaml"))?;
+        cp.apply(cpconf::AGENT_RBAC)?;
         cp.timings.push(("join configuration applied", t.elapsed()));
         Ok(cp)
     }

@@ -6,7 +6,8 @@ mod cgroup;
 mod control_plane;
 mod helpers;
 mod node;
-pub mod pki;
+/// The cluster PKI is the broker's own.
+pub use socialweb_broker::control_plane::pki;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -1,0 +1,543 @@
+//! The broker's configuration: a TOML file, then environment variables over it, then
+//! validation. Every error names the file key or the variable and the value that was wrong.
+//! The scale variables keep the names operators know from the seeds
+//! (`SOCIALWEB_CLUSTERPROVIDER_SCALE_*`).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// A configuration problem, naming where it came from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{source_name}: {problem}")]
+pub struct ConfigError {
+    /// `SOCIALWEB_CLUSTERPROVIDER_SCALE_HOLD`, or `scale.hold` in the file.
+    pub source_name: String,
+    pub problem: String,
+}
+
+fn err(source: &str, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        source_name: source.to_string(),
+        problem: problem.into(),
+    }
+}
+
+/// Everything the daemon is told.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where the store (SQLite by default), the clusters' PKI and data, and the provider's
+    /// records live.
+    pub state_dir: PathBuf,
+    /// The address on the operator's host that nodes reach (put on `lo` by the broker): the
+    /// tenant apiservers and the relay listen here.
+    pub service_addr: Ipv4Addr,
+    /// The Kubernetes we ship: a directory with `kube` and `pause`.
+    pub kube_dir: PathBuf,
+    /// The owner-only control socket the `cluster` commands use.
+    pub ctl_socket: PathBuf,
+    pub store: Store,
+    pub scale: Scale,
+    pub node: NodeSize,
+    pub market: Market,
+    pub local_provider: LocalProvider,
+    pub relay: Relay,
+    pub metrics: Metrics,
+    pub clusters: ClusterDefaults,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Store {
+    /// `sqlite://<path>` (default: `<state_dir>/broker.db`) or `postgres://...`.
+    pub url: Option<String>,
+}
+
+/// The scale decision's knobs (docs/scale.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Scale {
+    pub max_nodes: u32,
+    pub pods_per_node: u32,
+    #[serde(with = "humantime_serde_compat")]
+    pub hold: Duration,
+    /// Pods at or below this priority are expendable: they neither rent nor keep a node.
+    pub expendable_priority_cutoff: i32,
+}
+
+/// The node size the broker rents (the RFP's spec).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeSize {
+    pub vcpu: u32,
+    #[serde(rename = "memMiB")]
+    pub mem_mib: u64,
+    #[serde(rename = "diskMiB")]
+    pub disk_mib: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Market {
+    /// The provider's base URL; empty: the embedded local provider.
+    pub url: Option<String>,
+    /// How long to wait for bids on an RFP.
+    #[serde(with = "humantime_serde_compat")]
+    pub bid_deadline: Duration,
+    /// How long a lease may stay `booting` before it is given up.
+    #[serde(with = "humantime_serde_compat")]
+    pub boot_timeout: Duration,
+    /// Per-request timeout of the market client.
+    #[serde(with = "humantime_serde_compat")]
+    pub request_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalProvider {
+    /// Where the embedded provider serves the market protocol (loopback).
+    pub listen: SocketAddr,
+    /// How many nodes it may run at once.
+    pub capacity: u32,
+    /// Node links are carved from this /16: node `i` gets `<a>.<b>.<i>.0/24`.
+    pub subnet: Ipv4Addr,
+    /// Prefix of the network namespaces, links and cgroups it creates.
+    pub prefix: String,
+    /// The node's software: `socialweb-agent`, the CNI plugins, the seed images.
+    pub agent: PathBuf,
+    pub cni_bin_dir: PathBuf,
+    /// Extra image archives every node imports (the pause image is always there).
+    pub seed_images: Vec<PathBuf>,
+    /// Merged over each node's kubelet configuration.
+    pub kubelet_config_patch: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Relay {
+    pub port: u16,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Metrics {
+    /// Prometheus endpoint (`/metrics`); loopback by default.
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterDefaults {
+    /// Resolvers node-local DNS forwards to (the identity's `upstream_resolvers`).
+    pub upstream_resolvers: Vec<String>,
+    /// First port of the range tenant control planes lease from.
+    pub port_base: u16,
+    /// How many ports the range has.
+    pub port_count: u16,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            state_dir: "/var/lib/socialweb-broker".into(),
+            service_addr: Ipv4Addr::new(10, 255, 255, 1),
+            kube_dir: "/usr/lib/socialweb/kubernetes".into(),
+            ctl_socket: "/run/socialweb-broker/broker.sock".into(),
+            store: Store::default(),
+            scale: Scale::default(),
+            node: NodeSize::default(),
+            market: Market::default(),
+            local_provider: LocalProvider::default(),
+            relay: Relay::default(),
+            metrics: Metrics::default(),
+            clusters: ClusterDefaults::default(),
+        }
+    }
+}
+
+impl Default for Scale {
+    fn default() -> Scale {
+        Scale {
+            max_nodes: 10,
+            pods_per_node: 8,
+            hold: Duration::from_secs(120),
+            expendable_priority_cutoff: -10,
+        }
+    }
+}
+
+impl Default for NodeSize {
+    fn default() -> NodeSize {
+        NodeSize {
+            vcpu: 2,
+            mem_mib: 4096,
+            disk_mib: 20480,
+        }
+    }
+}
+
+impl Default for Market {
+    fn default() -> Market {
+        Market {
+            url: None,
+            bid_deadline: Duration::from_secs(5),
+            boot_timeout: Duration::from_secs(300),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Default for LocalProvider {
+    fn default() -> LocalProvider {
+        LocalProvider {
+            listen: "127.0.0.1:7480".parse().expect("address"),
+            capacity: 16,
+            subnet: Ipv4Addr::new(172, 30, 0, 0),
+            prefix: "swn-".into(),
+            agent: "/usr/local/bin/socialweb-agent".into(),
+            cni_bin_dir: "/usr/lib/cni".into(),
+            seed_images: Vec::new(),
+            kubelet_config_patch: None,
+        }
+    }
+}
+
+impl Default for Relay {
+    fn default() -> Relay {
+        Relay { port: 3340 }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            listen: "127.0.0.1:9464".parse().expect("address"),
+        }
+    }
+}
+
+impl Default for ClusterDefaults {
+    fn default() -> ClusterDefaults {
+        ClusterDefaults {
+            upstream_resolvers: Vec::new(),
+            port_base: 16443,
+            port_count: 1000,
+        }
+    }
+}
+
+/// Durations as humans write them (`2m`, `90s`, `1m30s`), in the file and in variables.
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?}: {e}")))
+    }
+}
+
+/// The variables read over the file, and what each sets.
+pub const ENV: &[(&str, &str)] = &[
+    (
+        "SOCIALWEB_CLUSTERPROVIDER_SCALE_MAX_NODES",
+        "scale.max_nodes",
+    ),
+    (
+        "SOCIALWEB_CLUSTERPROVIDER_SCALE_PODS_PER_NODE",
+        "scale.pods_per_node",
+    ),
+    ("SOCIALWEB_CLUSTERPROVIDER_SCALE_HOLD", "scale.hold"),
+    (
+        "SOCIALWEB_CLUSTERPROVIDER_SCALE_EXPENDABLE_PRIORITY_CUTOFF",
+        "scale.expendable_priority_cutoff",
+    ),
+    ("SOCIALWEB_CLUSTERPROVIDER_NODE_VCPU", "node.vcpu"),
+    ("SOCIALWEB_CLUSTERPROVIDER_NODE_MEM_MIB", "node.memMiB"),
+    ("SOCIALWEB_CLUSTERPROVIDER_NODE_DISK_MIB", "node.diskMiB"),
+    ("SOCIALWEB_BROKER_STATE_DIR", "state_dir"),
+    ("SOCIALWEB_BROKER_STORE_URL", "store.url"),
+    ("SOCIALWEB_BROKER_MARKET_URL", "market.url"),
+    ("SOCIALWEB_BROKER_SERVICE_ADDR", "service_addr"),
+    ("SOCIALWEB_BROKER_KUBE_DIR", "kube_dir"),
+];
+
+fn parse_num<T: std::str::FromStr>(var: &str, v: &str) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    v.trim()
+        .parse()
+        .map_err(|e| err(var, format!("{v:?} is not a number: {e}")))
+}
+
+fn parse_duration(var: &str, v: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(v.trim()).map_err(|e| {
+        err(
+            var,
+            format!("{v:?} is not a duration such as 2m or 90s: {e}"),
+        )
+    })
+}
+
+impl Config {
+    /// Reads the file (none: the defaults), applies `env` over it and validates.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let mut c = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| err(&path.display().to_string(), e.to_string()))?;
+                toml::from_str(&text).map_err(|e| {
+                    err(
+                        &path.display().to_string(),
+                        e.to_string().trim().replace('\n', " "),
+                    )
+                })?
+            }
+            None => Config::default(),
+        };
+        for (var, _) in ENV {
+            let Some(v) = env(var) else { continue };
+            match *var {
+                "SOCIALWEB_CLUSTERPROVIDER_SCALE_MAX_NODES" => {
+                    c.scale.max_nodes = parse_num(var, &v).and_then(|n: i64| {
+                        u32::try_from(n).map_err(|_| {
+                            err(
+                                var,
+                                format!("{n} must be at least 1; it is refused, not clamped"),
+                            )
+                        })
+                    })?
+                }
+                "SOCIALWEB_CLUSTERPROVIDER_SCALE_PODS_PER_NODE" => {
+                    c.scale.pods_per_node = parse_num::<i64>(var, &v).and_then(|n| {
+                        u32::try_from(n).map_err(|_| err(var, format!("{n} must be at least 1")))
+                    })?
+                }
+                "SOCIALWEB_CLUSTERPROVIDER_SCALE_HOLD" => c.scale.hold = parse_duration(var, &v)?,
+                "SOCIALWEB_CLUSTERPROVIDER_SCALE_EXPENDABLE_PRIORITY_CUTOFF" => {
+                    c.scale.expendable_priority_cutoff = parse_num(var, &v)?
+                }
+                "SOCIALWEB_CLUSTERPROVIDER_NODE_VCPU" => c.node.vcpu = parse_num(var, &v)?,
+                "SOCIALWEB_CLUSTERPROVIDER_NODE_MEM_MIB" => c.node.mem_mib = parse_num(var, &v)?,
+                "SOCIALWEB_CLUSTERPROVIDER_NODE_DISK_MIB" => c.node.disk_mib = parse_num(var, &v)?,
+                "SOCIALWEB_BROKER_STATE_DIR" => c.state_dir = v.into(),
+                "SOCIALWEB_BROKER_STORE_URL" => c.store.url = Some(v).filter(|s| !s.is_empty()),
+                "SOCIALWEB_BROKER_MARKET_URL" => c.market.url = Some(v).filter(|s| !s.is_empty()),
+                "SOCIALWEB_BROKER_SERVICE_ADDR" => {
+                    c.service_addr = v
+                        .trim()
+                        .parse()
+                        .map_err(|e| err(var, format!("{v:?}: {e}")))?
+                }
+                "SOCIALWEB_BROKER_KUBE_DIR" => c.kube_dir = v.into(),
+                _ => {}
+            }
+        }
+        c.validate(&env)?;
+        Ok(c)
+    }
+
+    /// Where a setting came from, for errors: the variable if it was set, else the file key.
+    fn origin(key: &str, env: &impl Fn(&str) -> Option<String>) -> String {
+        ENV.iter()
+            .find(|(var, k)| *k == key && env(var).is_some())
+            .map(|(var, _)| var.to_string())
+            .unwrap_or_else(|| key.to_string())
+    }
+
+    fn validate(&self, env: &impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let o = |k: &str| Self::origin(k, env);
+        if self.scale.max_nodes < 1 {
+            return Err(err(
+                &o("scale.max_nodes"),
+                "0 must be at least 1; it is refused, not clamped",
+            ));
+        }
+        if self.scale.pods_per_node < 1 {
+            return Err(err(&o("scale.pods_per_node"), "0 must be at least 1"));
+        }
+        if self.scale.hold.is_zero() {
+            return Err(err(&o("scale.hold"), "must be longer than 0s"));
+        }
+        if self.node.vcpu < 1 {
+            return Err(err(&o("node.vcpu"), "must be at least 1"));
+        }
+        if self.node.mem_mib < 256 {
+            return Err(err(
+                &o("node.memMiB"),
+                format!(
+                    "{} MiB is too small for a node (at least 256)",
+                    self.node.mem_mib
+                ),
+            ));
+        }
+        if self.node.disk_mib < 1024 {
+            return Err(err(
+                &o("node.diskMiB"),
+                format!(
+                    "{} MiB is too small for a node (at least 1024)",
+                    self.node.disk_mib
+                ),
+            ));
+        }
+        if let Some(url) = &self.store.url
+            && !(url.starts_with("sqlite:")
+                || url.starts_with("postgres://")
+                || url.starts_with("postgresql://"))
+        {
+            return Err(err(
+                &o("store.url"),
+                format!("{url:?} is neither sqlite:<path> nor postgres://..."),
+            ));
+        }
+        if let Some(url) = &self.market.url
+            && url::Url::parse(url)
+                .map(|u| !matches!(u.scheme(), "http" | "https"))
+                .unwrap_or(true)
+        {
+            return Err(err(
+                &o("market.url"),
+                format!("{url:?} is not an http(s) URL"),
+            ));
+        }
+        if IpAddr::V4(self.service_addr).is_unspecified() {
+            return Err(err(
+                &o("service_addr"),
+                "must be a specific address nodes can reach",
+            ));
+        }
+        for (i, r) in self.clusters.upstream_resolvers.iter().enumerate() {
+            if socialweb_wire::identity::parse_resolver(r).is_none() {
+                return Err(err(
+                    &format!("clusters.upstream_resolvers[{i}]"),
+                    format!("{r:?} is not an IP or IP:port"),
+                ));
+            }
+        }
+        if u32::from(self.clusters.port_base) + u32::from(self.clusters.port_count) > 65535 {
+            return Err(err("clusters.port_count", "the port range runs past 65535"));
+        }
+        Ok(())
+    }
+
+    /// The store's URL: the configured one, or SQLite in the state directory.
+    pub fn store_url(&self) -> String {
+        self.store.url.clone().unwrap_or_else(|| {
+            format!(
+                "sqlite://{}?mode=rwc",
+                self.state_dir.join("broker.db").display()
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn load(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::load(None, |k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn the_seeds_defaults() {
+        let c = load(&[]).unwrap();
+        assert_eq!(c.scale.max_nodes, 10);
+        assert_eq!(c.scale.pods_per_node, 8);
+        assert_eq!(c.scale.hold, Duration::from_secs(120));
+        assert_eq!(c.scale.expendable_priority_cutoff, -10);
+    }
+
+    #[test]
+    fn variables_override_and_bad_ones_are_named() {
+        let c = load(&[
+            ("SOCIALWEB_CLUSTERPROVIDER_SCALE_MAX_NODES", "5"),
+            ("SOCIALWEB_CLUSTERPROVIDER_SCALE_PODS_PER_NODE", "1"),
+            ("SOCIALWEB_CLUSTERPROVIDER_SCALE_HOLD", "1m"),
+        ])
+        .unwrap();
+        assert_eq!((c.scale.max_nodes, c.scale.pods_per_node), (5, 1));
+        assert_eq!(c.scale.hold, Duration::from_secs(60));
+        for (var, value, needle) in [
+            (
+                "SOCIALWEB_CLUSTERPROVIDER_SCALE_MAX_NODES",
+                "0",
+                "refused, not clamped",
+            ),
+            (
+                "SOCIALWEB_CLUSTERPROVIDER_SCALE_MAX_NODES",
+                "-3",
+                "refused, not clamped",
+            ),
+            (
+                "SOCIALWEB_CLUSTERPROVIDER_SCALE_MAX_NODES",
+                "many",
+                "not a number",
+            ),
+            (
+                "SOCIALWEB_CLUSTERPROVIDER_SCALE_PODS_PER_NODE",
+                "0",
+                "at least 1",
+            ),
+            (
+                "SOCIALWEB_CLUSTERPROVIDER_SCALE_HOLD",
+                "soon",
+                "not a duration",
+            ),
+            (
+                "SOCIALWEB_CLUSTERPROVIDER_SCALE_HOLD",
+                "0s",
+                "longer than 0s",
+            ),
+            ("SOCIALWEB_CLUSTERPROVIDER_NODE_MEM_MIB", "16", "too small"),
+            ("SOCIALWEB_BROKER_STORE_URL", "mysql://x", "neither"),
+        ] {
+            let e = load(&[(var, value)]).unwrap_err();
+            assert_eq!(e.source_name, var, "{e}");
+            assert!(e.problem.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_file_is_strict_and_errors_name_it() {
+        let dir = std::env::temp_dir().join(format!("sw-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("broker.toml");
+        std::fs::write(
+            &f,
+            "[scale]\nmax_nodes = 3\nhold = \"30s\"\n[node]\nvcpu = 4\nmemMiB = 8192\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&f), |_| None).unwrap();
+        assert_eq!(
+            (c.scale.max_nodes, c.node.vcpu, c.node.mem_mib),
+            (3, 4, 8192)
+        );
+        std::fs::write(&f, "[scale]\nmax_nodse = 3\n").unwrap();
+        let e = Config::load(Some(&f), |_| None).unwrap_err();
+        assert!(e.problem.contains("max_nodse"), "{e}");
+        std::fs::write(&f, "[scale]\nmax_nodes = 0\n").unwrap();
+        assert_eq!(
+            Config::load(Some(&f), |_| None).unwrap_err().source_name,
+            "scale.max_nodes"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,244 @@
+//! One certificate authority per cluster, and the files Kubernetes components want:
+//! certificates, keys and kubeconfigs. Keys are written owner-only (0600, in a 0700
+//! directory). A cluster's CA is created once and loaded on every later start, so a broker
+//! restart keeps every credential it issued valid.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+/// A CA and the directory its files are written to.
+#[derive(Debug)]
+pub struct Pki {
+    dir: PathBuf,
+    ca: Issuer<'static, KeyPair>,
+    ca_pem: String,
+}
+
+/// A certificate and key written to disk.
+#[derive(Debug, Clone)]
+pub struct Pair {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Writes a file with `mode`, atomically.
+pub fn write_private(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    f.write_all(contents)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+fn private_dir(dir: &Path) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))
+}
+
+fn ca_params(common_name: &str) -> Result<CertificateParams> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    // rcgen's default validity (1975 to 4096): a cluster's CA lives as long as the cluster;
+    // rotating it means a new cluster.
+    Ok(params)
+}
+
+impl Pki {
+    /// Creates a fresh CA named `common_name` in `dir` (`ca.crt`, `ca.key`), replacing any.
+    pub fn new(dir: &Path) -> Result<Pki> {
+        Self::create(dir, "socialweb-test-ca")
+    }
+
+    fn create(dir: &Path, common_name: &str) -> Result<Pki> {
+        private_dir(dir)?;
+        let key = KeyPair::generate()?;
+        let params = ca_params(common_name)?;
+        let cert = params.self_signed(&key)?;
+        let ca_pem = cert.pem();
+        write_private(&dir.join("ca.key"), key.serialize_pem().as_bytes(), 0o600)?;
+        write_private(&dir.join("ca.crt"), ca_pem.as_bytes(), 0o644)?;
+        Ok(Pki {
+            dir: dir.to_path_buf(),
+            ca: Issuer::new(params, key),
+            ca_pem,
+        })
+    }
+
+    /// Loads the CA in `dir`, or creates one named `common_name` if there is none.
+    pub fn open_or_create(dir: &Path, common_name: &str) -> Result<Pki> {
+        let (crt, key) = (dir.join("ca.crt"), dir.join("ca.key"));
+        if !(crt.exists() && key.exists()) {
+            return Self::create(dir, common_name);
+        }
+        let ca_pem =
+            std::fs::read_to_string(&crt).with_context(|| format!("reading {}", crt.display()))?;
+        let key_pem =
+            std::fs::read_to_string(&key).with_context(|| format!("reading {}", key.display()))?;
+        let key = KeyPair::from_pem(&key_pem).with_context(|| format!("{}", key.display()))?;
+        let ca =
+            Issuer::from_ca_cert_pem(&ca_pem, key).with_context(|| format!("{}", crt.display()))?;
+        Ok(Pki {
+            dir: dir.to_path_buf(),
+            ca,
+            ca_pem,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+
+    pub fn ca_key(&self) -> PathBuf {
+        self.dir.join("ca.key")
+    }
+
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    fn issue(&self, name: &str, params: CertificateParams) -> Result<Pair> {
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.ca)?;
+        let pair = Pair {
+            cert: self.dir.join(format!("{name}.crt")),
+            key: self.dir.join(format!("{name}.key")),
+        };
+        write_private(&pair.key, key.serialize_pem().as_bytes(), 0o600)?;
+        write_private(&pair.cert, cert.pem().as_bytes(), 0o644)?;
+        Ok(pair)
+    }
+
+    /// The pair `name`, issued by `make` unless both files exist already.
+    fn ensure(&self, name: &str, make: impl FnOnce() -> Result<CertificateParams>) -> Result<Pair> {
+        let pair = Pair {
+            cert: self.dir.join(format!("{name}.crt")),
+            key: self.dir.join(format!("{name}.key")),
+        };
+        if pair.cert.exists() && pair.key.exists() {
+            return Ok(pair);
+        }
+        self.issue(name, make()?)
+    }
+
+    /// A client certificate for user `cn` in `groups` (Kubernetes reads CN as the user and O
+    /// as the groups); kept if it exists.
+    pub fn client(&self, name: &str, cn: &str, groups: &[&str]) -> Result<Pair> {
+        self.ensure(name, || {
+            let mut p = CertificateParams::new(Vec::<String>::new())?;
+            p.distinguished_name.push(DnType::CommonName, cn);
+            for g in groups {
+                p.distinguished_name.push(DnType::OrganizationName, *g);
+            }
+            p.key_usages = vec![
+                KeyUsagePurpose::DigitalSignature,
+                KeyUsagePurpose::KeyEncipherment,
+            ];
+            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            Ok(p)
+        })
+    }
+
+    /// A serving certificate for the given names and addresses; kept if it exists.
+    pub fn server(&self, name: &str, sans: &[String]) -> Result<Pair> {
+        self.ensure(name, || {
+            let mut p = CertificateParams::new(sans.to_vec())?;
+            p.distinguished_name.push(DnType::CommonName, name);
+            p.key_usages = vec![
+                KeyUsagePurpose::DigitalSignature,
+                KeyUsagePurpose::KeyEncipherment,
+            ];
+            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+            Ok(p)
+        })
+    }
+
+    /// A bare key pair (the service-account signing key) and its public half (`<name>.pub`);
+    /// kept if it exists.
+    pub fn key(&self, name: &str) -> Result<PathBuf> {
+        let path = self.dir.join(format!("{name}.key"));
+        let public = self.dir.join(format!("{name}.pub"));
+        if path.exists() && public.exists() {
+            return Ok(path);
+        }
+        let key = KeyPair::generate()?;
+        write_private(&path, key.serialize_pem().as_bytes(), 0o600)?;
+        write_private(&public, key.public_key_pem().as_bytes(), 0o644)?;
+        Ok(path)
+    }
+
+    /// A kubeconfig for `server` authenticating with `pair` (paths, not data: it sits beside
+    /// them). Owner-only: it names a key.
+    pub fn kubeconfig(&self, name: &str, server: &str, pair: &Pair) -> Result<PathBuf> {
+        let path = self.dir.join(format!("{name}.kubeconfig"));
+        let kc = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "cluster", "cluster": {
+                "server": server, "certificate-authority": self.ca_cert()}}],
+            "users": [{"name": name, "user": {
+                "client-certificate": pair.cert, "client-key": pair.key}}],
+            "contexts": [{"name": "default", "context": {"cluster": "cluster", "user": name}}],
+            "current-context": "default",
+        });
+        write_private(&path, serde_json::to_string_pretty(&kc)?.as_bytes(), 0o600)?;
+        Ok(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ca_is_created_once_and_loaded_after() {
+        let dir = std::env::temp_dir().join(format!("sw-pki-{}", std::process::id()));
+        let a = Pki::open_or_create(&dir, "c1").unwrap();
+        let client = a.client("admin", "admin", &["system:masters"]).unwrap();
+        let b = Pki::open_or_create(&dir, "c1").unwrap();
+        assert_eq!(a.ca_pem(), b.ca_pem());
+        let again = b.client("admin", "admin", &["system:masters"]).unwrap();
+        assert_eq!(
+            std::fs::read(&client.cert).unwrap(),
+            std::fs::read(&again.cert).unwrap()
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.join("ca.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // A certificate the loaded CA issues verifies against the created one.
+        let fresh = b.server("x", &["localhost".into()]).unwrap();
+        let certs = socialweb_wire::ca::certificates(&std::fs::read(fresh.cert).unwrap()).unwrap();
+        assert_eq!(certs.len(), 1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,402 @@
+//! A tenant control plane, supervised: etcd, kube-apiserver, kube-controller-manager and
+//! kube-scheduler from the Kubernetes we ship, started in order, each restarted with backoff
+//! when it dies, stopped in reverse order. The apiserver listens on the service address nodes
+//! reach; everything else on loopback, on ports the store leased to the cluster. Its files
+//! (PKI, etcd's data, logs) live in the cluster's directory and are removed with the cluster.
+
+use std::ffi::OsString;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::pki::Pki;
+use super::{Apiserver, Credentials};
+use crate::process;
+
+/// The ports a control plane uses, leased from the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ports {
+    pub api: u16,
+    pub etcd_client: u16,
+    pub etcd_peer: u16,
+    pub controller_manager: u16,
+    pub scheduler: u16,
+}
+
+/// The purposes ports are leased for, in [`Ports`] order.
+pub const PORT_PURPOSES: [&str; 5] = [
+    "api",
+    "etcd-client",
+    "etcd-peer",
+    "controller-manager",
+    "scheduler",
+];
+
+impl Ports {
+    pub fn from_leased(leased: &[(String, u16)]) -> Result<Ports> {
+        let get = |p: &str| {
+            leased
+                .iter()
+                .find(|(x, _)| x == p)
+                .map(|(_, port)| *port)
+                .with_context(|| format!("no {p} port leased"))
+        };
+        Ok(Ports {
+            api: get("api")?,
+            etcd_client: get("etcd-client")?,
+            etcd_peer: get("etcd-peer")?,
+            controller_manager: get("controller-manager")?,
+            scheduler: get("scheduler")?,
+        })
+    }
+}
+
+/// Everything a cluster's control plane is made from.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub cluster: String,
+    /// `<state>/clusters/<name>`.
+    pub dir: PathBuf,
+    /// The multicall `kube` binary.
+    pub kube: PathBuf,
+    /// Where the apiserver listens (the service address).
+    pub bind: Ipv4Addr,
+    pub ports: Ports,
+}
+
+/// The files a control plane's components and its operator use.
+#[derive(Debug, Clone)]
+pub struct Files {
+    pub url: String,
+    pub admin_kubeconfig: PathBuf,
+    pub ca_pem: String,
+    kcm_kubeconfig: PathBuf,
+    scheduler_kubeconfig: PathBuf,
+    creds: Credentials,
+}
+
+impl Spec {
+    pub fn url(&self) -> String {
+        format!("https://{}:{}", self.bind, self.ports.api)
+    }
+
+    fn pki_dir(&self) -> PathBuf {
+        self.dir.join("pki")
+    }
+
+    fn log(&self, component: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("{component}.log"))
+    }
+
+    fn pidfile(&self, component: &str) -> PathBuf {
+        self.dir.join("run").join(format!("{component}.pid"))
+    }
+
+    /// Creates (or loads) the cluster's PKI and kubeconfigs.
+    pub fn prepare(&self) -> Result<Files> {
+        let pki = Pki::open_or_create(&self.pki_dir(), &format!("socialweb {} CA", self.cluster))?;
+        let url = self.url();
+        let serving = pki.server("apiserver", &super::serving_names(IpAddr::V4(self.bind)))?;
+        let kubelet_client = pki.client(
+            "apiserver-kubelet-client",
+            "kube-apiserver-kubelet-client",
+            &[],
+        )?;
+        let sa_key = pki.key("sa")?;
+        let admin = pki.client("admin", "socialweb:broker", &["system:masters"])?;
+        let kcm = pki.client("kcm", "system:kube-controller-manager", &[])?;
+        let sched = pki.client("scheduler", "system:kube-scheduler", &[])?;
+        Ok(Files {
+            admin_kubeconfig: pki.kubeconfig("admin", &url, &admin)?,
+            kcm_kubeconfig: pki.kubeconfig("kcm", &url, &kcm)?,
+            scheduler_kubeconfig: pki.kubeconfig("scheduler", &url, &sched)?,
+            ca_pem: pki.ca_pem().to_string(),
+            creds: Credentials {
+                ca_cert: pki.ca_cert(),
+                ca_key: pki.ca_key(),
+                serving_cert: serving.cert,
+                serving_key: serving.key,
+                kubelet_client_cert: kubelet_client.cert,
+                kubelet_client_key: kubelet_client.key,
+                sa_pub: sa_key.with_extension("pub"),
+                sa_key,
+            },
+            url,
+        })
+    }
+
+    fn components(&self, f: &Files) -> Vec<(&'static str, Vec<OsString>)> {
+        let arg = |k: &str, v: &dyn AsRef<std::ffi::OsStr>| {
+            let mut s = OsString::from(format!("--{k}="));
+            s.push(v.as_ref());
+            s
+        };
+        let mut kcm = super::controller_manager_args(&f.kcm_kubeconfig, &f.creds);
+        kcm.push(arg(
+            "secure-port",
+            &self.ports.controller_manager.to_string(),
+        ));
+        let mut sched = super::scheduler_args(&f.scheduler_kubeconfig);
+        sched.push(arg("secure-port", &self.ports.scheduler.to_string()));
+        vec![
+            (
+                "etcd",
+                vec![
+                    arg("data-dir", &self.dir.join("etcd")),
+                    arg(
+                        "listen-client-url",
+                        &format!("http://127.0.0.1:{}", self.ports.etcd_client),
+                    ),
+                    arg(
+                        "listen-peer-url",
+                        &format!("http://127.0.0.1:{}", self.ports.etcd_peer),
+                    ),
+                ],
+            ),
+            (
+                "apiserver",
+                super::apiserver_args(
+                    &Apiserver {
+                        bind: IpAddr::V4(self.bind),
+                        port: self.ports.api,
+                        etcd_url: format!("http://127.0.0.1:{}", self.ports.etcd_client),
+                    },
+                    &f.creds,
+                ),
+            ),
+            ("controller-manager", kcm),
+            ("scheduler", sched),
+        ]
+    }
+
+    /// What says a component is up: a TCP port answering, or an HTTPS health endpoint.
+    fn probe(&self, component: &str) -> (IpAddr, u16, Option<&'static str>) {
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        match component {
+            "etcd" => (lo, self.ports.etcd_client, None),
+            "apiserver" => (IpAddr::V4(self.bind), self.ports.api, Some("/readyz")),
+            "controller-manager" => (lo, self.ports.controller_manager, Some("/healthz")),
+            _ => (lo, self.ports.scheduler, Some("/healthz")),
+        }
+    }
+}
+
+/// How a control plane is doing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    Starting(String),
+    Ready,
+    Degraded(String),
+    Stopped,
+}
+
+/// A running control plane; stop it with [`Running::stop`].
+#[derive(Debug)]
+pub struct Running {
+    pub health: watch::Receiver<Health>,
+    pub files: Files,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn healthy(http: &reqwest::Client, addr: IpAddr, port: u16, path: Option<&str>) -> bool {
+    match path {
+        None => tokio::net::TcpStream::connect((addr, port)).await.is_ok(),
+        Some(p) => http
+            .get(format!("https://{addr}:{port}{p}"))
+            .send()
+            .await
+            .map(|r| r.status().is_success())
+            .unwrap_or(false),
+    }
+}
+
+impl Running {
+    /// Starts the control plane of `spec`; its health says when it is ready.
+    pub fn start(spec: Spec) -> Result<Running> {
+        let files = spec.prepare()?;
+        let (tx, rx) = watch::channel(Health::Starting("starting etcd".into()));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(supervise(spec, files.clone(), tx, stop.clone()));
+        Ok(Running {
+            health: rx,
+            files,
+            stop,
+            task,
+        })
+    }
+
+    /// Waits until ready or `timeout`.
+    pub async fn ready(&mut self, timeout: Duration) -> Result<()> {
+        let ok = matches!(
+            tokio::time::timeout(timeout, self.health.wait_for(|h| *h == Health::Ready)).await,
+            Ok(Ok(_))
+        );
+        if !ok {
+            bail!(
+                "control plane not ready after {timeout:?}: {:?}",
+                *self.health.borrow()
+            );
+        }
+        Ok(())
+    }
+
+    /// Stops every component, the last started first.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// A component's process: one this broker started, or one a previous broker did.
+enum Proc {
+    Own(tokio::process::Child),
+    Adopted { pid: u32, started: u64 },
+}
+
+impl Proc {
+    /// How it ended, if it has.
+    fn exited(&mut self) -> Option<String> {
+        match self {
+            Proc::Own(c) => c.try_wait().ok().flatten().map(|s| s.to_string()),
+            Proc::Adopted { pid, started } => (process::start_time(*pid) != Some(*started))
+                .then(|| format!("adopted process {pid} is gone")),
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Proc::Own(c) => c.id(),
+            Proc::Adopted { pid, .. } => Some(*pid),
+        }
+    }
+}
+
+/// Starts the components in order (each once the previous is healthy), restarts any that
+/// dies with backoff, reports health, and stops them in reverse on cancel.
+async fn supervise(
+    spec: Spec,
+    files: Files,
+    health: watch::Sender<Health>,
+    stop: CancellationToken,
+) {
+    crate::daemon::crypto_provider();
+    let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true) // loopback health checks only; no credentials sent
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("an HTTP client");
+    let components = spec.components(&files);
+    // What a broker that crashed left running is adopted, not started twice: the tenant's
+    // API stays up through a broker crash.
+    let mut children: Vec<Option<Proc>> = components
+        .iter()
+        .map(|(name, _)| {
+            process::adopt(&spec.pidfile(name)).map(|(pid, started)| {
+                info!(cluster = %spec.cluster, component = name, pid, "{name} adopted");
+                Proc::Adopted { pid, started }
+            })
+        })
+        .collect();
+    let mut restarts = vec![0u32; components.len()];
+    let mut next_try = vec![tokio::time::Instant::now(); components.len()];
+    'outer: loop {
+        let mut all_ready = true;
+        for (i, (name, args)) in components.iter().enumerate() {
+            // Reap a dead child.
+            if let Some(c) = children[i].as_mut()
+                && let Some(status) = c.exited()
+            {
+                warn!(cluster = %spec.cluster, component = name, "{name} exited ({status}); restarting");
+                children[i] = None;
+                restarts[i] += 1;
+                let delay = Duration::from_millis(500 * 2u64.pow(restarts[i].min(6)));
+                next_try[i] = tokio::time::Instant::now() + delay;
+                let _ = health.send(Health::Degraded(format!("{name} exited ({status})")));
+            }
+            if children[i].is_none() {
+                if tokio::time::Instant::now() < next_try[i] {
+                    all_ready = false;
+                    break;
+                }
+                match process::spawn(
+                    &spec.kube,
+                    &[&[OsString::from(*name)], args.as_slice()].concat(),
+                    &spec.log(name),
+                    &spec.pidfile(name),
+                ) {
+                    Ok(c) => {
+                        info!(cluster = %spec.cluster, component = name, "{name} started");
+                        children[i] = Some(Proc::Own(c));
+                    }
+                    Err(e) => {
+                        warn!(cluster = %spec.cluster, "starting {name}: {e:#}");
+                        next_try[i] = tokio::time::Instant::now() + Duration::from_secs(5);
+                        all_ready = false;
+                        break;
+                    }
+                }
+            }
+            let (addr, port, path) = spec.probe(name);
+            if !healthy(&http, addr, port, path).await {
+                all_ready = false;
+                if !matches!(*health.borrow(), Health::Degraded(_)) {
+                    let _ = health.send(Health::Starting(format!("waiting for {name}")));
+                }
+                // Later components wait for this one.
+                break;
+            }
+        }
+        if all_ready && *health.borrow() != Health::Ready {
+            info!(cluster = %spec.cluster, url = %files.url, "control plane ready");
+            let _ = health.send(Health::Ready);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(if all_ready { 1000 } else { 100 })) => {}
+            _ = stop.cancelled() => break 'outer,
+        }
+    }
+    for (i, (name, _)) in components.iter().enumerate().rev() {
+        if let Some(c) = children[i].take()
+            && let Some(pid) = c.pid()
+        {
+            process::terminate(pid, Duration::from_secs(10)).await;
+            let _ = std::fs::remove_file(spec.pidfile(name));
+        }
+    }
+    let _ = health.send(Health::Stopped);
+    info!(cluster = %spec.cluster, "control plane stopped");
+}
+
+/// Applies `manifest` (YAML or JSON) with `kube kubectl apply`, as the cluster's admin.
+pub async fn apply(kube: &Path, admin_kubeconfig: &Path, manifest: &str) -> Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(kube)
+        .arg("kubectl")
+        .arg(format!("--kubeconfig={}", admin_kubeconfig.display()))
+        .args(["apply", "--server-side", "--force-conflicts", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running kubectl apply")?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(manifest.as_bytes())
+        .await?;
+    let out = child.wait_with_output().await?;
+    if !out.status.success() {
+        bail!(
+            "kubectl apply: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,288 @@
+//! The broker's side of the market protocol: one HTTP client with a timeout on every call,
+//! answers parsed and checked, errors that say which call failed and how. Retrying is the
+//! provisioner's business (it knows which step it is at); every call here is safe to repeat,
+//! because the ids are the client's.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use url::Url;
+
+use super::protocol::{Accept, Bid, ErrorBody, Lease, LeaseList, PREFIX, Rfp, RfpRequest};
+
+/// Why a market call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MarketError {
+    #[error("{call}: no answer within {timeout:?}")]
+    Timeout { call: String, timeout: Duration },
+    #[error("{call}: provider unreachable: {reason}")]
+    Unreachable { call: String, reason: String },
+    #[error("{call}: provider answered {status}: {message}")]
+    Refused {
+        call: String,
+        status: u16,
+        code: String,
+        message: String,
+    },
+    #[error("{call}: provider answered something unreadable: {reason}")]
+    Garbage { call: String, reason: String },
+}
+
+impl MarketError {
+    /// Whether repeating the same call later may succeed (the provider was slow, away, or
+    /// failed inside), as opposed to a refusal that will not change.
+    pub fn transient(&self) -> bool {
+        match self {
+            MarketError::Timeout { .. } | MarketError::Unreachable { .. } => true,
+            MarketError::Garbage { .. } => true,
+            MarketError::Refused { status, .. } => *status >= 500 || *status == 429,
+        }
+    }
+}
+
+/// A client for one provider.
+#[derive(Debug, Clone)]
+pub struct MarketClient {
+    base: Url,
+    http: reqwest::Client,
+    timeout: Duration,
+}
+
+impl MarketClient {
+    pub fn new(base: &str, timeout: Duration) -> Result<MarketClient, String> {
+        let base = Url::parse(base).map_err(|e| format!("market URL {base:?}: {e}"))?;
+        crate::daemon::crypto_provider();
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(MarketClient {
+            base,
+            http,
+            timeout,
+        })
+    }
+
+    pub fn base(&self) -> &Url {
+        &self.base
+    }
+
+    fn url(&self, path: &str) -> Url {
+        let mut u = self.base.clone();
+        u.set_path(&format!(
+            "{}{PREFIX}{path}",
+            self.base.path().trim_end_matches('/')
+        ));
+        u
+    }
+
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        call: &str,
+        req: reqwest::RequestBuilder,
+    ) -> Result<Option<T>, MarketError> {
+        let c = || call.to_string();
+        let resp = req.send().await.map_err(|e| {
+            if e.is_timeout() {
+                MarketError::Timeout {
+                    call: c(),
+                    timeout: self.timeout,
+                }
+            } else {
+                MarketError::Unreachable {
+                    call: c(),
+                    reason: error_chain(&e),
+                }
+            }
+        })?;
+        let status = resp.status();
+        let body = resp.bytes().await.map_err(|e| {
+            if e.is_timeout() {
+                MarketError::Timeout {
+                    call: c(),
+                    timeout: self.timeout,
+                }
+            } else {
+                MarketError::Garbage {
+                    call: c(),
+                    reason: e.to_string(),
+                }
+            }
+        })?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            let (code, message) = match serde_json::from_slice::<ErrorBody>(&body) {
+                Ok(b) => (b.error.code, b.error.message),
+                Err(_) => (
+                    "unknown".into(),
+                    String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
+                ),
+            };
+            return Err(MarketError::Refused {
+                call: c(),
+                status: status.as_u16(),
+                code,
+                message,
+            });
+        }
+        serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| MarketError::Garbage {
+                call: c(),
+                reason: format!(
+                    "{e} in {:?}",
+                    String::from_utf8_lossy(&body[..body.len().min(120)])
+                ),
+            })
+    }
+
+    /// Sends an RFP (idempotent by its id).
+    pub async fn post_rfp(&self, r: &RfpRequest) -> Result<Rfp, MarketError> {
+        let call = format!("POST /rfps {}", r.id);
+        self.call(&call, self.http.post(self.url("/rfps")).json(r))
+            .await?
+            .ok_or_else(|| MarketError::Garbage {
+                call,
+                reason: "404 for a new RFP".into(),
+            })
+    }
+
+    pub async fn rfp(&self, id: &str) -> Result<Option<Rfp>, MarketError> {
+        self.call(
+            &format!("GET /rfps/{id}"),
+            self.http.get(self.url(&format!("/rfps/{id}"))),
+        )
+        .await
+    }
+
+    /// Waits for bids on `rfp_id` until `deadline`; returns early once bids have come and no
+    /// new one arrived for `settle`. The bids come back best first (see [`choose`]).
+    pub async fn bids(
+        &self,
+        rfp_id: &str,
+        deadline: Duration,
+        settle: Duration,
+    ) -> Result<Vec<Bid>, MarketError> {
+        let end = Instant::now() + deadline;
+        let mut seen = 0;
+        let mut since = Instant::now();
+        loop {
+            let bids = self.rfp(rfp_id).await?.map(|r| r.bids).unwrap_or_default();
+            if bids.len() != seen {
+                seen = bids.len();
+                since = Instant::now();
+            }
+            let now = Instant::now();
+            if now >= end || (seen > 0 && now.duration_since(since) >= settle) {
+                return Ok(choose(bids));
+            }
+            tokio::time::sleep(Duration::from_millis(100).min(end - now)).await;
+        }
+    }
+
+    /// Accepts a bid (idempotent by the lease id).
+    pub async fn accept(&self, bid_id: &str, a: &Accept) -> Result<Lease, MarketError> {
+        let call = format!("POST /bids/{bid_id}/accept");
+        self.call(
+            &call,
+            self.http
+                .post(self.url(&format!("/bids/{bid_id}/accept")))
+                .json(a),
+        )
+        .await?
+        .ok_or_else(|| MarketError::Refused {
+            call,
+            status: 404,
+            code: "not_found".into(),
+            message: "no such bid".into(),
+        })
+    }
+
+    pub async fn lease(&self, id: &str) -> Result<Option<Lease>, MarketError> {
+        self.call(
+            &format!("GET /leases/{id}"),
+            self.http.get(self.url(&format!("/leases/{id}"))),
+        )
+        .await
+    }
+
+    /// Every lease carrying tag `key=value`.
+    pub async fn leases(&self, key: &str, value: &str) -> Result<Vec<Lease>, MarketError> {
+        let mut u = self.url("/leases");
+        u.query_pairs_mut()
+            .append_pair("tag", &format!("{key}={value}"));
+        Ok(self
+            .call::<LeaseList>("GET /leases", self.http.get(u))
+            .await?
+            .map(|l| l.leases)
+            .unwrap_or_default())
+    }
+
+    /// Releases a lease; releasing a released or unknown lease is not an error.
+    pub async fn release(&self, id: &str) -> Result<Option<Lease>, MarketError> {
+        self.call(
+            &format!("DELETE /leases/{id}"),
+            self.http.delete(self.url(&format!("/leases/{id}"))),
+        )
+        .await
+    }
+}
+
+/// Bids, best first: cheapest, then soonest, then by id (a stable order).
+pub fn choose(mut bids: Vec<Bid>) -> Vec<Bid> {
+    bids.sort_by(|a, b| {
+        (a.price_micros_per_hour, a.eta_ms, &a.id).cmp(&(b.price_micros_per_hour, b.eta_ms, &b.id))
+    });
+    bids
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bid(id: &str, price: u64, eta: u64) -> Bid {
+        Bid {
+            id: id.into(),
+            rfp_id: "r".into(),
+            provider: "p".into(),
+            price_micros_per_hour: price,
+            eta_ms: eta,
+            expires_at: String::new(),
+        }
+    }
+
+    #[test]
+    fn cheapest_then_soonest() {
+        let got: Vec<String> = choose(vec![bid("a", 5, 1), bid("b", 3, 9), bid("c", 3, 2)])
+            .into_iter()
+            .map(|b| b.id)
+            .collect();
+        assert_eq!(got, ["c", "b", "a"]);
+    }
+
+    #[test]
+    fn urls_keep_the_base_path() {
+        let c = MarketClient::new("http://127.0.0.1:7480/market/", Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            c.url("/rfps").as_str(),
+            "http://127.0.0.1:7480/market/v1/rfps"
+        );
+    }
+}

@@ -1,0 +1,227 @@
+//! Contract 6, the market protocol, version 1: HTTP and JSON under `/v1` (docs/market.md).
+//! Types and validation only, shared by the client and the local provider.
+//!
+//! Vocabulary: an RFP is Akash's order and Golem's demand, a bid their bid and proposal, a
+//! lease their lease and agreement. The client chooses every id (RFP, lease) before it calls,
+//! so a call repeated after a crash or a timeout is the same request, never a second one.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The path prefix of this version.
+pub const PREFIX: &str = "/v1";
+
+/// What a node must have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSpec {
+    pub vcpu: u32,
+    #[serde(rename = "memMiB")]
+    pub mem_mib: u64,
+    #[serde(rename = "diskMiB")]
+    pub disk_mib: u64,
+}
+
+/// A request for proposals.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RfpRequest {
+    /// Chosen by the client; a repeat with the same id is the same RFP.
+    pub id: String,
+    pub spec: NodeSpec,
+    /// The node image's fingerprint (its name): what the node boots.
+    pub image: String,
+    /// Free-form tags the provider keeps on the RFP and the lease (the broker's identity, the
+    /// cluster, the node), so the client can find its leases again.
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    /// How long the client waits for bids, in milliseconds.
+    pub bid_deadline_ms: u64,
+}
+
+/// An offer to run a node for an RFP.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bid {
+    pub id: String,
+    pub rfp_id: String,
+    pub provider: String,
+    /// Price in millionths of the provider's currency unit per hour.
+    pub price_micros_per_hour: u64,
+    /// How long the provider expects the node to take to boot, in milliseconds.
+    pub eta_ms: u64,
+    /// RFC 3339; accepting after it fails.
+    pub expires_at: String,
+}
+
+/// An RFP as the provider holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rfp {
+    pub id: String,
+    /// `open` while it takes acceptances, `closed` once one was accepted or it expired.
+    pub state: String,
+    pub bids: Vec<Bid>,
+}
+
+/// Accepting a bid: the lease id the client chose and the node's identity document, which
+/// the provider hands to the node read-only (contract 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Accept {
+    pub lease_id: String,
+    pub identity: serde_json::Value,
+}
+
+/// Where a lease is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseState {
+    Booting,
+    Running,
+    Failed,
+    Released,
+}
+
+impl LeaseState {
+    /// Whether the node exists (is paid for): booting or running.
+    pub fn live(self) -> bool {
+        matches!(self, LeaseState::Booting | LeaseState::Running)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseState::Booting => "booting",
+            LeaseState::Running => "running",
+            LeaseState::Failed => "failed",
+            LeaseState::Released => "released",
+        }
+    }
+}
+
+/// A lease as the provider holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub id: String,
+    pub rfp_id: String,
+    pub bid_id: String,
+    pub state: LeaseState,
+    /// Why it failed or was released.
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    /// The node's address, once known (for the operator; the broker does not need it).
+    #[serde(default)]
+    pub node_addr: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// `GET /v1/leases` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseList {
+    pub leases: Vec<Lease>,
+}
+
+/// Every error answer: `{"error": {"code": ..., "message": ...}}` with a 4xx or 5xx status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// `bad_request`, `not_found`, `conflict`, `expired`, `no_capacity`, `internal`.
+    pub code: String,
+    pub message: String,
+}
+
+/// An id as both sides accept it: 1 to 64 of `[A-Za-z0-9._-]` (a UUID fits).
+pub fn valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+impl RfpRequest {
+    /// Checks what the provider must not trust blindly; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if !valid_id(&self.id) {
+            return Err(format!("id: {:?} is not 1-64 of [A-Za-z0-9._-]", self.id));
+        }
+        if self.spec.vcpu == 0 || self.spec.vcpu > 1024 {
+            return Err(format!("spec.vcpu: {} is not 1-1024", self.spec.vcpu));
+        }
+        if self.spec.mem_mib == 0 || self.spec.mem_mib > 1 << 24 {
+            return Err(format!(
+                "spec.memMiB: {} is out of range",
+                self.spec.mem_mib
+            ));
+        }
+        if self.spec.disk_mib == 0 || self.spec.disk_mib > 1 << 30 {
+            return Err(format!(
+                "spec.diskMiB: {} is out of range",
+                self.spec.disk_mib
+            ));
+        }
+        if self.image.is_empty() || self.image.len() > 256 {
+            return Err("image: must be 1-256 characters".into());
+        }
+        if self.tags.len() > 32
+            || self
+                .tags
+                .iter()
+                .any(|(k, v)| k.is_empty() || k.len() > 63 || v.len() > 253)
+        {
+            return Err("tags: at most 32, keys 1-63 and values up to 253 characters".into());
+        }
+        if self.bid_deadline_ms == 0 || self.bid_deadline_ms > 3_600_000 {
+            return Err(format!(
+                "bid_deadline_ms: {} is not 1 ms - 1 h",
+                self.bid_deadline_ms
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents_round_trip_and_unknown_fields_are_refused() {
+        let r: RfpRequest = serde_json::from_value(serde_json::json!({
+            "id": "6c0b", "spec": {"vcpu": 2, "memMiB": 4096, "diskMiB": 20480},
+            "image": "sha256:abc", "tags": {"cluster": "demo"}, "bid_deadline_ms": 5000}))
+        .unwrap();
+        assert!(r.validate().is_ok());
+        assert!(
+            serde_json::from_value::<RfpRequest>(serde_json::json!({
+            "id": "x", "spec": {"vcpu": 2, "memMiB": 1, "diskMiB": 1, "gpu": 1},
+            "image": "i", "bid_deadline_ms": 1}))
+            .is_err()
+        );
+        let mut bad = r.clone();
+        bad.id = "../etc".into();
+        assert!(bad.validate().unwrap_err().starts_with("id:"));
+        bad = r;
+        bad.spec.vcpu = 0;
+        assert!(bad.validate().unwrap_err().starts_with("spec.vcpu"));
+        assert_eq!(
+            serde_json::to_value(LeaseState::Booting).unwrap(),
+            serde_json::json!("booting")
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_json_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+            if let Ok(r) = serde_json::from_slice::<RfpRequest>(&bytes) { let _ = r.validate(); }
+            let _ = serde_json::from_slice::<Accept>(&bytes);
+            let _ = serde_json::from_slice::<LeaseList>(&bytes);
+            let _ = serde_json::from_slice::<Rfp>(&bytes);
+        }
+    }
+}

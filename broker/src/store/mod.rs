@@ -1,0 +1,480 @@
+//! The broker's store: SQLite by default (a file in the state directory), PostgreSQL when the
+//! operator gives a URL; one set of migrations (`broker/migrations`) and one set of queries
+//! for both, through sqlx's `Any` driver. Every provisioning step is written here before it is
+//! acted on (docs/operations.md).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+
+/// Unix milliseconds, as the store keeps time.
+pub fn millis(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+pub fn from_millis(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
+}
+
+/// A cluster record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Cluster {
+    pub name: String,
+    /// `active` or `deleting`.
+    pub state: String,
+    pub created_at: i64,
+    pub last_intent_at: i64,
+    pub next_node: i64,
+}
+
+/// Where a provision is. Forward only, except `failed` and `released`, which end it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    Planned,
+    RfpSent,
+    Accepted,
+    Booting,
+    Running,
+    Joined,
+    Releasing,
+    Released,
+    Failed,
+}
+
+impl Step {
+    pub const ALL: [Step; 9] = [
+        Step::Planned,
+        Step::RfpSent,
+        Step::Accepted,
+        Step::Booting,
+        Step::Running,
+        Step::Joined,
+        Step::Releasing,
+        Step::Released,
+        Step::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::Planned => "planned",
+            Step::RfpSent => "rfp_sent",
+            Step::Accepted => "accepted",
+            Step::Booting => "booting",
+            Step::Running => "running",
+            Step::Joined => "joined",
+            Step::Releasing => "releasing",
+            Step::Released => "released",
+            Step::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Step> {
+        Step::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+
+    /// A node that exists or is on its way (counts against the target).
+    pub fn live(self) -> bool {
+        !matches!(self, Step::Releasing | Step::Released | Step::Failed)
+    }
+
+    /// Over: nothing more happens to it.
+    pub fn ended(self) -> bool {
+        matches!(self, Step::Released | Step::Failed)
+    }
+}
+
+/// One node the broker rents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Provision {
+    pub id: String,
+    pub cluster: String,
+    pub node: String,
+    pub state: Step,
+    pub rfp_id: String,
+    pub bid_id: Option<String>,
+    pub lease_id: String,
+    pub provider: Option<String>,
+    pub token_id: String,
+    #[serde(skip)]
+    pub token_secret: String,
+    #[serde(skip)]
+    pub mesh_key: String,
+    pub endpoint: String,
+    pub reason: Option<String>,
+    pub attempts: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A recorded scale decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DecisionRow {
+    pub cluster: String,
+    pub at: i64,
+    pub action: String,
+    pub target: i64,
+    pub nodes: i64,
+    pub intent: i64,
+    pub reason: String,
+}
+
+/// The store.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: AnyPool,
+    backend: &'static str,
+}
+
+fn cluster_of(r: &AnyRow) -> Result<Cluster> {
+    Ok(Cluster {
+        name: r.try_get("name")?,
+        state: r.try_get("state")?,
+        created_at: r.try_get("created_at")?,
+        last_intent_at: r.try_get("last_intent_at")?,
+        next_node: r.try_get("next_node")?,
+    })
+}
+
+fn provision_of(r: &AnyRow) -> Result<Provision> {
+    let state: String = r.try_get("state")?;
+    Ok(Provision {
+        id: r.try_get("id")?,
+        cluster: r.try_get("cluster")?,
+        node: r.try_get("node")?,
+        state: Step::parse(&state).with_context(|| format!("unknown provision state {state:?}"))?,
+        rfp_id: r.try_get("rfp_id")?,
+        bid_id: r.try_get("bid_id")?,
+        lease_id: r.try_get("lease_id")?,
+        provider: r.try_get("provider")?,
+        token_id: r.try_get("token_id")?,
+        token_secret: r.try_get("token_secret")?,
+        mesh_key: r.try_get("mesh_key")?,
+        endpoint: r.try_get("endpoint")?,
+        reason: r.try_get("reason")?,
+        attempts: r.try_get("attempts")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+    })
+}
+
+impl Store {
+    /// Connects to `url` (`sqlite://...` or `postgres://...`) and brings the schema up to date.
+    pub async fn open(url: &str) -> Result<Store> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("sqlite:") {
+            "sqlite"
+        } else {
+            "postgres"
+        };
+        if backend == "sqlite"
+            && let Some(path) = url
+                .strip_prefix("sqlite://")
+                .map(|p| p.split('?').next().unwrap_or(p))
+            && let Some(dir) = std::path::Path::new(path).parent()
+        {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let pool = AnyPoolOptions::new()
+            // SQLite allows one writer; one connection keeps every write in order.
+            .max_connections(if backend == "sqlite" { 1 } else { 5 })
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(url)
+            .await
+            .with_context(|| format!("opening the store {}", redact(url)))?;
+        if backend == "sqlite" {
+            // Nothing written is lost to a crash (the default journal would also do, WAL is
+            // faster and lets the CLI read while the daemon writes).
+            sqlx::query("PRAGMA journal_mode=WAL")
+                .execute(&pool)
+                .await?;
+            sqlx::query("PRAGMA synchronous=FULL")
+                .execute(&pool)
+                .await?;
+        }
+        sqlx::migrate!("./migrations")
+            .run(&pool)
+            .await
+            .context("migrating the store")?;
+        Ok(Store { pool, backend })
+    }
+
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// Creates a cluster record; an existing name is an error that says so.
+    pub async fn create_cluster(&self, name: &str, now: SystemTime) -> Result<Cluster> {
+        let t = millis(now);
+        let r = sqlx::query(
+            "INSERT INTO clusters (name, state, created_at, last_intent_at, next_node) \
+             VALUES ($1, 'active', $2, $3, 1) ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(name)
+        .bind(t)
+        .bind(t)
+        .execute(&self.pool)
+        .await?;
+        if r.rows_affected() == 0 {
+            bail!("cluster {name:?} exists already");
+        }
+        self.cluster(name)
+            .await?
+            .context("the cluster just created")
+    }
+
+    pub async fn cluster(&self, name: &str) -> Result<Option<Cluster>> {
+        sqlx::query("SELECT * FROM clusters WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(cluster_of)
+            .transpose()
+    }
+
+    pub async fn clusters(&self) -> Result<Vec<Cluster>> {
+        sqlx::query("SELECT * FROM clusters ORDER BY name")
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(cluster_of)
+            .collect()
+    }
+
+    pub async fn set_cluster_state(&self, name: &str, state: &str) -> Result<()> {
+        sqlx::query("UPDATE clusters SET state = $1 WHERE name = $2")
+            .bind(state)
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn set_last_intent(&self, name: &str, at: SystemTime) -> Result<()> {
+        sqlx::query(
+            "UPDATE clusters SET last_intent_at = $1 WHERE name = $2 AND last_intent_at < $3",
+        )
+        .bind(millis(at))
+        .bind(name)
+        .bind(millis(at))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The next node name of a cluster, `<cluster>-<n>`; never handed out twice.
+    pub async fn next_node_name(&self, cluster: &str) -> Result<String> {
+        let mut tx = self.pool.begin().await?;
+        let n: i64 = sqlx::query("SELECT next_node FROM clusters WHERE name = $1")
+            .bind(cluster)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get("next_node")?;
+        sqlx::query("UPDATE clusters SET next_node = $1 WHERE name = $2")
+            .bind(n + 1)
+            .bind(cluster)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(format!("{cluster}-{n}"))
+    }
+
+    /// Removes a cluster and everything the store holds for it.
+    pub async fn delete_cluster(&self, name: &str) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        for table in ["ports", "provisions", "decisions"] {
+            sqlx::query(&format!("DELETE FROM {table} WHERE cluster = $1"))
+                .bind(name)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query("DELETE FROM clusters WHERE name = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The cluster's ports by purpose, leasing free ones from `[base, base + count)` for
+    /// purposes it has none for. `free` says whether a port can be bound now.
+    pub async fn lease_ports(
+        &self,
+        cluster: &str,
+        purposes: &[&str],
+        base: u16,
+        count: u16,
+        free: impl Fn(u16) -> bool,
+    ) -> Result<Vec<(String, u16)>> {
+        let mut have = self.ports(cluster).await?;
+        for purpose in purposes {
+            if have.iter().any(|(p, _)| p == purpose) {
+                continue;
+            }
+            let mut got = None;
+            for port in base..base.saturating_add(count) {
+                if !free(port) {
+                    continue;
+                }
+                let r = sqlx::query(
+                    "INSERT INTO ports (port, cluster, purpose) VALUES ($1, $2, $3) ON CONFLICT (port) DO NOTHING",
+                )
+                .bind(i64::from(port))
+                .bind(cluster)
+                .bind(*purpose)
+                .execute(&self.pool)
+                .await?;
+                if r.rows_affected() == 1 {
+                    got = Some(port);
+                    break;
+                }
+            }
+            let port = got.with_context(|| {
+                format!(
+                    "no free port left in {base}-{} for cluster {cluster}",
+                    base as u32 + count as u32 - 1
+                )
+            })?;
+            have.push((purpose.to_string(), port));
+        }
+        Ok(have)
+    }
+
+    pub async fn ports(&self, cluster: &str) -> Result<Vec<(String, u16)>> {
+        sqlx::query("SELECT purpose, port FROM ports WHERE cluster = $1 ORDER BY port")
+            .bind(cluster)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| {
+                let port: i64 = r.try_get("port")?;
+                Ok((r.try_get("purpose")?, u16::try_from(port)?))
+            })
+            .collect()
+    }
+
+    pub async fn insert_provision(&self, p: &Provision) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO provisions (id, cluster, node, state, rfp_id, bid_id, lease_id, provider, \
+             token_id, token_secret, mesh_key, endpoint, reason, attempts, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+        )
+        .bind(&p.id)
+        .bind(&p.cluster)
+        .bind(&p.node)
+        .bind(p.state.as_str())
+        .bind(&p.rfp_id)
+        .bind(p.bid_id.clone())
+        .bind(&p.lease_id)
+        .bind(p.provider.clone())
+        .bind(&p.token_id)
+        .bind(&p.token_secret)
+        .bind(&p.mesh_key)
+        .bind(&p.endpoint)
+        .bind(p.reason.clone())
+        .bind(p.attempts)
+        .bind(p.created_at)
+        .bind(p.updated_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Writes a provision's state and what goes with it.
+    pub async fn update_provision(&self, p: &Provision) -> Result<()> {
+        sqlx::query(
+            "UPDATE provisions SET state = $1, rfp_id = $2, bid_id = $3, lease_id = $4, provider = $5, \
+             reason = $6, attempts = $7, updated_at = $8 WHERE id = $9",
+        )
+        .bind(p.state.as_str())
+        .bind(&p.rfp_id)
+        .bind(p.bid_id.clone())
+        .bind(&p.lease_id)
+        .bind(p.provider.clone())
+        .bind(p.reason.clone())
+        .bind(p.attempts)
+        .bind(p.updated_at)
+        .bind(&p.id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// A cluster's provisions (every cluster's with `None`), oldest first.
+    pub async fn provisions(&self, cluster: Option<&str>) -> Result<Vec<Provision>> {
+        let rows = match cluster {
+            Some(c) => {
+                sqlx::query("SELECT * FROM provisions WHERE cluster = $1 ORDER BY created_at, id")
+                    .bind(c)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            None => {
+                sqlx::query("SELECT * FROM provisions ORDER BY created_at, id")
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+        };
+        rows.iter().map(provision_of).collect()
+    }
+
+    pub async fn record_decision(&self, d: &DecisionRow) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO decisions (id, cluster, at, action, target, nodes, intent, reason) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(uuid::Uuid::new_v4().to_string())
+        .bind(&d.cluster)
+        .bind(d.at)
+        .bind(&d.action)
+        .bind(d.target)
+        .bind(d.nodes)
+        .bind(d.intent)
+        .bind(&d.reason)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// A cluster's decisions, oldest first.
+    pub async fn decisions(&self, cluster: &str) -> Result<Vec<DecisionRow>> {
+        sqlx::query("SELECT * FROM decisions WHERE cluster = $1 ORDER BY at, id")
+            .bind(cluster)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(DecisionRow {
+                    cluster: r.try_get("cluster")?,
+                    at: r.try_get("at")?,
+                    action: r.try_get("action")?,
+                    target: r.try_get("target")?,
+                    nodes: r.try_get("nodes")?,
+                    intent: r.try_get("intent")?,
+                    reason: r.try_get("reason")?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// A URL without its password, for messages.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
+}

@@ -1,0 +1,283 @@
+//! What the broker does inside a tenant cluster, as its admin: bootstrap tokens for joining
+//! nodes, removing a released node's Node and token, Events on Pods nothing can hold, and the
+//! Pod view the scale decision reads.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, Config};
+
+use crate::scale::decision::{Phase, PodView};
+
+/// A client for a tenant cluster, from its admin kubeconfig.
+pub async fn client(admin_kubeconfig: &Path) -> Result<Client> {
+    let kc = kube::config::Kubeconfig::read_from(admin_kubeconfig)
+        .with_context(|| format!("reading {}", admin_kubeconfig.display()))?;
+    let mut cfg = Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .context("the admin kubeconfig")?;
+    cfg.connect_timeout = Some(std::time::Duration::from_secs(5));
+    cfg.read_timeout = Some(std::time::Duration::from_secs(30));
+    Client::try_from(cfg).context("building the Kubernetes client")
+}
+
+/// Creates (or replaces) the bootstrap token Secret for a node.
+pub async fn put_token(c: &Client, secret: &serde_json::Value) -> Result<()> {
+    let s: Secret = serde_json::from_value(secret.clone())?;
+    let name = s
+        .metadata
+        .name
+        .clone()
+        .context("a token Secret has a name")?;
+    Api::<Secret>::namespaced(c.clone(), "kube-system")
+        .patch(
+            &name,
+            &PatchParams::apply("socialweb-broker").force(),
+            &Patch::Apply(&s),
+        )
+        .await
+        .with_context(|| format!("writing bootstrap token {name}"))?;
+    Ok(())
+}
+
+/// The annotation that says the broker cordoned a node to release it (and may uncordon it).
+pub const RELEASING: &str = "socialweb.io/releasing";
+
+/// Cordons `node` (unschedulable, annotated [`RELEASING`]) so that the scheduler places
+/// nothing more on it; `false` when there is no such Node (not registered, or gone).
+pub async fn cordon(c: &Client, node: &str) -> Result<bool> {
+    set_cordon(c, node, true).await
+}
+
+/// Lifts a cordon of ours ([`cordon`]); a cordon someone else set is left alone.
+pub async fn uncordon_ours(c: &Client, node: &str) -> Result<()> {
+    let api = Api::<Node>::all(c.clone());
+    match api.get_opt(node).await? {
+        Some(n)
+            if n.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(RELEASING)) =>
+        {
+            set_cordon(c, node, false).await.map(|_| ())
+        }
+        _ => Ok(()),
+    }
+}
+
+async fn set_cordon(c: &Client, node: &str, on: bool) -> Result<bool> {
+    let patch = if on {
+        serde_json::json!({"metadata": {"annotations": {RELEASING: "true"}},
+                           "spec": {"unschedulable": true}})
+    } else {
+        serde_json::json!({"metadata": {"annotations": {RELEASING: null}},
+                           "spec": {"unschedulable": null}})
+    };
+    match Api::<Node>::all(c.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("cordoning Node {node}")),
+    }
+}
+
+/// The Pods bound to `node` that are work ([`crate::scale::decision::is_work`]), as
+/// `namespace/name`.
+pub async fn work_on(c: &Client, node: &str, expendable_cutoff: i32) -> Result<Vec<String>> {
+    let pods = Api::<Pod>::all(c.clone())
+        .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .with_context(|| format!("listing the Pods on {node}"))?;
+    Ok(pods
+        .items
+        .iter()
+        .map(pod_view)
+        .filter(|v| crate::scale::decision::is_work(v, expendable_cutoff))
+        .map(|v| format!("{}/{}", v.namespace, v.name))
+        .collect())
+}
+
+/// Removes a node's Node object and its bootstrap token; what is already gone is fine.
+pub async fn forget_node(c: &Client, node: &str, token_id: &str) -> Result<()> {
+    let gone = |r: Result<_, kube::Error>| match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    };
+    gone(
+        Api::<Node>::all(c.clone())
+            .delete(node, &DeleteParams::default())
+            .await
+            .map(|_| ()),
+    )
+    .with_context(|| format!("deleting Node {node}"))?;
+    gone(
+        Api::<Secret>::namespaced(c.clone(), "kube-system")
+            .delete(
+                &format!("bootstrap-token-{token_id}"),
+                &DeleteParams::default(),
+            )
+            .await
+            .map(|_| ()),
+    )
+    .with_context(|| format!("deleting bootstrap token {token_id}"))?;
+    Ok(())
+}
+
+/// Whether Node `name` exists and is Ready.
+pub fn node_ready(n: &Node) -> bool {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Tells a Pod why no node will be rented for it (a Warning Event, as the scheduler does).
+pub async fn warn_pod(
+    c: &Client,
+    namespace: &str,
+    name: &str,
+    uid: Option<&str>,
+    message: &str,
+) -> Result<()> {
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let ev: Event = serde_json::from_value(serde_json::json!({
+        "metadata": {"generateName": format!("{name}."), "namespace": namespace},
+        "involvedObject": {"kind": "Pod", "namespace": namespace, "name": name, "uid": uid, "apiVersion": "v1"},
+        "reason": "NotTriggerScaleUp",
+        "message": format!("socialweb-broker rents no node for this pod: {message}"),
+        "type": "Warning",
+        "source": {"component": "socialweb-broker"},
+        "count": 1,
+    }))?;
+    let mut ev = ev;
+    ev.first_timestamp = Some(now.clone());
+    ev.last_timestamp = Some(now);
+    Api::<Event>::namespaced(c.clone(), namespace)
+        .create(&PostParams::default(), &ev)
+        .await
+        .with_context(|| format!("posting an Event on pod {namespace}/{name}"))?;
+    Ok(())
+}
+
+fn quantity_millis(q: &str) -> Option<u64> {
+    if let Some(m) = q.strip_suffix('m') {
+        return m.parse().ok();
+    }
+    q.parse::<f64>().ok().map(|c| (c * 1000.0).ceil() as u64)
+}
+
+fn quantity_bytes(q: &str) -> Option<u64> {
+    const UNITS: &[(&str, u64)] = &[
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    for (suffix, mult) in UNITS {
+        if let Some(n) = q.strip_suffix(suffix) {
+            return n
+                .parse::<f64>()
+                .ok()
+                .map(|v| (v * *mult as f64).ceil() as u64);
+        }
+    }
+    q.parse::<f64>().ok().map(|v| v.ceil() as u64)
+}
+
+/// The decision's view of a Pod. Requests are what the scheduler counts: the sum over the
+/// containers, or the largest init container if that is more.
+pub fn pod_view(p: &Pod) -> PodView {
+    let spec = p.spec.as_ref();
+    let sum = |containers: &[k8s_openapi::api::core::v1::Container]| {
+        containers.iter().fold((0u64, 0u64), |(c, m), k| {
+            let req = k.resources.as_ref().and_then(|r| r.requests.as_ref());
+            let cpu = req
+                .and_then(|r| r.get("cpu"))
+                .and_then(|q| quantity_millis(&q.0))
+                .unwrap_or(0);
+            let mem = req
+                .and_then(|r| r.get("memory"))
+                .and_then(|q| quantity_bytes(&q.0))
+                .unwrap_or(0);
+            (c + cpu, m + mem)
+        })
+    };
+    let (mut cpu, mut mem) = spec.map(|s| sum(&s.containers)).unwrap_or((0, 0));
+    for init in spec
+        .and_then(|s| s.init_containers.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        let (c, m) = sum(std::slice::from_ref(init));
+        cpu = cpu.max(c);
+        mem = mem.max(m);
+    }
+    let phase = match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
+        Some("Running") => Phase::Running,
+        Some("Succeeded") => Phase::Succeeded,
+        Some("Failed") => Phase::Failed,
+        Some("Unknown") => Phase::Unknown,
+        _ => Phase::Pending,
+    };
+    let owners = p.metadata.owner_references.as_deref().unwrap_or_default();
+    let mirror = p
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    PodView {
+        namespace: p.metadata.namespace.clone().unwrap_or_default(),
+        name: p.metadata.name.clone().unwrap_or_default(),
+        phase,
+        priority: spec.and_then(|s| s.priority).unwrap_or(0),
+        node_name: spec.and_then(|s| s.node_name.clone()),
+        follows_nodes: mirror || owners.iter().any(|o| o.kind == "DaemonSet"),
+        cpu_millis: cpu,
+        memory_bytes: mem,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities_read_as_kubernetes_writes_them() {
+        assert_eq!(quantity_millis("500m"), Some(500));
+        assert_eq!(quantity_millis("2"), Some(2000));
+        assert_eq!(quantity_millis("0.25"), Some(250));
+        assert_eq!(quantity_bytes("256Mi"), Some(256 << 20));
+        assert_eq!(quantity_bytes("1G"), Some(1_000_000_000));
+        assert_eq!(quantity_bytes("1024"), Some(1024));
+    }
+
+    #[test]
+    fn a_pod_becomes_its_view() {
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "job", "namespace": "ci",
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "ReplicaSet", "name": "x", "uid": "u"}]},
+            "spec": {"priority": -5, "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}},
+                {"name": "b", "resources": {"requests": {"cpu": "1", "memory": "512Mi"}}}],
+                "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "2"}}}]},
+            "status": {"phase": "Pending"}
+        }))
+        .unwrap();
+        let v = pod_view(&p);
+        assert_eq!(v.phase, Phase::Pending);
+        assert_eq!(v.priority, -5);
+        assert_eq!(v.cpu_millis, 2000, "the init container is larger");
+        assert_eq!(v.memory_bytes, (1 << 30) + (512 << 20));
+        assert!(!v.follows_nodes);
+    }
+}

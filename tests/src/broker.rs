@@ -1,0 +1,481 @@
+//! The broker as the operator runs it: `socialweb-broker run` in a "host" network namespace
+//! (the operator's machine) with a configuration file, its embedded local provider booting
+//! nodes as machines on this host, or a separate `socialweb-broker provider` process. The
+//! harness only writes the configuration, runs the commands an operator would, and asks the
+//! provider -- not the broker -- what is really leased.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::cni::workspace_bin;
+use crate::k8s::{binaries, test_kubelet_patch, wait_for};
+use crate::netns::Netns;
+use crate::process::Spawned;
+use crate::tmp::TempDir;
+use crate::topology::HOST_SERVICE_ADDR;
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// Where the provider listens inside the host namespace.
+pub const PROVIDER_ADDR: &str = "127.0.0.1:7480";
+
+/// Knobs a test sets.
+#[derive(Debug, Clone)]
+pub struct BrokerOptions {
+    pub max_nodes: u32,
+    pub pods_per_node: u32,
+    pub hold: Duration,
+    pub bid_deadline: Duration,
+    /// Run the local provider as its own process (so the broker can be killed alone).
+    pub separate_provider: bool,
+    /// `FAILPOINTS` for the broker process.
+    pub broker_failpoints: Option<String>,
+    /// `FAILPOINTS` for the provider process (with `separate_provider`).
+    pub provider_failpoints: Option<String>,
+    /// `sqlite` (default) or a `postgres://` URL.
+    pub store_url: Option<String>,
+    pub request_timeout: Duration,
+    pub node_vcpu: u32,
+    pub node_mem_mib: u64,
+}
+
+impl Default for BrokerOptions {
+    fn default() -> BrokerOptions {
+        BrokerOptions {
+            max_nodes: 5,
+            pods_per_node: 1,
+            hold: Duration::from_secs(3),
+            bid_deadline: Duration::from_secs(2),
+            separate_provider: false,
+            broker_failpoints: None,
+            provider_failpoints: None,
+            store_url: None,
+            request_timeout: Duration::from_secs(5),
+            node_vcpu: 2,
+            node_mem_mib: 2048,
+        }
+    }
+}
+
+/// A broker (and maybe a provider) in `host`. Dropping it kills both and destroys every
+/// machine the provider made.
+#[derive(Debug)]
+pub struct Broker<'h> {
+    broker: Spawned,
+    provider: Spawned,
+    pub host: &'h Netns,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub state: PathBuf,
+    pub prefix: String,
+    pub opts: BrokerOptions,
+    _cni: TempDir,
+    dir: TempDir,
+}
+
+impl<'h> Broker<'h> {
+    pub fn start(host: &'h Netns, opts: BrokerOptions) -> Result<Broker<'h>> {
+        let bins = binaries()?;
+        let dir = TempDir::new("broker")?;
+        let d = dir.path();
+        let cni = crate::k8s::cni_bin_dir()?;
+        let seeds = d.join("seeds");
+        std::fs::create_dir_all(&seeds)?;
+        crate::images::write_busybox(&seeds.join("busybox.tar"))?;
+        let prefix = format!(
+            "swt-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let state = d.join("state");
+        let socket = d.join("broker.sock");
+        let store = match &opts.store_url {
+            Some(u) => format!("url = {u:?}\n"),
+            None => String::new(),
+        };
+        let market = if opts.separate_provider {
+            format!("url = \"http://{PROVIDER_ADDR}\"\n")
+        } else {
+            String::new()
+        };
+        let config = format!(
+            r#"state_dir = {state:?}
+service_addr = "{HOST_SERVICE_ADDR}"
+kube_dir = {kube:?}
+ctl_socket = {socket:?}
+
+[store]
+{store}
+[scale]
+max_nodes = {max}
+pods_per_node = {ppn}
+hold = "{hold}"
+
+[node]
+vcpu = {vcpu}
+memMiB = {mem}
+diskMiB = 20480
+
+[market]
+{market}bid_deadline = "{deadline}"
+boot_timeout = "120s"
+request_timeout = "{timeout}"
+
+[local_provider]
+listen = "{PROVIDER_ADDR}"
+capacity = 8
+prefix = "{prefix}"
+agent = {agent:?}
+cni_bin_dir = {cni:?}
+seed_images = [{seed:?}]
+kubelet_config_patch = {patch}
+
+[clusters]
+upstream_resolvers = ["{HOST_SERVICE_ADDR}"]
+"#,
+            kube = bins.dir,
+            max = opts.max_nodes,
+            ppn = opts.pods_per_node,
+            hold = humantime::format_duration(opts.hold),
+            vcpu = opts.node_vcpu,
+            mem = opts.node_mem_mib,
+            deadline = humantime::format_duration(opts.bid_deadline),
+            timeout = humantime::format_duration(opts.request_timeout),
+            agent = workspace_bin("socialweb-agent"),
+            cni = cni.path(),
+            seed = seeds.join("busybox.tar"),
+            patch = toml_inline(&test_kubelet_patch()),
+        );
+        let config_path = d.join("broker.toml");
+        std::fs::write(&config_path, config)?;
+        let mut b = Broker {
+            broker: Spawned::none("broker"),
+            provider: Spawned::none("provider"),
+            host,
+            config: config_path,
+            socket,
+            state,
+            prefix,
+            opts,
+            _cni: cni,
+            dir,
+        };
+        if b.opts.separate_provider {
+            b.start_provider()?;
+        }
+        b.start_broker()?;
+        Ok(b)
+    }
+
+    /// A log of the harness's: `broker` or `provider`.
+    pub fn log(&self, what: &str) -> PathBuf {
+        self.dir.path().join(format!("{what}.log"))
+    }
+
+    fn command(&self, sub: &str, failpoints: Option<&str>) -> Command {
+        let mut cmd = self
+            .host
+            .command_keeping_mounts(&workspace_bin("socialweb-broker").to_string_lossy());
+        cmd.arg(sub).arg("--config").arg(&self.config).env(
+            "SOCIALWEB_LOG",
+            "info,socialweb_broker=debug,iroh=warn,sqlx=warn,kube=warn",
+        );
+        if let Some(fp) = failpoints {
+            cmd.env("FAILPOINTS", fp);
+        }
+        cmd
+    }
+
+    /// Starts (or starts again) the broker daemon and waits for its control socket.
+    pub fn start_broker(&mut self) -> Result<()> {
+        let cmd = self.command("run", self.opts.broker_failpoints.as_deref());
+        self.broker = Spawned::start_logged(cmd, "broker", &self.log("broker"))?;
+        let socket = self.socket.clone();
+        let broker = &mut self.broker;
+        let log = self.dir.path().join("broker.log");
+        wait_for(
+            "the broker's control socket",
+            Duration::from_secs(60),
+            || {
+                if !broker.is_running() {
+                    bail!("the broker exited: {}", crate::k8s::tail_of(&log, 20));
+                }
+                Ok(std::os::unix::net::UnixStream::connect(&socket)
+                    .is_ok()
+                    .then_some(()))
+            },
+        )
+    }
+
+    /// Starts the separate provider and waits until it answers.
+    pub fn start_provider(&mut self) -> Result<()> {
+        let cmd = self.command("provider", self.opts.provider_failpoints.as_deref());
+        self.provider = Spawned::start_logged(cmd, "provider", &self.log("provider"))?;
+        let host = self.host;
+        wait_for("the provider to listen", Duration::from_secs(30), || {
+            Ok(host
+                .run(|| std::net::TcpStream::connect(PROVIDER_ADDR).is_ok())?
+                .then_some(()))
+        })
+    }
+
+    /// Runs the broker with other failpoints from now on (after a crash).
+    pub fn set_failpoints(&mut self, fp: Option<&str>) {
+        self.opts.broker_failpoints = fp.map(str::to_string);
+    }
+
+    /// SIGKILLs the broker (the provider and the nodes keep running).
+    pub fn kill_broker(&mut self) {
+        self.broker.kill_now();
+    }
+
+    /// Waits for the broker process to end by itself (a failpoint killed it).
+    pub fn wait_broker_exit(&mut self, timeout: Duration) -> Result<()> {
+        let broker = &mut self.broker;
+        wait_for("the broker to exit", timeout, || {
+            Ok((!broker.is_running()).then_some(()))
+        })
+    }
+
+    pub fn broker_running(&mut self) -> bool {
+        self.broker.is_running()
+    }
+
+    /// `socialweb-broker <args> --ctl-socket ...` (an operator command), stdout.
+    pub fn cli(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new(workspace_bin("socialweb-broker"))
+            .args(args)
+            .arg("--ctl-socket")
+            .arg(&self.socket)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "socialweb-broker {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    pub fn cli_json(&self, args: &[&str]) -> Result<Value> {
+        let mut a = args.to_vec();
+        a.push("--json");
+        Ok(serde_json::from_str(&self.cli(&a)?)?)
+    }
+
+    /// The admin kubeconfig of a cluster.
+    pub fn kubeconfig(&self, cluster: &str) -> PathBuf {
+        self.state
+            .join("clusters")
+            .join(cluster)
+            .join("pki/admin.kubeconfig")
+    }
+
+    /// kubectl as the cluster's admin, from the host namespace.
+    pub fn kubectl(&self, cluster: &str, args: &[&str]) -> Result<String> {
+        let bins = binaries()?;
+        let out = self
+            .host
+            .command(&bins.kube().to_string_lossy())
+            .arg("kubectl")
+            .arg(format!(
+                "--kubeconfig={}",
+                self.kubeconfig(cluster).display()
+            ))
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    pub fn kubectl_json(&self, cluster: &str, args: &[&str]) -> Result<Value> {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        Ok(serde_json::from_str(&self.kubectl(cluster, &a)?)?)
+    }
+
+    /// `kubectl apply -f -`.
+    pub fn apply(&self, cluster: &str, manifest: &str) -> Result<()> {
+        use std::io::Write;
+        let bins = binaries()?;
+        let mut child = self
+            .host
+            .command(&bins.kube().to_string_lossy())
+            .arg("kubectl")
+            .arg(format!(
+                "--kubeconfig={}",
+                self.kubeconfig(cluster).display()
+            ))
+            .args(["apply", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(manifest.as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl apply: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+
+    /// The provider's own view: every lease it holds, asked over the market protocol.
+    pub fn provider_leases(&self) -> Result<Vec<Value>> {
+        let out = self
+            .host
+            .exec(
+                "curl",
+                &[
+                    "-sf",
+                    "--max-time",
+                    "5",
+                    &format!("http://{PROVIDER_ADDR}/v1/leases"),
+                ],
+            )
+            .context("asking the provider for its leases")?;
+        let v: Value = serde_json::from_str(&out)?;
+        Ok(v["leases"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Leases the provider holds live (booting or running).
+    pub fn live_leases(&self) -> Result<Vec<Value>> {
+        Ok(self
+            .provider_leases()?
+            .into_iter()
+            .filter(|l| matches!(l["state"].as_str(), Some("booting" | "running")))
+            .collect())
+    }
+
+    /// `cluster show --json`'s decisions, as `(action, target, reason)`.
+    pub fn decisions(&self, cluster: &str) -> Result<Vec<(String, i64, String)>> {
+        let v = self.cli_json(&["cluster", "show", cluster])?;
+        Ok(v["decisions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| {
+                (
+                    d["action"].as_str().unwrap_or("").to_string(),
+                    d["target"].as_i64().unwrap_or(-1),
+                    d["reason"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect())
+    }
+
+    /// Waits for a decision `action` with `target` nodes, returns its reason.
+    pub fn wait_decision(
+        &self,
+        cluster: &str,
+        action: &str,
+        target: i64,
+        timeout: Duration,
+    ) -> Result<String> {
+        wait_for(
+            &format!("decision {action} nodes={target}"),
+            timeout,
+            || {
+                Ok(self
+                    .decisions(cluster)?
+                    .into_iter()
+                    .rev()
+                    .find(|(a, t, _)| a == action && *t == target)
+                    .map(|(_, _, r)| r))
+            },
+        )
+        .with_context(|| self.diagnostics())
+    }
+
+    /// The scratch directory of a node's machine (its agent's and children's logs).
+    pub fn node_dirs(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.state.join("local-provider/nodes"))
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect()
+    }
+
+    /// The broker's and provider's log tails, and every node's agent log tail.
+    pub fn diagnostics(&self) -> String {
+        let mut out = format!(
+            "--- broker ---\n{}\n--- provider ---\n{}\n",
+            crate::k8s::tail_of(&self.log("broker"), 40),
+            crate::k8s::tail_of(&self.log("provider"), 20)
+        );
+        for d in self.node_dirs() {
+            out.push_str(&format!(
+                "--- node {} agent ---\n{}\n",
+                d.display(),
+                crate::k8s::tail_of(&d.join("agent.log"), 15)
+            ));
+            for child in ["containerd", "kubelet", "kube-proxy"] {
+                let log = d.join("var-log/socialweb").join(format!("{child}.log"));
+                if log.exists() {
+                    out.push_str(&format!(
+                        "--- {child} ---\n{}\n",
+                        crate::k8s::tail_of(&log, 10)
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// Destroys every machine the provider made (their network namespaces and cgroups).
+    fn destroy_machines(&self) {
+        for ns in crate::netns::list() {
+            if ns.starts_with(&format!("{}n", self.prefix)) {
+                let _ = crate::netns::remove(&ns);
+            }
+        }
+        for cg in socialweb_broker::market::local::machine::cgroups_with_prefix(&self.prefix) {
+            socialweb_broker::market::local::machine::destroy_cgroup(&cg);
+        }
+    }
+}
+
+impl Drop for Broker<'_> {
+    fn drop(&mut self) {
+        self.broker.kill_now();
+        self.provider.kill_now();
+        self.destroy_machines();
+    }
+}
+
+/// A JSON value as a TOML inline value (objects become inline tables).
+fn toml_inline(v: &Value) -> String {
+    match v {
+        Value::Object(m) => format!(
+            "{{ {} }}",
+            m.iter()
+                .map(|(k, v)| format!("{k:?} = {}", toml_inline(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Value::Array(a) => format!(
+            "[{}]",
+            a.iter().map(toml_inline).collect::<Vec<_>>().join(", ")
+        ),
+        Value::Null => "\"\"".into(),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,116 @@
+//! A real PostgreSQL server for the broker's store tests: Debian's `postgresql` package,
+//! a private cluster made with `initdb` in a scratch directory, run as the `postgres` user on
+//! loopback inside a test namespace, removed with the test.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::k8s::wait_for;
+use crate::netns::Netns;
+use crate::process::{Spawned, run_checked};
+use crate::tmp::TempDir;
+
+/// A running server with one database, `broker`.
+#[derive(Debug)]
+pub struct Postgres {
+    _server: Spawned,
+    /// `postgres://postgres@127.0.0.1:5432/broker` (inside the namespace).
+    pub url: String,
+    _dir: TempDir,
+}
+
+fn bin_dir() -> Result<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .context("no /usr/lib/postgresql: install Debian's postgresql package (./x deps does)")?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|p| p.join("initdb").is_file())
+        .collect();
+    dirs.sort();
+    dirs.pop()
+        .context("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")
+}
+
+impl Postgres {
+    /// Starts a server in `ns`, listening on 127.0.0.1:5432 there.
+    pub fn start(ns: &Netns) -> Result<Postgres> {
+        let bin = bin_dir()?;
+        let dir = TempDir::new("pg")?;
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(&data)?;
+        run_checked(
+            Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(dir.path()),
+        )?;
+        run_checked(
+            Command::new("runuser")
+                .args(["-u", "postgres", "--"])
+                .arg(bin.join("initdb"))
+                .args(["--auth=trust", "-U", "postgres", "-E", "UTF8", "-D"])
+                .arg(&data),
+        )
+        .context("initdb")?;
+        let mut cmd = ns.command("runuser");
+        cmd.args(["-u", "postgres", "--"])
+            .arg(bin.join("postgres"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-h", "127.0.0.1", "-p", "5432", "-k"])
+            .arg(dir.path())
+            .args(["-c", "fsync=on"]);
+        let server = Spawned::start_logged(cmd, "postgres", &dir.path().join("postgres.log"))?;
+        wait_for(
+            "PostgreSQL to accept connections",
+            Duration::from_secs(30),
+            || {
+                let out = ns.output(
+                    "runuser",
+                    &[
+                        "-u",
+                        "postgres",
+                        "--",
+                        "psql",
+                        "-h",
+                        "127.0.0.1",
+                        "-p",
+                        "5432",
+                        "-U",
+                        "postgres",
+                        "-c",
+                        "select 1",
+                    ],
+                )?;
+                Ok(out.status.success().then_some(()))
+            },
+        )
+        .with_context(|| crate::k8s::tail_of(&dir.path().join("postgres.log"), 20))?;
+        let out = ns.output(
+            "runuser",
+            &[
+                "-u",
+                "postgres",
+                "--",
+                "psql",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                "5432",
+                "-U",
+                "postgres",
+                "-c",
+                "create database broker",
+            ],
+        )?;
+        if !out.status.success() {
+            bail!("create database: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(Postgres {
+            _server: server,
+            url: "postgres://postgres@127.0.0.1:5432/broker".into(),
+            _dir: dir,
+        })
+    }
+}

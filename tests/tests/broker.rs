@@ -1,0 +1,468 @@
+//! The broker end to end, as the operator runs it: `socialweb-broker run` on a host, a
+//! cluster created with `socialweb-broker cluster create`, workloads applied with kubectl,
+//! nodes rented from the local provider (machines on this host that join by themselves) and
+//! released when the work stops. Every check of what is leased asks the provider, not the
+//! broker.
+
+use std::time::{Duration, Instant};
+
+use testbed::Netns;
+use testbed::broker::{Broker, BrokerOptions};
+use testbed::k8s::wait_for;
+
+fn host() -> Netns {
+    let h = Netns::new("bhost").unwrap();
+    testbed::link::sysctl(&h, "net.ipv4.ip_forward", "0").unwrap();
+    h
+}
+
+fn pod(name: &str, script: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default, labels: {{app: ci-job}}}}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: job
+    image: socialweb.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", {script:?}]
+    resources: {{requests: {{cpu: 100m, memory: 64Mi}}}}
+"#
+    )
+}
+
+fn step(t: Instant, what: &str) {
+    eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
+}
+
+#[test]
+fn a_cluster_rests_at_zero_rents_a_node_for_a_pod_and_returns_to_zero() {
+    let t = Instant::now();
+    let host = host();
+    let b = Broker::start(&host, BrokerOptions::default()).unwrap();
+    let created = b.cli_json(&["cluster", "create", "demo"]).unwrap();
+    assert_eq!(created["state"], "ready", "{created}\n{}", b.diagnostics());
+    step(t, "cluster created, control plane ready");
+    assert_eq!(
+        b.kubectl("demo", &["get", "--raw", "/readyz"])
+            .unwrap()
+            .trim(),
+        "ok"
+    );
+    assert_eq!(
+        b.kubectl_json("demo", &["get", "nodes"]).unwrap()["items"],
+        serde_json::json!([])
+    );
+    assert!(b.live_leases().unwrap().is_empty());
+
+    b.apply("demo", &pod("job", "echo hello from $(hostname); sleep 2"))
+        .unwrap();
+    let reason = b
+        .wait_decision("demo", "Provision", 1, Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(reason, "Provision: intent and no node");
+    step(t, "Provision nodes=1: intent and no node");
+    let phase = wait_for(
+        "the pod to run to completion",
+        Duration::from_secs(120),
+        || {
+            let v = b.kubectl_json("demo", &["get", "pod", "job"])?;
+            Ok(
+                matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+                    .then(|| v["status"]["phase"].as_str().unwrap_or("").to_string()),
+            )
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    assert_eq!(phase, "Succeeded");
+    let log = b.kubectl("demo", &["logs", "job"]).unwrap();
+    assert_eq!(log.trim(), "hello from job");
+    let nodes = b.kubectl_json("demo", &["get", "nodes"]).unwrap();
+    assert_eq!(nodes["items"].as_array().unwrap().len(), 1);
+    assert_eq!(nodes["items"][0]["metadata"]["name"], "demo-1");
+    assert_eq!(b.live_leases().unwrap().len(), 1);
+    step(t, "the node joined and the pod ran; log read back");
+
+    b.kubectl("demo", &["delete", "pod", "job", "--wait=true"])
+        .unwrap();
+    let reason = b
+        .wait_decision("demo", "Teardown", 0, Duration::from_secs(60))
+        .unwrap();
+    assert!(
+        reason.starts_with("Teardown: nothing running for "),
+        "{reason}"
+    );
+    assert!(reason.ends_with(", past the 3s hold"), "{reason}");
+    step(t, &reason);
+    wait_for(
+        "the provider to hold no live lease",
+        Duration::from_secs(60),
+        || Ok(b.live_leases()?.is_empty().then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let leases = b.provider_leases().unwrap();
+    assert_eq!(leases.len(), 1);
+    assert_eq!(leases[0]["state"], "released");
+    wait_for("the Node to be gone", Duration::from_secs(30), || {
+        Ok(b.kubectl_json("demo", &["get", "nodes"])?["items"]
+            .as_array()
+            .is_some_and(|a| a.is_empty())
+            .then_some(()))
+    })
+    .unwrap();
+    assert_eq!(
+        b.kubectl("demo", &["get", "--raw", "/readyz"])
+            .unwrap()
+            .trim(),
+        "ok"
+    );
+    step(
+        t,
+        "back to zero nodes, zero leases, control plane still Ready",
+    );
+
+    b.cli(&["cluster", "delete", "demo"]).unwrap();
+    assert_eq!(
+        b.cli_json(&["cluster", "list"]).unwrap(),
+        serde_json::json!([])
+    );
+    assert!(
+        !b.state.join("clusters/demo").exists(),
+        "the cluster's data removed"
+    );
+}
+
+/// The seeds' GitLab affinity: one job per node.
+fn gitlab_job(i: u32, secs: u32) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: scale-check-{i}
+  namespace: default
+  labels: {{project.runner.gitlab.com/id: "42", job.runner.gitlab.com/pod: scale-check-{i}}}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  affinity:
+    podAntiAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+      - topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchExpressions: [{{key: project.runner.gitlab.com/id, operator: Exists}}]
+  containers:
+  - name: build
+    image: socialweb.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo SCALE_CHECK job=scale-check-{i} pod=$(hostname); sleep {secs}"]
+    resources: {{requests: {{cpu: 100m, memory: 64Mi}}}}
+"#
+    )
+}
+
+#[test]
+fn five_jobs_one_per_node_rent_five_nodes_then_the_cluster_returns_to_zero() {
+    let t = Instant::now();
+    let host = host();
+    let b = Broker::start(&host, BrokerOptions::default()).unwrap();
+    assert_eq!(
+        b.cli_json(&["cluster", "create", "ci"]).unwrap()["state"],
+        "ready"
+    );
+    let jobs: String = (1..=5)
+        .map(|i| format!("{}---\n", gitlab_job(i, 15)))
+        .collect();
+    b.apply("ci", &jobs).unwrap();
+    let reason = b
+        .wait_decision("ci", "Provision", 5, Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(reason, "Provision: intent and no node");
+    step(
+        t,
+        "5 job pods Pending, Provision nodes=5: intent and no node",
+    );
+    wait_for("5 nodes Ready", Duration::from_secs(240), || {
+        let v = b.kubectl_json("ci", &["get", "nodes"])?;
+        let ready = v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| {
+                n["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+            })
+            .count();
+        Ok((ready == 5).then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    step(t, "5 nodes joined on demand, all Ready");
+    let placed = wait_for("every job to finish", Duration::from_secs(180), || {
+        let v = b.kubectl_json("ci", &["get", "pods"])?;
+        let items = v["items"].as_array().cloned().unwrap_or_default();
+        let done = items.iter().all(|p| p["status"]["phase"] == "Succeeded");
+        Ok((items.len() == 5 && done).then(|| {
+            items
+                .iter()
+                .map(|p| p["spec"]["nodeName"].as_str().unwrap_or("").to_string())
+                .collect::<std::collections::BTreeSet<_>>()
+        }))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    assert_eq!(placed.len(), 5, "each job on its own node: {placed:?}");
+    for i in 1..=5 {
+        let log = b
+            .kubectl("ci", &["logs", &format!("scale-check-{i}")])
+            .unwrap();
+        assert!(
+            log.starts_with(&format!(
+                "SCALE_CHECK job=scale-check-{i} pod=scale-check-{i}"
+            )),
+            "{log}"
+        );
+    }
+    assert_eq!(b.live_leases().unwrap().len(), 5);
+    step(t, "each job pod on its own node; all 5 jobs succeeded");
+    b.kubectl("ci", &["delete", "pods", "--all", "--wait=true"])
+        .unwrap();
+    let reason = b
+        .wait_decision("ci", "Teardown", 0, Duration::from_secs(60))
+        .unwrap();
+    step(t, &reason);
+    wait_for(
+        "zero live leases at the provider",
+        Duration::from_secs(90),
+        || Ok(b.live_leases()?.is_empty().then_some(())),
+    )
+    .unwrap();
+    assert_eq!(
+        b.provider_leases().unwrap().len(),
+        5,
+        "five leases in all, never a sixth"
+    );
+    assert_eq!(
+        b.kubectl("ci", &["get", "--raw", "/readyz"])
+            .unwrap()
+            .trim(),
+        "ok"
+    );
+    step(t, "back at zero nodes, control plane still Ready");
+}
+
+/// Runs one job through a broker that a failpoint kills at `step` of its provision, then
+/// through the restarted broker; returns once the cluster is back at zero.
+fn job_through_a_crash(b: &mut Broker<'_>, cluster: &str, n: u32, step_name: &str) {
+    b.apply(cluster, &pod(&format!("job-{n}"), "echo done; sleep 1"))
+        .unwrap();
+    b.wait_broker_exit(Duration::from_secs(90))
+        .unwrap_or_else(|e| {
+            panic!(
+                "the failpoint at {step_name} did not fire: {e:#}\n{}",
+                b.diagnostics()
+            )
+        });
+    b.set_failpoints(None);
+    b.start_broker().unwrap();
+    let name = format!("job-{n}");
+    wait_for(
+        &format!("{name} to succeed after a crash at {step_name}"),
+        Duration::from_secs(180),
+        || {
+            let v = b.kubectl_json(cluster, &["get", "pod", &name])?;
+            Ok((v["status"]["phase"] == "Succeeded").then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let live = b.live_leases().unwrap();
+    assert_eq!(
+        live.len(),
+        1,
+        "crash at {step_name}: one lease, no double rent: {live:?}"
+    );
+    let nodes = b.kubectl_json(cluster, &["get", "nodes"]).unwrap();
+    assert_eq!(
+        nodes["items"].as_array().unwrap().len(),
+        1,
+        "crash at {step_name}: one node"
+    );
+    b.kubectl(cluster, &["delete", "pod", &name, "--wait=true"])
+        .unwrap();
+    wait_for("zero live leases", Duration::from_secs(90), || {
+        Ok(b.live_leases()?.is_empty().then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+}
+
+#[test]
+fn the_broker_killed_after_each_step_of_a_provision_finishes_it_with_no_orphan_and_no_double() {
+    let t = Instant::now();
+    let host = host();
+    let mut b = Broker::start(
+        &host,
+        BrokerOptions {
+            separate_provider: true,
+            hold: Duration::from_secs(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        b.cli_json(&["cluster", "create", "crash"]).unwrap()["state"],
+        "ready"
+    );
+    for (n, s) in [
+        "planned", "rfp_sent", "accepted", "booting", "running", "joined",
+    ]
+    .iter()
+    .enumerate()
+    {
+        b.kill_broker();
+        b.set_failpoints(Some(&format!("broker::{s}=return")));
+        b.start_broker().unwrap();
+        job_through_a_crash(&mut b, "crash", n as u32, s);
+        step(
+            t,
+            &format!("killed after {s}: the job ran on one node, back to zero"),
+        );
+    }
+    let all = b.provider_leases().unwrap();
+    assert_eq!(
+        all.len(),
+        6,
+        "one lease per job, none orphaned or doubled: {all:?}"
+    );
+    assert!(all.iter().all(|l| l["state"] == "released"), "{all:?}");
+}
+
+#[test]
+fn market_faults_are_retried_or_replanned_with_a_reason_and_nothing_leaks() {
+    let host = host();
+    let b = Broker::start(
+        &host,
+        BrokerOptions {
+            separate_provider: true,
+            request_timeout: Duration::from_secs(2),
+            provider_failpoints: Some(
+                "provider::hang=1*return;provider::garbage=1*return;provider::no_bid=1*return;provider::fail_boot=1*return"
+                    .into(),
+            ),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        b.cli_json(&["cluster", "create", "faults"]).unwrap()["state"],
+        "ready"
+    );
+    b.apply("faults", &pod("job", "echo survived; sleep 1"))
+        .unwrap();
+    wait_for(
+        "the job to succeed despite the faults",
+        Duration::from_secs(240),
+        || {
+            let v = b.kubectl_json("faults", &["get", "pod", "job"])?;
+            Ok((v["status"]["phase"] == "Succeeded").then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let show = b.cli_json(&["cluster", "show", "faults"]).unwrap();
+    let reasons: Vec<String> = show["provisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["state"] == "failed")
+        .map(|p| p["reason"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("no bid before the deadline")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.contains("boot failed")),
+        "{reasons:?}"
+    );
+    let log = std::fs::read_to_string(b.log("broker")).unwrap();
+    assert!(
+        log.contains("no answer within"),
+        "the hang was seen as a timeout"
+    );
+    assert!(log.contains("unreadable"), "the garbage was seen as such");
+    // Nothing leaked: one live lease (the node the job ran on), the failed boot's released.
+    let leases = b.provider_leases().unwrap();
+    let live: Vec<_> = leases
+        .iter()
+        .filter(|l| matches!(l["state"].as_str(), Some("booting" | "running")))
+        .collect();
+    assert_eq!(live.len(), 1, "{leases:?}");
+    assert!(leases.iter().any(|l| l["state"] == "failed"), "{leases:?}");
+    b.kubectl("faults", &["delete", "pod", "job", "--wait=true"])
+        .unwrap();
+    wait_for("zero live leases", Duration::from_secs(90), || {
+        Ok(b.live_leases()?.is_empty().then_some(()))
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_pod_no_node_can_hold_rents_nothing_and_gets_an_event() {
+    let host = host();
+    let b = Broker::start(&host, BrokerOptions::default()).unwrap();
+    assert_eq!(
+        b.cli_json(&["cluster", "create", "big"]).unwrap()["state"],
+        "ready"
+    );
+    b.apply(
+        "big",
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: huge, namespace: default}
+spec:
+  containers:
+  - name: c
+    image: socialweb.local/busybox:1
+    command: ["sleep", "60"]
+    resources: {requests: {cpu: "64", memory: 64Mi}}
+"#,
+    )
+    .unwrap();
+    let ev = wait_for(
+        "a Warning Event on the pod",
+        Duration::from_secs(30),
+        || {
+            let v = b.kubectl_json(
+                "big",
+                &[
+                    "get",
+                    "events",
+                    "--field-selector",
+                    "involvedObject.name=huge",
+                ],
+            )?;
+            Ok(v["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["reason"] == "NotTriggerScaleUp")
+                .map(|e| e["message"].as_str().unwrap_or("").to_string()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    assert!(
+        ev.contains("64000m CPU, more than a whole node on offer (2 vCPU)"),
+        "{ev}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(b.provider_leases().unwrap().is_empty(), "nothing rented");
+    assert!(
+        !b.decisions("big")
+            .unwrap()
+            .iter()
+            .any(|(a, _, _)| a == "Provision")
+    );
+}

@@ -1,0 +1,156 @@
+//! The broker's store against both backends it supports, with the same queries: SQLite (a
+//! file) and a real PostgreSQL server started by the test. Then the daemon itself on
+//! PostgreSQL: a cluster created, listed and deleted.
+
+use std::time::{Duration, SystemTime};
+
+use socialweb_broker::store::{DecisionRow, Provision, Step, Store, millis};
+use testbed::Netns;
+use testbed::broker::{Broker, BrokerOptions};
+use testbed::postgres::Postgres;
+use testbed::tmp::TempDir;
+
+fn provision(cluster: &str, node: &str) -> Provision {
+    Provision {
+        id: format!("id-{node}"),
+        cluster: cluster.into(),
+        node: node.into(),
+        state: Step::Planned,
+        rfp_id: format!("rfp-{node}"),
+        bid_id: None,
+        lease_id: format!("lease-{node}"),
+        provider: None,
+        token_id: "abcdef".into(),
+        token_secret: "0123456789abcdef".into(),
+        mesh_key: "11".repeat(32),
+        endpoint: "e".into(),
+        reason: None,
+        attempts: 0,
+        created_at: 1,
+        updated_at: 1,
+    }
+}
+
+/// The same checks on any backend, with a reopen of the same store between (as a restart).
+async fn exercise(url: &str) {
+    let s = Store::open(url).await.unwrap();
+    let now = SystemTime::now();
+    let c = s.create_cluster("demo", now).await.unwrap();
+    assert_eq!((c.state.as_str(), c.next_node), ("active", 1));
+    let e = s.create_cluster("demo", now).await.unwrap_err();
+    assert!(e.to_string().contains("exists already"), "{e}");
+    assert_eq!(s.next_node_name("demo").await.unwrap(), "demo-1");
+    assert_eq!(s.next_node_name("demo").await.unwrap(), "demo-2");
+    let ports = s
+        .lease_ports("demo", &["api", "etcd"], 20000, 10, |_| true)
+        .await
+        .unwrap();
+    assert_eq!(ports.len(), 2);
+    assert_ne!(ports[0].1, ports[1].1);
+    s.create_cluster("other", now).await.unwrap();
+    let other = s
+        .lease_ports("other", &["api"], 20000, 10, |p| p != 20002)
+        .await
+        .unwrap();
+    assert!(
+        !ports.iter().any(|(_, p)| *p == other[0].1),
+        "ports are not shared"
+    );
+    assert_ne!(other[0].1, 20002, "a busy port is skipped");
+    let mut p = provision("demo", "demo-1");
+    s.insert_provision(&p).await.unwrap();
+    p.state = Step::Accepted;
+    p.bid_id = Some("bid".into());
+    p.updated_at = 5;
+    s.update_provision(&p).await.unwrap();
+    s.record_decision(&DecisionRow {
+        cluster: "demo".into(),
+        at: millis(now),
+        action: "Provision".into(),
+        target: 1,
+        nodes: 0,
+        intent: 1,
+        reason: "Provision: intent and no node".into(),
+    })
+    .await
+    .unwrap();
+    s.set_last_intent("demo", now + Duration::from_secs(5))
+        .await
+        .unwrap();
+    s.close().await;
+
+    // A restart finds everything as it was written.
+    let s = Store::open(url).await.unwrap();
+    let got = s.provisions(Some("demo")).await.unwrap();
+    assert_eq!(got, vec![p.clone()]);
+    assert_eq!(got[0].token_secret, "0123456789abcdef");
+    assert_eq!(s.ports("demo").await.unwrap(), ports, "ports stay leased");
+    assert_eq!(
+        s.decisions("demo").await.unwrap()[0].reason,
+        "Provision: intent and no node"
+    );
+    assert_eq!(
+        s.cluster("demo").await.unwrap().unwrap().last_intent_at,
+        millis(now + Duration::from_secs(5))
+    );
+    assert_eq!(
+        s.next_node_name("demo").await.unwrap(),
+        "demo-3",
+        "names are never reused"
+    );
+    s.delete_cluster("demo").await.unwrap();
+    assert!(s.cluster("demo").await.unwrap().is_none());
+    assert!(s.provisions(Some("demo")).await.unwrap().is_empty());
+    assert!(s.ports("demo").await.unwrap().is_empty());
+    assert_eq!(s.clusters().await.unwrap().len(), 1);
+    s.close().await;
+}
+
+#[test]
+fn the_store_keeps_the_same_records_on_sqlite_and_postgresql() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = TempDir::new("store").unwrap();
+    rt.block_on(exercise(&format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("b.db").display()
+    )));
+
+    let ns = Netns::new("pg").unwrap();
+    let pg = Postgres::start(&ns).unwrap();
+    // The store client runs in the namespace where PostgreSQL listens on loopback.
+    ns.run(|| {
+        tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(exercise(&pg.url));
+    })
+    .unwrap();
+}
+
+#[test]
+fn the_daemon_runs_on_postgresql() {
+    let host = Netns::new("bhost").unwrap();
+    let pg = Postgres::start(&host).unwrap();
+    let b = Broker::start(
+        &host,
+        BrokerOptions {
+            store_url: Some(pg.url.clone()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let c = b.cli_json(&["cluster", "create", "pg"]).unwrap();
+    assert_eq!(c["state"], "ready", "{c}\n{}", b.diagnostics());
+    let list = b.cli_json(&["cluster", "list"]).unwrap();
+    assert_eq!(list[0]["name"], "pg");
+    assert_eq!(
+        b.kubectl("pg", &["get", "--raw", "/readyz"])
+            .unwrap()
+            .trim(),
+        "ok"
+    );
+    b.cli(&["cluster", "delete", "pg"]).unwrap();
+    assert_eq!(
+        b.cli_json(&["cluster", "list"]).unwrap(),
+        serde_json::json!([])
+    );
+}
