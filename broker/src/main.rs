@@ -97,16 +97,19 @@ enum ClusterCommand {
     Delete { name: String },
 }
 
+/// Who the relay admits: exactly one of an allow list or --open, so that a relay open to
+/// anyone is never started by forgetting the list.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("admit").required(true).args(["allow", "open"])))]
 struct RelayArgs {
     /// Address to serve plain HTTP on; nodes use http://<this>.
     #[arg(long, default_value = "0.0.0.0:3340")]
     listen: SocketAddr,
     /// Admit only these endpoint ids (repeatable). Required unless --open.
-    #[arg(long = "allow", required_unless_present = "open")]
+    #[arg(long = "allow")]
     allow: Vec<String>,
     /// Admit anyone (a relay open to the internet relays anyone's traffic; for experiments).
-    #[arg(long, conflicts_with = "allow")]
+    #[arg(long)]
     open: bool,
 }
 

@@ -2,8 +2,8 @@
 //!
 //! - The scale decision's cost over 10,000 Pods (the pure function, in process).
 //! - One `socialweb-broker run` (the release build, the embedded local provider), one cluster:
-//!   the resident memory of its idle control plane (every process of it, from the pidfiles),
-//!   sampled once a second after it settles.
+//!   the memory of its idle control plane (every process of it, from the pidfiles: resident
+//!   and proportional set), sampled once a second after it settles.
 //! - Rounds of one Pod from zero: from the start of `kubectl create` to the broker's stored
 //!   `Provision` decision, and to the Pod Running on a node rented for it; then back to zero
 //!   before the next round.
@@ -102,9 +102,12 @@ fn decision_cost() {
     stats("decide_10k_pods", "us", us);
 }
 
-/// Resident memory of the processes a cluster's pidfiles name, in MiB.
-fn control_plane_rss(run_dir: &Path) -> Result<(f64, Vec<(String, f64)>)> {
+/// Memory of the processes a cluster's pidfiles name, in MiB: the resident set of each, and
+/// the total proportional set (shared pages split between the processes sharing them: the
+/// four components are one multicall binary, whose text RSS counts four times).
+fn control_plane_memory(run_dir: &Path) -> Result<Memory> {
     let mut total = 0.0;
+    let mut pss = 0.0;
     let mut each = Vec::new();
     for e in std::fs::read_dir(run_dir).with_context(|| format!("reading {}", run_dir.display()))? {
         let path = e?.path();
@@ -122,13 +125,39 @@ fn control_plane_rss(run_dir: &Path) -> Result<(f64, Vec<(String, f64)>)> {
             .parse()?;
         let mib = rss_mib(pid)?;
         total += mib;
+        pss += pss_mib(pid)?;
         each.push((name.replace('-', "_"), mib));
     }
     if each.is_empty() {
         bail!("no control-plane pidfile in {}", run_dir.display());
     }
     each.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok((total, each))
+    Ok(Memory {
+        rss_total: total,
+        pss_total: pss,
+        rss_each: each,
+    })
+}
+
+/// [`control_plane_memory`]'s reading, in MiB.
+struct Memory {
+    rss_total: f64,
+    pss_total: f64,
+    /// Per component, by name.
+    rss_each: Vec<(String, f64)>,
+}
+
+fn pss_mib(pid: u32) -> Result<f64> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))?;
+    let kb: f64 = rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .context("no Pss")?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()?;
+    Ok(kb / 1024.0)
 }
 
 fn rss_mib(pid: u32) -> Result<f64> {
@@ -202,17 +231,20 @@ fn main() -> Result<()> {
     std::thread::sleep(Duration::from_secs(10));
     let run_dir = b.state.join("clusters/bench/run");
     let mut totals = Vec::new();
+    let mut psss = Vec::new();
     let mut last = Vec::new();
     for _ in 0..args.samples.max(1) {
-        let (total, each) = control_plane_rss(&run_dir)?;
-        totals.push(total);
-        last = each;
+        let m = control_plane_memory(&run_dir)?;
+        totals.push(m.rss_total);
+        psss.push(m.pss_total);
+        last = m.rss_each;
         std::thread::sleep(Duration::from_secs(1));
     }
     for (name, mib) in &last {
         println!("idle_{name}_rss_mib={mib:.1}");
     }
     stats("idle_control_plane_rss", "mib", totals);
+    stats("idle_control_plane_pss", "mib", psss);
 
     let (mut to_provision, mut to_running) = (Vec::new(), Vec::new());
     for r in 1..=args.rounds {
