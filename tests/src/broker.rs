@@ -308,34 +308,7 @@ upstream_resolvers = ["{HOST_SERVICE_ADDR}"]
 
     /// `kubectl apply -f -`.
     pub fn apply(&self, cluster: &str, manifest: &str) -> Result<()> {
-        use std::io::Write;
-        let bins = binaries()?;
-        let mut child = self
-            .host
-            .command(&bins.kube().to_string_lossy())
-            .arg("kubectl")
-            .arg(format!(
-                "--kubeconfig={}",
-                self.kubeconfig(cluster).display()
-            ))
-            .args(["apply", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()?;
-        child
-            .stdin
-            .take()
-            .expect("piped")
-            .write_all(manifest.as_bytes())?;
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "kubectl apply: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(())
+        crate::k8s::kubectl_apply(self.host, &self.kubeconfig(cluster), manifest).map(|_| ())
     }
 
     /// The provider's own view: every lease it holds, asked over the market protocol.

@@ -66,44 +66,12 @@ impl Postgres {
             "PostgreSQL to accept connections",
             Duration::from_secs(30),
             || {
-                let out = ns.output(
-                    "runuser",
-                    &[
-                        "-u",
-                        "postgres",
-                        "--",
-                        "psql",
-                        "-h",
-                        "127.0.0.1",
-                        "-p",
-                        "5432",
-                        "-U",
-                        "postgres",
-                        "-c",
-                        "select 1",
-                    ],
-                )?;
+                let out = psql(ns, "select 1")?;
                 Ok(out.status.success().then_some(()))
             },
         )
         .with_context(|| crate::k8s::tail_of(&dir.path().join("postgres.log"), 20))?;
-        let out = ns.output(
-            "runuser",
-            &[
-                "-u",
-                "postgres",
-                "--",
-                "psql",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                "5432",
-                "-U",
-                "postgres",
-                "-c",
-                "create database broker",
-            ],
-        )?;
+        let out = psql(ns, "create database broker")?;
         if !out.status.success() {
             bail!("create database: {}", String::from_utf8_lossy(&out.stderr));
         }
@@ -113,4 +81,25 @@ impl Postgres {
             _dir: dir,
         })
     }
+}
+
+/// `psql -c <sql>` as the `postgres` user against the server on the namespace's loopback.
+fn psql(ns: &Netns, sql: &str) -> Result<std::process::Output> {
+    ns.output(
+        "runuser",
+        &[
+            "-u",
+            "postgres",
+            "--",
+            "psql",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            "5432",
+            "-U",
+            "postgres",
+            "-c",
+            sql,
+        ],
+    )
 }

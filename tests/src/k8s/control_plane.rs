@@ -219,30 +219,7 @@ impl<'a> ControlPlane<'a> {
 
     /// `kubectl apply -f -` with `manifest` on stdin.
     pub fn apply(&self, manifest: &str) -> Result<String> {
-        use std::io::Write;
-        let mut child = self
-            .ns
-            .command(&self.bins.kube().to_string_lossy())
-            .arg("kubectl")
-            .arg(format!("--kubeconfig={}", self.admin_kubeconfig.display()))
-            .args(["apply", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()?;
-        child
-            .stdin
-            .take()
-            .expect("piped")
-            .write_all(manifest.as_bytes())?;
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "kubectl apply: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        super::kubectl_apply(self.ns, &self.admin_kubeconfig, manifest)
     }
 
     /// Names of the Nodes the cluster has.

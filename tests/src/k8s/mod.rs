@@ -100,6 +100,38 @@ pub fn wait_for<T>(
     }
 }
 
+/// `kubectl apply -f -` with `manifest` on stdin, in `ns`, as the user of `kubeconfig`;
+/// returns what kubectl printed.
+pub fn kubectl_apply(
+    ns: &crate::netns::Netns,
+    kubeconfig: &Path,
+    manifest: &str,
+) -> Result<String> {
+    use std::io::Write;
+    let mut child = ns
+        .command(&binaries()?.kube().to_string_lossy())
+        .arg("kubectl")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(manifest.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "kubectl apply: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// The last `lines` lines of a log file (for failure messages).
 pub fn tail_of(path: &Path, lines: usize) -> String {
     tail(path, lines)

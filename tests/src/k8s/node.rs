@@ -156,7 +156,8 @@ impl KubeNode {
         )
         .with_context(|| tail(&d.join("holder.log"), 10))?;
         // nsenter, unshare and sh exec one another: the holder's pid ends up running `sleep`.
-        let holder_pid = find_sleep_child(holder.id()).context("finding the holder's process")?;
+        let holder_pid = socialweb_broker::market::local::machine::find_sleep_child(holder.id())
+            .context("finding the holder's process")?;
         timings.push(("machine", t.elapsed()));
 
         // What the node image carries: the seed images and the Kubernetes node binaries.
@@ -512,7 +513,7 @@ impl KubeNode {
         self.cgroup.destroy();
         // containerd-shims left the cgroup tree (they live beside containerd); kill whatever
         // still runs in the node's mount namespace, then the holder, which ends it.
-        kill_mount_namespace(self.holder_pid);
+        socialweb_broker::market::local::machine::kill_mount_namespace(self.holder_pid);
         self.holder.kill_now();
     }
 }
@@ -530,69 +531,4 @@ fn dir_seq(dir: &Path) -> String {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     name.split('-').nth(2).unwrap_or("0").to_string()
-}
-
-/// The `sleep` descendant of `pid` (the holder's actual process after `ip netns exec` and
-/// `unshare` have exec'd or forked).
-fn find_sleep_child(pid: u32) -> Result<u32> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let mut stack = vec![pid];
-        while let Some(p) = stack.pop() {
-            if std::fs::read_to_string(format!("/proc/{p}/comm"))
-                .map(|c| c.trim() == "sleep")
-                .unwrap_or(false)
-            {
-                return Ok(p);
-            }
-            let children =
-                std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
-            stack.extend(
-                children
-                    .split_whitespace()
-                    .filter_map(|c| c.parse::<u32>().ok()),
-            );
-        }
-        if Instant::now() > deadline {
-            bail!("no sleep process below {pid}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Kills every process whose mount namespace is that of `pid`, except `pid` itself.
-fn kill_mount_namespace(pid: u32) {
-    let Ok(target) = std::fs::metadata(format!("/proc/{pid}/ns/mnt")).map(|m| m.ino()) else {
-        return;
-    };
-    for _ in 0..50 {
-        let mut found = false;
-        for entry in std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok())
-        {
-            let Ok(p) = entry.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            if p as u32 == pid {
-                continue;
-            }
-            if std::fs::metadata(format!("/proc/{p}/ns/mnt"))
-                .map(|m| m.ino())
-                .ok()
-                == Some(target)
-            {
-                found = true;
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(p),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
-        if !found {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }

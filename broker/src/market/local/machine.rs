@@ -179,7 +179,7 @@ pub fn cgroups_with_prefix(prefix: &str) -> Vec<String> {
 }
 
 /// Kills every process whose mount namespace is that of `pid`, except `pid` itself.
-fn kill_mount_namespace(pid: u32) {
+pub fn kill_mount_namespace(pid: u32) {
     let Ok(target) = std::fs::metadata(format!("/proc/{pid}/ns/mnt")).map(|m| m.ino()) else {
         return;
     };
@@ -212,8 +212,9 @@ fn kill_mount_namespace(pid: u32) {
     }
 }
 
-/// The `sleep` descendant of `pid` (nsenter, unshare and sh exec one another).
-fn find_sleep_child(pid: u32) -> Result<u32> {
+/// The `sleep` descendant of `pid` (nsenter, unshare and sh exec one another), the process
+/// that holds a machine's mount namespace.
+pub fn find_sleep_child(pid: u32) -> Result<u32> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let mut stack = vec![pid];
