@@ -178,6 +178,10 @@ struct MachineArgs {
     /// Container image archives (*.tar, OCI or Docker) imported into containerd at boot.
     #[arg(long, default_value = "/var/lib/socialweb/images")]
     seed_images: PathBuf,
+    /// The seed disk: a block device (or file) holding image archives of any size behind a
+    /// manifest, written by socialweb-image-builder; imported at boot when it exists.
+    #[arg(long, default_value = socialweb_wire::seeds::DEFAULT_DISK)]
+    seed_disk: PathBuf,
     /// The pod sandbox image (must be among the seed images: nothing is pulled for it).
     #[arg(long, default_value = socialweb_agent::join::DEFAULT_SANDBOX_IMAGE)]
     sandbox_image: String,
@@ -299,6 +303,7 @@ async fn dispatch(command: Command) -> Result<()> {
                     cni_bin_dir: m.cni_bin_dir,
                     cni_conf_dir: m.cni_conf_dir,
                     seed_images: m.seed_images,
+                    seed_disk: m.seed_disk,
                     sandbox_image: m.sandbox_image,
                     cgroup_root: m.cgroup_root,
                     log_dir: m.child_log_dir,

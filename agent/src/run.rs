@@ -293,10 +293,31 @@ async fn bring_up(s: Arc<Shared>, stop: CancellationToken) -> Result<()> {
             )
             .await?;
             let total = images::archives(&m.seed_images)?.len();
+            let (ctr, socket, disk, record) = (
+                m.ctr.clone(),
+                m.containerd_socket(),
+                m.seed_disk.clone(),
+                m.images_record(),
+            );
+            let shared = s.clone();
+            let (from_disk, on_disk) = tokio::task::spawn_blocking(move || {
+                images::import_disk(&ctr, &socket, &disk, &record, |line| {
+                    shared.steps.detail("images", line)
+                })
+            })
+            .await??;
+            let disk = if on_disk > 0 {
+                format!(
+                    "; {on_disk} on the seed disk {}, {from_disk} imported now",
+                    m.seed_disk.display()
+                )
+            } else {
+                String::new()
+            };
             Ok((
                 (),
                 Some(format!(
-                    "{total} seed archives in {}, {n} imported now",
+                    "{total} seed archives in {}, {n} imported now{disk}",
                     m.seed_images.display()
                 )),
             ))

@@ -113,6 +113,9 @@ pub struct LocalProvider {
     pub seed_images: Vec<PathBuf>,
     /// Merged over each node's kubelet configuration.
     pub kubelet_config_patch: Option<serde_json::Value>,
+    /// A node image directory (`socialweb-image-builder build --out`): nodes run from its
+    /// root filesystem, as rented VMs do, instead of the host's `agent` and CNI plugins.
+    pub image: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -201,6 +204,7 @@ impl Default for LocalProvider {
             cni_bin_dir: "/usr/lib/cni".into(),
             seed_images: Vec::new(),
             kubelet_config_patch: None,
+            image: None,
         }
     }
 }

@@ -543,6 +543,7 @@ fn provider_config(cfg: &Config) -> ProviderConfig {
         cni_bin_dir: lp.cni_bin_dir.clone(),
         seed_images: lp.seed_images.clone(),
         kubelet_config_patch: lp.kubelet_config_patch.clone(),
+        image: lp.image.clone(),
         name: "local".into(),
         price_micros_per_hour: 0,
     }

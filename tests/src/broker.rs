@@ -42,6 +42,8 @@ pub struct BrokerOptions {
     pub request_timeout: Duration,
     pub node_vcpu: u32,
     pub node_mem_mib: u64,
+    /// Nodes run from this node image (`testbed::nodeimage`) instead of the host's binaries.
+    pub image: Option<PathBuf>,
 }
 
 impl Default for BrokerOptions {
@@ -58,6 +60,7 @@ impl Default for BrokerOptions {
             request_timeout: Duration::from_secs(5),
             node_vcpu: 2,
             node_mem_mib: 2048,
+            image: None,
         }
     }
 }
@@ -132,9 +135,9 @@ capacity = 8
 prefix = "{prefix}"
 agent = {agent:?}
 cni_bin_dir = {cni:?}
-seed_images = [{seed:?}]
+seed_images = [{seed}]
 kubelet_config_patch = {patch}
-
+{image}
 [clusters]
 upstream_resolvers = ["{HOST_SERVICE_ADDR}"]
 "#,
@@ -148,8 +151,17 @@ upstream_resolvers = ["{HOST_SERVICE_ADDR}"]
             timeout = humantime::format_duration(opts.request_timeout),
             agent = workspace_bin("socialweb-agent"),
             cni = cni.path(),
-            seed = seeds.join("busybox.tar"),
+            // A node image brings its own seeds (busybox among the suite image's).
+            seed = if opts.image.is_some() {
+                String::new()
+            } else {
+                format!("{:?}", seeds.join("busybox.tar"))
+            },
             patch = toml_inline(&test_kubelet_patch()),
+            image = match &opts.image {
+                Some(i) => format!("image = {i:?}\n"),
+                None => String::new(),
+            },
         );
         let config_path = d.join("broker.toml");
         std::fs::write(&config_path, config)?;

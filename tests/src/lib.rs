@@ -15,6 +15,7 @@ pub mod k8s;
 pub mod link;
 pub mod mesh;
 pub mod netns;
+pub mod nodeimage;
 pub mod postgres;
 pub mod probe;
 pub mod process;

@@ -40,9 +40,25 @@ fn step(t: Instant, what: &str) {
 
 #[test]
 fn a_cluster_rests_at_zero_rents_a_node_for_a_pod_and_returns_to_zero() {
+    one_node_loop(BrokerOptions::default());
+}
+
+/// The same loop with nodes booted from the node image users rent (`docs/image.md`): the
+/// provider mounts its `rootfs.ext4` and runs the image's own agent, containerd and kubelet,
+/// which import the image's seed disk (the sandbox image) at boot.
+#[test]
+fn the_one_node_loop_runs_on_the_node_image() {
+    let image = testbed::nodeimage::test_image().unwrap();
+    one_node_loop(BrokerOptions {
+        image: Some(image),
+        ..BrokerOptions::default()
+    });
+}
+
+fn one_node_loop(opts: BrokerOptions) {
     let t = Instant::now();
     let host = host();
-    let b = Broker::start(&host, BrokerOptions::default()).unwrap();
+    let b = Broker::start(&host, opts).unwrap();
     let created = b.cli_json(&["cluster", "create", "demo"]).unwrap();
     assert_eq!(created["state"], "ready", "{created}\n{}", b.diagnostics());
     step(t, "cluster created, control plane ready");

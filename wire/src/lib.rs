@@ -5,5 +5,6 @@
 pub mod ca;
 pub mod identity;
 pub mod mesh;
+pub mod seeds;
 
 pub use identity::{BootstrapToken, CaTrust, IdentityError, MeshSecretKey, NodeIdentity};

@@ -93,3 +93,103 @@ pub async fn import_new(
     }
     Ok(imported)
 }
+
+/// Imports what is new on the seed disk `disk` (`socialweb_wire::seeds`: a tar stream of
+/// image archives behind a manifest, written by `socialweb-image-builder`). Each archive is
+/// piped into `ctr images import -` as it is read, so an archive of any size goes through
+/// without a copy. A missing disk holds nothing. Blocking: run it on a blocking thread.
+/// Returns how many archives it imported and how many the disk holds.
+pub fn import_disk(
+    ctr: &Path,
+    socket: &Path,
+    disk: &Path,
+    record: &Path,
+    mut progress: impl FnMut(String),
+) -> Result<(usize, usize)> {
+    use socialweb_wire::seeds::{MANIFEST, SeedManifest};
+    use std::io::Read;
+    let file = match std::fs::File::open(disk) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, 0)),
+        Err(e) => return Err(e).with_context(|| format!("opening the seed disk {}", disk.display())),
+    };
+    let mut archive = tar::Archive::new(std::io::BufReader::with_capacity(1 << 20, file));
+    let mut entries = archive
+        .entries()
+        .with_context(|| format!("reading the seed disk {}", disk.display()))?;
+    let mut first = entries
+        .next()
+        .with_context(|| format!("the seed disk {} is empty", disk.display()))?
+        .with_context(|| format!("reading the seed disk {}", disk.display()))?;
+    if first.path()?.to_string_lossy() != MANIFEST {
+        bail!(
+            "the seed disk {} does not start with {MANIFEST}: not a seed disk",
+            disk.display()
+        );
+    }
+    let mut text = Vec::new();
+    first.read_to_end(&mut text)?;
+    drop(first);
+    let manifest = SeedManifest::from_json(&text)
+        .with_context(|| format!("the seed disk {}", disk.display()))?;
+    let done = std::fs::read_to_string(record).unwrap_or_default();
+    let mut imported = 0;
+    for (i, entry) in entries.enumerate() {
+        let mut entry = entry.with_context(|| format!("reading the seed disk {}", disk.display()))?;
+        let name = entry.path()?.to_string_lossy().into_owned();
+        let Some(want) = manifest.images.get(i).filter(|w| w.name == name) else {
+            bail!(
+                "the seed disk {} holds {name} where its manifest lists {:?}",
+                disk.display(),
+                manifest.images.get(i).map(|w| &w.name)
+            );
+        };
+        let fp = format!("disk {} {} {}", manifest.id, want.name, want.sha256);
+        if done.lines().any(|l| l == fp) {
+            continue;
+        }
+        let t = Instant::now();
+        progress(format!(
+            "importing {name} ({} MiB) from the seed disk ({}/{})",
+            want.bytes >> 20,
+            i + 1,
+            manifest.images.len()
+        ));
+        let mut child = std::process::Command::new(ctr)
+            .arg("--address")
+            .arg(socket)
+            .args(["-n", "k8s.io", "images", "import", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running {}", ctr.display()))?;
+        let mut stdin = child.stdin.take().context("ctr's stdin")?;
+        let copied = std::io::copy(&mut entry, &mut stdin);
+        drop(stdin);
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "importing {name} from the seed disk {}: {}",
+                disk.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let copied = copied.with_context(|| format!("piping {name} into ctr"))?;
+        if copied != want.bytes {
+            bail!(
+                "the seed disk {}: {name} has {copied} bytes, its manifest says {}",
+                disk.display(),
+                want.bytes
+            );
+        }
+        info!(archive = %name, bytes = copied, secs = t.elapsed().as_secs_f64(), "seed disk image imported into containerd");
+        let mut all_done = std::fs::read_to_string(record).unwrap_or_default();
+        all_done.push_str(&fp);
+        all_done.push('\n');
+        std::fs::write(record, all_done)
+            .with_context(|| format!("writing {}", record.display()))?;
+        imported += 1;
+    }
+    Ok((imported, manifest.images.len()))
+}

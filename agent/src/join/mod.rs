@@ -47,6 +47,8 @@ pub struct Machine {
     pub kubelet_dir: PathBuf,
     /// Image archives imported into containerd at boot.
     pub seed_images: PathBuf,
+    /// The seed disk (`socialweb_wire::seeds`), imported at boot too; absent: none.
+    pub seed_disk: PathBuf,
     pub sandbox_image: String,
     /// The kubelet's cgroup root (`/` on a node of its own).
     pub cgroup_root: String,
@@ -71,6 +73,7 @@ impl Default for Machine {
             containerd_state: "/run/containerd".into(),
             kubelet_dir: "/var/lib/kubelet".into(),
             seed_images: "/var/lib/socialweb/images".into(),
+            seed_disk: socialweb_wire::seeds::DEFAULT_DISK.into(),
             sandbox_image: DEFAULT_SANDBOX_IMAGE.into(),
             cgroup_root: "/".into(),
             log_dir: None,

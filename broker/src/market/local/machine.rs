@@ -16,6 +16,10 @@ use serde::{Deserialize, Serialize};
 
 const CGROUP_FS: &str = "/sys/fs/cgroup";
 
+/// Where a machine made from a node image sees the image's seed disk (the agent's
+/// `--seed-disk`; a VM has it at `socialweb_wire::seeds::DEFAULT_DISK`).
+pub const IMAGE_SEED_DISK: &str = "/run/socialweb-seeds.img";
+
 /// What survives a restart of whoever made the machine: enough to find it and destroy it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MachineRecord {
@@ -212,6 +216,20 @@ pub fn kill_mount_namespace(pid: u32) {
     }
 }
 
+/// The `sleep` descendant of `pid`, if there is one yet.
+fn sleeping_child(pid: u32) -> Option<u32> {
+    let mut stack = vec![pid];
+    while let Some(p) = stack.pop() {
+        if std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sleep") {
+            return Some(p);
+        }
+        let children =
+            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
+        stack.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+    }
+    None
+}
+
 /// The `sleep` descendant of `pid` (nsenter, unshare and sh exec one another), the process
 /// that holds a machine's mount namespace.
 pub fn find_sleep_child(pid: u32) -> Result<u32> {
@@ -264,6 +282,20 @@ impl Machine {
             d = dir.display(),
             ready = ready.display()
         );
+        Self::start_holder(netns, dir, cgroup, &script, false)
+    }
+
+    /// Starts the holder running `script` (which ends in `exec sleep`) and waits for it: for
+    /// `dir/holder.ready`, or with `pivoted` (the script cannot reach `dir` once it has
+    /// changed root) for its `sleep`.
+    fn start_holder(
+        netns: &Path,
+        dir: &Path,
+        cgroup: &str,
+        script: &str,
+        pivoted: bool,
+    ) -> Result<Machine> {
+        let ready = dir.join("holder.ready");
         // A leftover of a machine that had this cgroup (a crash before its record was
         // written) dies here.
         destroy_cgroup(cgroup);
@@ -282,16 +314,26 @@ impl Machine {
                 "sh",
                 "-c",
             ])
-            .arg(&script)
+            .arg(script)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        let child = cmd
+        let mut child = cmd
             .spawn()
             .context("starting the machine's holder (nsenter, unshare)")?;
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !ready.exists() {
-            if Instant::now() > deadline {
+        let holder_pid = loop {
+            // (setsid may fork and its parent exit 0: only a failure counts.)
+            let exited = matches!(child.try_wait(), Ok(Some(st)) if !st.success());
+            if !pivoted && ready.exists() {
+                break find_sleep_child(child.id())?;
+            }
+            if pivoted && let Some(pid) = sleeping_child(child.id()) {
+                break pid;
+            }
+            if exited || Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
                 destroy_cgroup(cgroup);
                 bail!(
                     "the machine's mount namespace did not come up: {}",
@@ -301,8 +343,7 @@ impl Machine {
                 );
             }
             std::thread::sleep(Duration::from_millis(10));
-        }
-        let holder_pid = find_sleep_child(child.id())?;
+        };
         // The holder is detached from us (setsid); reap the nsenter we started in the
         // background if it ever exits, so no zombie is left.
         std::thread::spawn(move || {
@@ -318,6 +359,56 @@ impl Machine {
                 cgroup: cgroup.to_string(),
             },
         })
+    }
+
+    /// Builds a machine that runs a node image (`docs/image.md`) instead of the host's
+    /// files: `rootfs.ext4` mounted read-only (a loop device) under a writable overlay whose
+    /// upper layer is in `dir`, made the mount namespace's root (`pivot_root`), so that
+    /// [`Machine::command`] and [`Machine::daemon`] run the image's own programs. What a VM
+    /// has of its own comes from the host as the other machines have it: `/proc`, `/sys` for
+    /// the network namespace with the cgroup hierarchies, `/dev`, a fresh `/run`. containerd's
+    /// and the kubelet's directories and `/var/log` are bound to disk in `dir` (overlayfs
+    /// cannot be containerd's snapshot directory, and the tests read the logs); `dir/identity`
+    /// is the identity disk at `/etc/socialweb`, `dir/seeds` more seed archives at
+    /// `/var/lib/socialweb/images`, and the image's seed disk is at [`IMAGE_SEED_DISK`].
+    pub fn create_from_image(
+        netns: &Path,
+        dir: &Path,
+        cgroup: &str,
+        image: &Path,
+    ) -> Result<Machine> {
+        let rootfs = image.join("rootfs.ext4");
+        let seeds = image.join("seeds.img");
+        for f in [&rootfs, &seeds] {
+            if !f.is_file() {
+                bail!("the node image {} has no {}", image.display(), f.display());
+            }
+        }
+        for sub in [
+            "lower", "upper", "work", "root", "var-log", "containerd", "kubelet", "identity",
+            "seeds",
+        ] {
+            std::fs::create_dir_all(dir.join(sub))
+                .with_context(|| format!("creating {}", dir.join(sub).display()))?;
+        }
+        let d = dir.display();
+        let script = format!(
+            "set -e; {enter}mount -o ro,loop {rootfs} {d}/lower; \
+             mount -t overlay overlay -o lowerdir={d}/lower,upperdir={d}/upper,workdir={d}/work {d}/root; \
+             r={d}/root; mount -t tmpfs tmpfs $r/run; mount -t proc proc $r/proc; \
+             mount -t sysfs sysfs $r/sys; mount --rbind /sys/fs/cgroup $r/sys/fs/cgroup; \
+             mount --rbind /dev $r/dev; mount --bind {d}/var-log $r/var/log; \
+             mkdir -p $r/var/lib/containerd $r/var/lib/kubelet $r/etc/socialweb $r/var/lib/socialweb/images; \
+             mount --bind {d}/containerd $r/var/lib/containerd; mount --bind {d}/kubelet $r/var/lib/kubelet; \
+             mount --bind {d}/identity $r/etc/socialweb; mount --bind {d}/seeds $r/var/lib/socialweb/images; \
+             touch $r{disk}; mount --bind -o ro {seeds} $r{disk}; \
+             cd $r; pivot_root . .; umount -l .; cd /; exec sleep 2147483647",
+            enter = enter_cgroup_script(cgroup),
+            rootfs = rootfs.display(),
+            seeds = seeds.display(),
+            disk = IMAGE_SEED_DISK,
+        );
+        Self::start_holder(netns, dir, cgroup, &script, true)
     }
 
     /// The machine a record describes, if its holder still runs.

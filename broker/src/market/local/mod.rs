@@ -15,7 +15,7 @@ mod server;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -48,6 +48,11 @@ pub struct ProviderConfig {
     pub cni_bin_dir: PathBuf,
     pub seed_images: Vec<PathBuf>,
     pub kubelet_config_patch: Option<serde_json::Value>,
+    /// A node image (`socialweb-image-builder`'s output directory): nodes boot from its
+    /// `rootfs.ext4` and seed disk and run its agent, kubelet and containerd, as a rented VM
+    /// would ([`Machine::create_from_image`]); `agent`, `kube_dir`'s node parts and
+    /// `cni_bin_dir` are then not used. `None`: nodes run the host's binaries.
+    pub image: Option<PathBuf>,
     /// Its name in bids.
     pub name: String,
     pub price_micros_per_hour: u64,
@@ -485,6 +490,24 @@ impl Provider {
         let dir = self.node_dir(&e.lease.id);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
+        if let Some(image) = &cfg.image {
+            let m = Machine::create_from_image(&net.netns_path(), &dir, &net.netns, image)?;
+            // More seed archives beside the image's seed disk (the tests' busybox).
+            for (i, img) in cfg.seed_images.iter().enumerate() {
+                let to = dir.join("seeds").join(format!("seed-{i}.tar"));
+                if std::fs::hard_link(img, &to).is_err() {
+                    std::fs::copy(img, &to)
+                        .with_context(|| format!("seeding {}", img.display()))?;
+                }
+            }
+            // The identity disk: read-only at /etc/socialweb, as the image's fstab mounts it.
+            machine::write_secret(
+                &dir.join("identity/identity.json"),
+                &serde_json::to_vec_pretty(&e.identity)?,
+            )?;
+            let agent = self.start_agent(&m, e, &net)?;
+            return Ok((m.record, agent));
+        }
         let m = Machine::create(&net.netns_path(), &dir, &net.netns)?;
         let seeds = m.var_lib("socialweb/images");
         std::fs::create_dir_all(&seeds)?;
@@ -515,18 +538,28 @@ impl Provider {
             .create(true)
             .append(true)
             .open(dir.join("agent.log"))?;
-        let mut cmd = m.daemon(&cfg.agent);
-        cmd.args(["--log", "stderr", "run", "--identity"])
-            .arg(dir.join("identity.json"))
-            .arg("--ctl-socket")
-            .arg(dir.join("agent.sock"))
-            .arg("--kubelet")
-            .arg(dir.join("bin/kubelet"))
-            .arg("--kube-proxy")
-            .arg(dir.join("bin/kube-proxy"))
-            .arg("--cni-bin-dir")
-            .arg(&cfg.cni_bin_dir)
-            .arg("--cgroup-root")
+        let mut cmd = if cfg.image.is_some() {
+            // The image's own agent with the image's defaults (its kubelet, containerd, CNI
+            // plugins, identity path), as its systemd unit starts it; only what differs
+            // between this host's machines and a VM is given.
+            let mut cmd = m.daemon(Path::new("/usr/local/bin/socialweb-agent"));
+            cmd.args(["--log", "stderr", "run", "--seed-disk", machine::IMAGE_SEED_DISK]);
+            cmd
+        } else {
+            let mut cmd = m.daemon(&cfg.agent);
+            cmd.args(["--log", "stderr", "run", "--identity"])
+                .arg(dir.join("identity.json"))
+                .arg("--ctl-socket")
+                .arg(dir.join("agent.sock"))
+                .arg("--kubelet")
+                .arg(dir.join("bin/kubelet"))
+                .arg("--kube-proxy")
+                .arg(dir.join("bin/kube-proxy"))
+                .arg("--cni-bin-dir")
+                .arg(&cfg.cni_bin_dir);
+            cmd
+        };
+        cmd.arg("--cgroup-root")
             .arg(format!("/{}", m.record.cgroup))
             .arg("--node-ip")
             .arg(net.node_addr.to_string())
