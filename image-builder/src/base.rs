@@ -64,7 +64,8 @@ pub fn prepare(base: &Base, cache: &Path, progress: &Progress) -> Result<Ready> 
 
 fn debootstrap(d: &Debootstrap, out: &Path, progress: &Progress) -> Result<()> {
     let dir = out.parent().expect("a cache file has a directory");
-    std::fs::create_dir_all(dir).with_context(|| format!("creating the cache {}", dir.display()))?;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating the cache {}", dir.display()))?;
     let tmp = TempDir(dir.join(format!(".debootstrap-{}", std::process::id())));
     let _ = std::fs::remove_dir_all(&tmp.0);
     let root = tmp.0.join("root");

@@ -79,7 +79,10 @@ pub fn inputs(cfg: &Config, cache: &Path, progress: &Progress) -> Result<Inputs>
             .map(|s| s.to_string())
             .unwrap_or_else(|| "computed".into()),
     ));
-    list.push(("source_date_epoch".into(), cfg.source_date_epoch.to_string()));
+    list.push((
+        "source_date_epoch".into(),
+        cfg.source_date_epoch.to_string(),
+    ));
     list.push((
         "builder".into(),
         format!(
@@ -129,7 +132,10 @@ pub fn check(out: &Path, progress: &Progress) -> Result<Value> {
         }
         let got = digest::file(&p, Some(&task))?;
         if want["sha256"].as_str() != Some(got.as_str()) {
-            bail!("{name}: sha256 is {got}, nodeimage.json says {}", want["sha256"]);
+            bail!(
+                "{name}: sha256 is {got}, nodeimage.json says {}",
+                want["sha256"]
+            );
         }
     }
     task.finish("");
@@ -177,8 +183,7 @@ pub fn build(
         .into_owned();
     let tmp = TempDir(parent.join(format!(".{leaf}.partial-{}", std::process::id())));
     let _ = std::fs::remove_dir_all(&tmp.0);
-    std::fs::create_dir_all(&tmp.0)
-        .with_context(|| format!("creating {}", tmp.0.display()))?;
+    std::fs::create_dir_all(&tmp.0).with_context(|| format!("creating {}", tmp.0.display()))?;
     let in_out = |e: anyhow::Error| -> anyhow::Error {
         let free = free_bytes(&parent).map(|b| format!("{} MiB free", b >> 20));
         if format!("{e:#}").contains("No space left on device") {
@@ -280,7 +285,12 @@ pub fn build(
             .expect("digested above");
         let stem = img
             .file_stem()
-            .map(|s| s.to_string_lossy().replace(|c: char| !c.is_ascii_alphanumeric() && c != '-' && c != '.', "_"))
+            .map(|s| {
+                s.to_string_lossy().replace(
+                    |c: char| !c.is_ascii_alphanumeric() && c != '-' && c != '.',
+                    "_",
+                )
+            })
             .unwrap_or_default();
         archives.push(seeds::Archive {
             name: format!("{:02}-{stem}.tar", i + 1),
@@ -362,4 +372,3 @@ pub fn default_cache() -> PathBuf {
                 .join(".cache/socialweb")
         })
 }
-

@@ -263,21 +263,36 @@ packages = ["systemd"]
 
     #[test]
     fn errors_name_the_key() {
-        let e = format!("{:#}", load(&GOOD.replace("\"agent\"", "\"nope\"")).unwrap_err());
-        assert!(e.contains("agent: ") && e.contains("nope does not exist"), "{e}");
-        let e = format!("{:#}", load(&GOOD.replace("vcpu = 2", "vcpu = 0")).unwrap_err());
+        let e = format!(
+            "{:#}",
+            load(&GOOD.replace("\"agent\"", "\"nope\"")).unwrap_err()
+        );
+        assert!(
+            e.contains("agent: ") && e.contains("nope does not exist"),
+            "{e}"
+        );
+        let e = format!(
+            "{:#}",
+            load(&GOOD.replace("vcpu = 2", "vcpu = 0")).unwrap_err()
+        );
         assert!(e.contains("vcpu: 0"), "{e}");
         let e = format!("{:#}", load(&GOOD.replace("vcpu = 2", "")).unwrap_err());
         assert!(e.contains("vcpu"), "{e}");
         let e = format!(
             "{:#}",
-            load(&format!("{GOOD}\n[[files]]\nsrc = \"extra\"\ndest = \"etc/x\"\n")).unwrap_err()
+            load(&format!(
+                "{GOOD}\n[[files]]\nsrc = \"extra\"\ndest = \"etc/x\"\n"
+            ))
+            .unwrap_err()
         );
         assert!(e.contains("files[0].dest"), "{e}");
         let e = format!(
             "{:#}",
             load(&GOOD.replace("\"kube\"", "\"${SOCIALWEB_SURELY_UNSET}/kube\"")).unwrap_err()
         );
-        assert!(e.contains("kube: ") && e.contains("SOCIALWEB_SURELY_UNSET"), "{e}");
+        assert!(
+            e.contains("kube: ") && e.contains("SOCIALWEB_SURELY_UNSET"),
+            "{e}"
+        );
     }
 }

@@ -15,8 +15,7 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// `sha256:<hex>` of a file.
 pub fn file(path: &Path, task: Option<&Task>) -> Result<String> {
-    let mut f =
-        std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut f = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {

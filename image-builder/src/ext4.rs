@@ -77,11 +77,17 @@ pub fn make(
         .with_context(|| format!("sizing {}", out.display()))?;
     drop(f);
     let blocks = (size_mib << 20) / BLOCK;
-    let journal = if size_mib > 4 * JOURNAL_MIB { JOURNAL_MIB } else { 1 };
+    let journal = if size_mib > 4 * JOURNAL_MIB {
+        JOURNAL_MIB
+    } else {
+        1
+    };
     let output = Command::new("mke2fs")
         .env("MKE2FS_CONFIG", &conf)
         .env("E2FSPROGS_FAKE_TIME", epoch.to_string())
-        .args(["-q", "-F", "-t", "ext4", "-b", "4096", "-I", "256", "-m", "0"])
+        .args([
+            "-q", "-F", "-t", "ext4", "-b", "4096", "-I", "256", "-m", "0",
+        ])
         .arg("-N")
         .arg(inodes.to_string())
         .arg("-J")

@@ -112,7 +112,11 @@ fn run(cli: Cli) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&d)?);
             } else {
-                println!("{}: ok ({})", dir.display(), d["name"].as_str().unwrap_or(""));
+                println!(
+                    "{}: ok ({})",
+                    dir.display(),
+                    d["name"].as_str().unwrap_or("")
+                );
             }
         }
         Cmd::Fingerprint {

@@ -63,11 +63,17 @@ pub fn pause_image(pause: &[u8]) -> Result<Vec<u8>> {
     }))?;
     let mut b = tar::Builder::new(Vec::new());
     for (name, data) in [
-        ("oci-layout".to_string(), br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec()),
+        (
+            "oci-layout".to_string(),
+            br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
+        ),
         ("index.json".to_string(), index),
         (format!("blobs/sha256/{}", digest(&layer)), layer.clone()),
         (format!("blobs/sha256/{}", digest(&config)), config.clone()),
-        (format!("blobs/sha256/{}", digest(&manifest)), manifest.clone()),
+        (
+            format!("blobs/sha256/{}", digest(&manifest)),
+            manifest.clone(),
+        ),
     ] {
         b.append_data(&mut header(data.len() as u64), name, data.as_slice())?;
     }
@@ -123,14 +129,18 @@ pub fn write_disk(out: &Path, archives: &[Archive], task: &Task) -> Result<u64> 
                 std::fs::File::open(p).with_context(|| format!("reading {}", p.display()))?,
             ),
         };
-        let counted = Counted { inner: reader, task };
+        let counted = Counted {
+            inner: reader,
+            task,
+        };
         b.append_data(&mut header(a.bytes), &a.name, counted)
             .with_context(|| format!("writing {} into {}", a.name, out.display()))?;
     }
     let mut w = b
         .into_inner()
         .with_context(|| format!("writing {}", out.display()))?;
-    w.flush().with_context(|| format!("writing {}", out.display()))?;
+    w.flush()
+        .with_context(|| format!("writing {}", out.display()))?;
     let file = w.into_inner().map_err(|e| e.into_error())?;
     let len = file.metadata()?.len();
     let padded = len.div_ceil(1 << 20) << 20;

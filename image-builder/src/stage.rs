@@ -23,7 +23,9 @@ pub struct Usage {
 }
 
 fn run(cmd: &mut Command, what: &str) -> Result<()> {
-    let out = cmd.output().with_context(|| format!("{what}: running {cmd:?}"))?;
+    let out = cmd
+        .output()
+        .with_context(|| format!("{what}: running {cmd:?}"))?;
     if !out.status.success() {
         bail!(
             "{what}: {cmd:?} failed ({}): {}",
@@ -145,7 +147,7 @@ pub fn install(cfg: &Config, root: &Path, image_json: &[u8]) -> Result<()> {
         "/etc/fstab",
         format!(
             "# socialweb node image\nLABEL=socialweb-root / ext4 defaults,noatime 0 1\n\
-             LABEL={IDENTITY_LABEL} /etc/socialweb auto ro,nofail,x-systemd.device-timeout=20s 0 0\n"
+             LABEL={IDENTITY_LABEL} /etc/socialweb auto ro,nofail,x-systemd.device-timeout=90s 0 0\n"
         )
         .as_bytes(),
         0o644,
@@ -186,8 +188,18 @@ pub fn normalise(root: &Path, epoch: u64) -> Result<Usage> {
     for v in VOLATILE {
         let _ = std::fs::remove_file(at(root, v));
     }
-    for dir in ["/var/log", "/var/cache/apt", "/var/lib/apt/lists", "/tmp", "/var/tmp"] {
-        for e in std::fs::read_dir(at(root, dir)).into_iter().flatten().flatten() {
+    for dir in [
+        "/var/log",
+        "/var/cache/apt",
+        "/var/lib/apt/lists",
+        "/tmp",
+        "/var/tmp",
+    ] {
+        for e in std::fs::read_dir(at(root, dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let p = e.path();
             if e.file_type().is_ok_and(|t| t.is_dir()) {
                 if dir == "/var/log" || dir == "/var/lib/apt/lists" {

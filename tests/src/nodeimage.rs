@@ -155,7 +155,7 @@ const BOOT_REPORT: &str = r#"#!/bin/sh
 # prints the unit's state and the agent's status on the serial console and powers off.
 out=/dev/ttyS0
 i=0
-while [ $i -lt 300 ]; do
+while [ $i -lt 150 ]; do
   socialweb-agent status 2>/dev/null | grep -q '^trust *retrying' && break
   sleep 1; i=$((i+1))
 done
@@ -235,7 +235,11 @@ pub fn same_bytes(a: &Path, b: &Path) -> Result<std::result::Result<(), String>>
         }
         fb.read_exact(&mut bb[..n])?;
         if ba[..n] != bb[..n] {
-            let i = ba[..n].iter().zip(&bb[..n]).position(|(x, y)| x != y).unwrap_or(0);
+            let i = ba[..n]
+                .iter()
+                .zip(&bb[..n])
+                .position(|(x, y)| x != y)
+                .unwrap_or(0);
             return Ok(Err(format!("first difference at byte {}", off + i as u64)));
         }
         off += n as u64;

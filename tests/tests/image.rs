@@ -38,7 +38,13 @@ fn the_same_inputs_give_the_same_bytes_and_any_changed_input_a_new_name() {
         d["name"],
         d["files"]["rootfs.ext4"]["bytes"].as_u64().unwrap() >> 20
     );
-    for f in ["nodeimage.json", "rootfs.ext4", "seeds.img", "vmlinuz", "initrd.img"] {
+    for f in [
+        "nodeimage.json",
+        "rootfs.ext4",
+        "seeds.img",
+        "vmlinuz",
+        "initrd.img",
+    ] {
         if let Err(e) = same_bytes(&cached.join(f), &again.join(f)).unwrap() {
             panic!("{f} differs between two builds of the same inputs: {e}");
         }
@@ -58,8 +64,14 @@ fn the_same_inputs_give_the_same_bytes_and_any_changed_input_a_new_name() {
     let spec = test_spec(&inputs);
     let same = name(&spec);
     assert_eq!(same.split_whitespace().next().unwrap(), d["name"]);
-    let more_cpu = name(&Spec { vcpu: 3, ..spec.clone() });
-    let more_mem = name(&Spec { mem_mib: 4096, ..spec.clone() });
+    let more_cpu = name(&Spec {
+        vcpu: 3,
+        ..spec.clone()
+    });
+    let more_mem = name(&Spec {
+        mem_mib: 4096,
+        ..spec.clone()
+    });
     let extra = dir.path().join("extra");
     std::fs::write(&extra, "x").unwrap();
     let mut with_file = spec.clone();
@@ -109,10 +121,17 @@ fn bad_inputs_a_small_size_and_a_full_disk_are_named_and_leave_nothing() {
         "{e}"
     );
 
-    let small = Spec { size_mib: Some(64), ..test_spec(&inputs) };
+    let small = Spec {
+        size_mib: Some(64),
+        ..test_spec(&inputs)
+    };
     let e = try_build(&small, &out);
     assert!(e.contains("rootfs_size_mib: 64 MiB is too small"), "{e}");
-    assert!(leftovers(dir.path()).is_empty(), "{:?}", leftovers(dir.path()));
+    assert!(
+        leftovers(dir.path()).is_empty(),
+        "{:?}",
+        leftovers(dir.path())
+    );
 
     // A full disk: the output on a tmpfs too small for the image.
     let full = dir.path().join("full");
@@ -126,7 +145,10 @@ fn bad_inputs_a_small_size_and_a_full_disk_are_named_and_leave_nothing() {
     let e = try_build(&test_spec(&inputs), &full.join("out"));
     let left = leftovers(&full);
     let _ = Command::new("umount").arg(&full).status();
-    assert!(e.contains("disk is full") || e.contains("disk is too full"), "{e}");
+    assert!(
+        e.contains("disk is full") || e.contains("disk is too full"),
+        "{e}"
+    );
     assert!(e.contains(full.to_str().unwrap()), "{e}");
     assert!(left.is_empty(), "a failed build left {left:?}");
 }
@@ -142,7 +164,17 @@ fn identity_disk(dir: &Path, identity: &serde_json::Value) -> std::path::PathBuf
     .unwrap();
     let img = dir.join("identity.img");
     let st = Command::new("mke2fs")
-        .args(["-q", "-F", "-t", "ext4", "-O", "^has_journal", "-L", "socialweb-id", "-d"])
+        .args([
+            "-q",
+            "-F",
+            "-t",
+            "ext4",
+            "-O",
+            "^has_journal",
+            "-L",
+            "socialweb-id",
+            "-d",
+        ])
         .arg(&src)
         .arg(&img)
         .arg("8M")
@@ -170,34 +202,50 @@ fn the_image_boots_under_qemu_into_an_agent_that_reports_its_status() {
     });
     let id_disk = identity_disk(dir.path(), &identity);
     let console = dir.path().join("console.log");
-    let kvm = Path::new("/dev/kvm").exists() && std::env::var("SOCIALWEB_QEMU_ACCEL").as_deref() != Ok("tcg");
+    // TCG unless asked for KVM: /dev/kvm exists here but nested KVM hangs the guest.
+    let kvm = std::env::var("SOCIALWEB_QEMU_ACCEL").as_deref() == Ok("kvm");
     let t = Instant::now();
     let mut qemu = Command::new("qemu-system-x86_64");
-    qemu.args(["-machine", "q35", "-m", "1536", "-smp", "2", "-display", "none"])
-        .args(["-monitor", "none", "-no-reboot"])
-        .args(["-accel", if kvm { "kvm" } else { "tcg" }])
-        .arg("-accel")
-        .arg("tcg")
-        .arg("-serial")
-        .arg(format!("file:{}", console.display()))
-        .arg("-kernel")
-        .arg(image.join("vmlinuz"))
-        .arg("-initrd")
-        .arg(image.join("initrd.img"))
-        .args(["-append", "root=LABEL=socialweb-root rw console=ttyS0 panic=-1 quiet"])
-        .arg("-drive")
-        .arg(format!(
-            "file={},if=virtio,format=raw,snapshot=on",
-            image.join("rootfs.ext4").display()
-        ))
-        .arg("-drive")
-        .arg(format!("file={},if=virtio,format=raw,readonly=on", id_disk.display()))
-        .arg("-drive")
-        .arg(format!(
-            "file={},if=virtio,format=raw,readonly=on,serial=socialweb-seeds",
-            image.join("seeds.img").display()
-        ))
-        .args(["-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0"]);
+    qemu.args([
+        "-machine", "q35", "-m", "1536", "-smp", "2", "-display", "none",
+    ])
+    .args(["-monitor", "none", "-no-reboot"])
+    .args(["-accel", if kvm { "kvm" } else { "tcg" }])
+    .arg("-serial")
+    .arg(format!("file:{}", console.display()))
+    .arg("-kernel")
+    .arg(image.join("vmlinuz"))
+    .arg("-initrd")
+    .arg(image.join("initrd.img"))
+    .args([
+        "-append",
+        "root=LABEL=socialweb-root rw console=ttyS0 panic=-1 quiet",
+    ])
+    .arg("-drive")
+    .arg(format!(
+        "file={},if=virtio,format=raw,snapshot=on",
+        image.join("rootfs.ext4").display()
+    ))
+    .arg("-drive")
+    .arg(format!(
+        "file={},if=virtio,format=raw,readonly=on",
+        id_disk.display()
+    ))
+    .arg("-drive")
+    .arg(format!(
+        "file={},if=none,id=seeds,format=raw,readonly=on",
+        image.join("seeds.img").display()
+    ))
+    .args([
+        "-device",
+        "virtio-blk-pci,drive=seeds,serial=socialweb-seeds",
+    ])
+    .args([
+        "-netdev",
+        "user,id=n0",
+        "-device",
+        "virtio-net-pci,netdev=n0",
+    ]);
     let qemu_log = dir.path().join("qemu.log");
     let mut child = testbed::process::Spawned::start_logged(qemu, "qemu", &qemu_log).unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);
@@ -219,7 +267,10 @@ fn the_image_boots_under_qemu_into_an_agent_that_reports_its_status() {
         std::thread::sleep(Duration::from_millis(250));
     };
     let secs = t.elapsed().as_secs_f64();
-    eprintln!("boot report after {secs:.1}s ({}):\n{report}", if kvm { "kvm" } else { "tcg" });
+    eprintln!(
+        "boot report after {secs:.1}s ({}):\n{report}",
+        if kvm { "kvm" } else { "tcg" }
+    );
     assert!(report.contains("ActiveState=active"), "{report}");
     assert!(report.contains("SubState=running"), "{report}");
     assert!(report.contains("node boot-1 of cluster boot"), "{report}");
@@ -243,16 +294,24 @@ fn the_image_boots_under_qemu_into_an_agent_that_reports_its_status() {
     let images = step("images");
     assert_eq!(images["state"], "done", "{report}");
     assert!(
-        images["detail"].as_str().unwrap().contains("2 on the seed disk"),
+        images["detail"]
+            .as_str()
+            .unwrap()
+            .contains("2 on the seed disk"),
         "{images}"
     );
+    // Waiting for a control plane it cannot reach, and saying so (between two tries the
+    // step is `running` with the last try's error).
     let trust = step("trust");
-    assert_eq!(trust["state"], "retrying", "{report}");
+    assert!(
+        trust["state"] == "retrying" || trust["state"] == "running",
+        "{report}"
+    );
     assert!(
         trust["last_error"]
             .as_str()
             .unwrap()
-            .contains("https://10.0.2.2:6443"),
+            .contains("control plane https://10.0.2.2:6443/ unreachable"),
         "{trust}"
     );
     // The report powers the VM off.

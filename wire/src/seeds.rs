@@ -71,8 +71,7 @@ impl SeedManifest {
     }
 
     pub fn from_json(bytes: &[u8]) -> Result<SeedManifest, SeedError> {
-        let v: Value =
-            serde_json::from_slice(bytes).map_err(|e| SeedError::Json(e.to_string()))?;
+        let v: Value = serde_json::from_slice(bytes).map_err(|e| SeedError::Json(e.to_string()))?;
         match v.get("version").and_then(Value::as_u64) {
             Some(VERSION) => {}
             other => {

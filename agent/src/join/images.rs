@@ -111,7 +111,9 @@ pub fn import_disk(
     let file = match std::fs::File::open(disk) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, 0)),
-        Err(e) => return Err(e).with_context(|| format!("opening the seed disk {}", disk.display())),
+        Err(e) => {
+            return Err(e).with_context(|| format!("opening the seed disk {}", disk.display()));
+        }
     };
     let mut archive = tar::Archive::new(std::io::BufReader::with_capacity(1 << 20, file));
     let mut entries = archive
@@ -135,7 +137,8 @@ pub fn import_disk(
     let done = std::fs::read_to_string(record).unwrap_or_default();
     let mut imported = 0;
     for (i, entry) in entries.enumerate() {
-        let mut entry = entry.with_context(|| format!("reading the seed disk {}", disk.display()))?;
+        let mut entry =
+            entry.with_context(|| format!("reading the seed disk {}", disk.display()))?;
         let name = entry.path()?.to_string_lossy().into_owned();
         let Some(want) = manifest.images.get(i).filter(|w| w.name == name) else {
             bail!(

@@ -38,7 +38,11 @@ struct Noise {
 impl Read for Noise {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = (buf.len() as u64).min(self.left) as usize / 8 * 8;
-        let n = if n == 0 { self.left.min(buf.len() as u64) as usize } else { n };
+        let n = if n == 0 {
+            self.left.min(buf.len() as u64) as usize
+        } else {
+            n
+        };
         for chunk in buf[..n].chunks_mut(8) {
             self.state ^= self.state << 13;
             self.state ^= self.state >> 7;
@@ -79,14 +83,21 @@ fn big_image(dir: &Path, mib: u64) -> Result<PathBuf> {
     {
         let mut b = tar::Builder::new(std::io::BufWriter::new(std::fs::File::create(&layer)?));
         let busybox = std::fs::read("/bin/busybox").context("/bin/busybox (busybox-static)")?;
-        b.append_data(&mut header(busybox.len() as u64, 0o755), "bin/busybox", busybox.as_slice())?;
+        b.append_data(
+            &mut header(busybox.len() as u64, 0o755),
+            "bin/busybox",
+            busybox.as_slice(),
+        )?;
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(tar::EntryType::Symlink);
         h.set_mode(0o777);
         h.set_size(0);
         h.set_mtime(0);
         b.append_link(&mut h, "bin/sh", "busybox")?;
-        let noise = Noise { left: mib << 20, state: 0x9e37_79b9_7f4a_7c15 };
+        let noise = Noise {
+            left: mib << 20,
+            state: 0x9e37_79b9_7f4a_7c15,
+        };
         b.append_data(&mut header(mib << 20, 0o644), "big", noise)?;
         b.into_inner()?.flush()?;
     }
@@ -97,7 +108,12 @@ fn big_image(dir: &Path, mib: u64) -> Result<PathBuf> {
         "config": {"Entrypoint": ["/bin/sh"], "Env": ["PATH=/bin"], "WorkingDir": "/"},
         "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
     }))?;
-    let hex = |b: &[u8]| -> String { Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect() };
+    let hex = |b: &[u8]| -> String {
+        Sha256::digest(b)
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect()
+    };
     let manifest = serde_json::to_vec(&json!({
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
@@ -115,7 +131,10 @@ fn big_image(dir: &Path, mib: u64) -> Result<PathBuf> {
     let out = dir.join("big.tar");
     let mut b = tar::Builder::new(std::io::BufWriter::new(std::fs::File::create(&out)?));
     for (name, data) in [
-        ("oci-layout".to_string(), br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec()),
+        (
+            "oci-layout".to_string(),
+            br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
+        ),
         ("index.json".to_string(), index),
         (format!("blobs/sha256/{}", hex(&config)), config.clone()),
         (format!("blobs/sha256/{}", hex(&manifest)), manifest.clone()),
@@ -137,7 +156,12 @@ fn allocated(p: &Path) -> Result<u64> {
     Ok(std::fs::metadata(p)?.blocks() * 512)
 }
 
-fn build_timed(spec: &Spec, dir: &Path, out: &Path, cache: Option<&Path>) -> Result<(f64, serde_json::Value)> {
+fn build_timed(
+    spec: &Spec,
+    dir: &Path,
+    out: &Path,
+    cache: Option<&Path>,
+) -> Result<(f64, serde_json::Value)> {
     let t = Instant::now();
     let cache = cache.map(|c| c.to_string_lossy().into_owned());
     let extra: Vec<&str> = match &cache {
@@ -152,7 +176,10 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let work = TempDir::new("bench-image")?;
     let w = work.path();
-    let spec = Spec { headroom_mib: 1024, ..Spec::default() };
+    let spec = Spec {
+        headroom_mib: 1024,
+        ..Spec::default()
+    };
     let default_cache = nodeimage::cache_dir();
 
     if !args.no_cold {
@@ -164,16 +191,32 @@ fn main() -> Result<()> {
         std::fs::remove_dir_all(&cold_cache)?;
     }
     // Cached: warm the cache (a no-op when it is), then time a forced build.
-    let _ = build_timed(&spec, &w.join("cfg"), &w.join("warm0"), Some(&default_cache))?;
+    let _ = build_timed(
+        &spec,
+        &w.join("cfg"),
+        &w.join("warm0"),
+        Some(&default_cache),
+    )?;
     std::fs::remove_dir_all(w.join("warm0"))?;
     let (secs, d) = build_timed(&spec, &w.join("cfg"), &w.join("warm"), Some(&default_cache))?;
     println!("build_cached_s={secs:.1}");
     let rootfs = w.join("warm/rootfs.ext4");
     println!("rootfs_mib={}", std::fs::metadata(&rootfs)?.len() >> 20);
     println!("rootfs_allocated_mib={}", allocated(&rootfs)? >> 20);
-    println!("rootfs_staged_mib={}", d["rootfs"]["staged_bytes"].as_u64().unwrap_or(0) >> 20);
-    println!("seeds_mib={}", std::fs::metadata(w.join("warm/seeds.img"))?.len() >> 20);
-    println!("kernel_initrd_mib={}", (std::fs::metadata(w.join("warm/vmlinuz"))?.len() + std::fs::metadata(w.join("warm/initrd.img"))?.len()) >> 20);
+    println!(
+        "rootfs_staged_mib={}",
+        d["rootfs"]["staged_bytes"].as_u64().unwrap_or(0) >> 20
+    );
+    println!(
+        "seeds_mib={}",
+        std::fs::metadata(w.join("warm/seeds.img"))?.len() >> 20
+    );
+    println!(
+        "kernel_initrd_mib={}",
+        (std::fs::metadata(w.join("warm/vmlinuz"))?.len()
+            + std::fs::metadata(w.join("warm/initrd.img"))?.len())
+            >> 20
+    );
     std::fs::remove_dir_all(w.join("warm"))?;
 
     // A seed image over 2 GiB.
@@ -182,8 +225,16 @@ fn main() -> Result<()> {
     let big_bytes = std::fs::metadata(&big)?.len();
     println!("big_archive_mib={}", big_bytes >> 20);
     eprintln!("big archive written in {:.1}s", t.elapsed().as_secs_f64());
-    let big_spec = Spec { images: vec![big.clone()], ..spec.clone() };
-    let (secs, d) = build_timed(&big_spec, &w.join("cfg"), &w.join("big-image"), Some(&default_cache))?;
+    let big_spec = Spec {
+        images: vec![big.clone()],
+        ..spec.clone()
+    };
+    let (secs, d) = build_timed(
+        &big_spec,
+        &w.join("cfg"),
+        &w.join("big-image"),
+        Some(&default_cache),
+    )?;
     println!("build_with_big_seed_s={secs:.1}");
     std::fs::remove_file(&big)?;
     let seeds = std::fs::metadata(w.join("big-image/seeds.img"))?.len();
@@ -195,7 +246,13 @@ fn main() -> Result<()> {
 
     // Boot a node from it; a Pod runs the big image without a pull.
     let host = Netns::new("bimg")?;
-    let b = Broker::start(&host, BrokerOptions { image: Some(w.join("big-image")), ..BrokerOptions::default() })?;
+    let b = Broker::start(
+        &host,
+        BrokerOptions {
+            image: Some(w.join("big-image")),
+            ..BrokerOptions::default()
+        },
+    )?;
     b.cli_json(&["cluster", "create", "big"])?;
     let t = Instant::now();
     b.apply(
@@ -214,19 +271,32 @@ spec:
     )?;
     let phase = wait_for("the big pod to finish", Duration::from_secs(900), || {
         let v = b.kubectl_json("big", &["get", "pod", "big"])?;
-        Ok(matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
-            .then(|| v["status"]["phase"].as_str().unwrap_or("").to_string()))
+        Ok(
+            matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+                .then(|| v["status"]["phase"].as_str().unwrap_or("").to_string()),
+        )
     })
     .with_context(|| b.diagnostics())?;
     let log = b.kubectl("big", &["logs", "big"])?;
     if phase != "Succeeded" || log.trim() != (args.big_mib << 20).to_string() {
         bail!("the big pod: {phase}, log {log:?}\n{}", b.diagnostics());
     }
-    let events = b.kubectl("big", &["get", "events", "--field-selector", "involvedObject.name=big"])?;
+    let events = b.kubectl(
+        "big",
+        &[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=big",
+        ],
+    )?;
     if events.contains("Pulling") {
         bail!("the big image was pulled:\n{events}");
     }
-    println!("big_pod_from_pending_to_done_s={:.1}", t.elapsed().as_secs_f64());
+    println!(
+        "big_pod_from_pending_to_done_s={:.1}",
+        t.elapsed().as_secs_f64()
+    );
     println!("big_image_pulled=0");
     Ok(())
 }

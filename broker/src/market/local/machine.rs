@@ -225,7 +225,11 @@ fn sleeping_child(pid: u32) -> Option<u32> {
         }
         let children =
             std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
-        stack.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+        stack.extend(
+            children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok()),
+        );
     }
     None
 }
@@ -385,7 +389,14 @@ impl Machine {
             }
         }
         for sub in [
-            "lower", "upper", "work", "root", "var-log", "containerd", "kubelet", "identity",
+            "lower",
+            "upper",
+            "work",
+            "root",
+            "var-log",
+            "containerd",
+            "kubelet",
+            "identity",
             "seeds",
         ] {
             std::fs::create_dir_all(dir.join(sub))

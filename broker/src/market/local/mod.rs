@@ -543,7 +543,13 @@ impl Provider {
             // plugins, identity path), as its systemd unit starts it; only what differs
             // between this host's machines and a VM is given.
             let mut cmd = m.daemon(Path::new("/usr/local/bin/socialweb-agent"));
-            cmd.args(["--log", "stderr", "run", "--seed-disk", machine::IMAGE_SEED_DISK]);
+            cmd.args([
+                "--log",
+                "stderr",
+                "run",
+                "--seed-disk",
+                machine::IMAGE_SEED_DISK,
+            ]);
             cmd
         } else {
             let mut cmd = m.daemon(&cfg.agent);
