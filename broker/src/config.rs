@@ -47,6 +47,7 @@ pub struct Config {
     pub relay: Relay,
     pub metrics: Metrics,
     pub clusters: ClusterDefaults,
+    pub front: Front,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -131,6 +132,35 @@ pub struct Metrics {
     pub listen: SocketAddr,
 }
 
+/// The way in for users (docs/api.md): one TLS listener for the certificate front
+/// (`/clusters/...`) and the gateway API (`/xrpc/...`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Front {
+    /// Where it listens. It is the only way in from outside, so all addresses by default;
+    /// every request is authenticated (a client certificate, or a service-auth token).
+    pub listen: SocketAddr,
+    /// The URL users reach it at; kubeconfigs carry `<public_url>/clusters/<mount path>`.
+    /// Default: `https://<service_addr>:<listen port>`.
+    pub public_url: Option<String>,
+    /// This broker's DID: the `aud` every service-auth token must name. Default:
+    /// `did:web:<host of public_url>`.
+    pub service_did: Option<String>,
+    /// The serving certificate chain and key (PEM). Without them the broker makes a CA of
+    /// its own (`<state_dir>/front/ca.crt`) and puts it in every kubeconfig.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// Names and addresses the self-made serving certificate carries, besides the host of
+    /// `public_url`, `service_addr`, 127.0.0.1 and localhost.
+    pub names: Vec<String>,
+    /// Where `did:plc` documents are read.
+    pub plc_directory: String,
+    /// PEM CA certificates trusted for fetching `did:web` documents, besides the system's.
+    pub did_web_roots: Vec<PathBuf>,
+    /// How many clusters one DID may have.
+    pub max_clusters_per_did: u32,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterDefaults {
@@ -157,6 +187,23 @@ impl Default for Config {
             relay: Relay::default(),
             metrics: Metrics::default(),
             clusters: ClusterDefaults::default(),
+            front: Front::default(),
+        }
+    }
+}
+
+impl Default for Front {
+    fn default() -> Front {
+        Front {
+            listen: "0.0.0.0:8443".parse().expect("address"),
+            public_url: None,
+            service_did: None,
+            tls_cert: None,
+            tls_key: None,
+            names: Vec::new(),
+            plc_directory: "https://plc.directory".into(),
+            did_web_roots: Vec::new(),
+            max_clusters_per_did: 5,
         }
     }
 }
@@ -430,10 +477,54 @@ impl Config {
                 ));
             }
         }
+        if let Some(u) = &self.front.public_url
+            && url::Url::parse(u)
+                .map(|u| u.scheme() != "https" || u.host_str().is_none())
+                .unwrap_or(true)
+        {
+            return Err(err(
+                "front.public_url",
+                format!("{u:?} is not an https:// URL with a host"),
+            ));
+        }
+        if let Some(d) = &self.front.service_did
+            && !d.starts_with("did:")
+        {
+            return Err(err("front.service_did", format!("{d:?} is not a DID")));
+        }
+        if self.front.tls_cert.is_some() != self.front.tls_key.is_some() {
+            return Err(err(
+                "front.tls_cert",
+                "give front.tls_cert and front.tls_key together, or neither",
+            ));
+        }
         if u32::from(self.clusters.port_base) + u32::from(self.clusters.port_count) > 65535 {
             return Err(err("clusters.port_count", "the port range runs past 65535"));
         }
         Ok(())
+    }
+
+    /// The URL kubeconfigs name the front by.
+    pub fn front_url(&self) -> String {
+        self.front.public_url.clone().unwrap_or_else(|| {
+            format!("https://{}:{}", self.service_addr, self.front.listen.port())
+        })
+    }
+
+    /// The DID service-auth tokens must be addressed to.
+    pub fn service_did(&self) -> String {
+        self.front.service_did.clone().unwrap_or_else(|| {
+            let host = url::Url::parse(&self.front_url())
+                .ok()
+                .and_then(|u| {
+                    u.host_str().map(|h| match u.port() {
+                        Some(p) => format!("{h}%3A{p}"),
+                        None => h.to_string(),
+                    })
+                })
+                .unwrap_or_default();
+            format!("did:web:{host}")
+        })
     }
 
     /// The store's URL: the configured one, or SQLite in the state directory.

@@ -23,6 +23,10 @@ pub enum Request {
     ClusterCreate {
         name: String,
         wait_secs: u64,
+        /// The DID the cluster is for (reachable through the gateway API); `None`: the
+        /// operator's own.
+        #[serde(default)]
+        owner: Option<String>,
     },
     ClusterDelete {
         name: String,
@@ -99,8 +103,12 @@ async fn one(stream: UnixStream, d: Arc<Daemon>) -> Result<()> {
         .await?;
     let result: Result<serde_json::Value> = async {
         match serde_json::from_str::<Request>(&line).context("bad request")? {
-            Request::ClusterCreate { name, wait_secs } => Ok(serde_json::to_value(
-                d.create_cluster(&name, Duration::from_secs(wait_secs))
+            Request::ClusterCreate {
+                name,
+                wait_secs,
+                owner,
+            } => Ok(serde_json::to_value(
+                d.create_cluster(&name, owner.as_deref(), Duration::from_secs(wait_secs))
                     .await?,
             )?),
             Request::ClusterDelete { name } => {

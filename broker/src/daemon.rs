@@ -16,8 +16,11 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::access::records::Records;
+use crate::auth::did::Resolver;
 use crate::config::Config;
 use crate::control_plane::runner::{self, PORT_PURPOSES, Ports, Running, Spec};
+use crate::front::{Front, Mount};
 use crate::market::client::MarketClient;
 use crate::market::local::{self, Provider, ProviderConfig};
 use crate::market::protocol::NodeSpec;
@@ -56,6 +59,8 @@ pub struct ClusterInfo {
     pub kubeconfig: PathBuf,
     /// Live nodes (rented or being rented).
     pub nodes: usize,
+    /// The DID it belongs to (`None`: the operator's).
+    pub owner: Option<String>,
 }
 
 /// The running daemon.
@@ -67,6 +72,8 @@ pub struct Daemon {
     clusters: Mutex<HashMap<String, Handle>>,
     stop: CancellationToken,
     provider: Option<Provider>,
+    front: Arc<Front>,
+    resolver: Resolver,
 }
 
 /// A cluster name: a DNS label short enough that `<name>-<n>` node names stay labels.
@@ -169,6 +176,39 @@ impl Daemon {
             }
         };
         refresh();
+        // The way in: the certificate records, the front's TLS, the DID resolver.
+        let records = Arc::new(Records::new(store.certificates().await?));
+        let front_url = cfg.front_url();
+        let mut names: Vec<String> = url::Url::parse(&front_url)
+            .ok()
+            .and_then(|u| u.host_str().map(|h| h.trim_matches(['[', ']']).to_string()))
+            .into_iter()
+            .chain([
+                cfg.service_addr.to_string(),
+                "127.0.0.1".into(),
+                "localhost".into(),
+            ])
+            .chain(cfg.front.names.iter().cloned())
+            .collect();
+        names.sort();
+        names.dedup();
+        let (chain, key, front_ca) = crate::front::tls::serving(
+            cfg.front.tls_cert.as_deref(),
+            cfg.front.tls_key.as_deref(),
+            &cfg.state_dir.join("front"),
+            &names,
+        )?;
+        let tls = crate::front::tls::server_config(chain, key)?;
+        let front = Arc::new(Front::new(records, front_ca, front_url));
+        let mut roots = Vec::new();
+        for (i, p) in cfg.front.did_web_roots.iter().enumerate() {
+            roots.push(
+                std::fs::read(p).with_context(|| {
+                    format!("front.did_web_roots[{i}]: reading {}", p.display())
+                })?,
+            );
+        }
+        let resolver = Resolver::new(&cfg.front.plc_directory, &roots)?;
         let image = std::env::var("SOCIALWEB_BROKER_IMAGE").unwrap_or_else(|_| "local".into());
         let provisioner = Arc::new(Provisioner {
             cfg: cfg.clone(),
@@ -186,7 +226,18 @@ impl Daemon {
             clusters: Mutex::new(HashMap::new()),
             stop,
             provider,
+            front,
+            resolver,
         });
+        let listen = d.cfg.front.listen;
+        crate::front::serve(
+            listen,
+            tls,
+            d.front.clone(),
+            crate::api::router(d.clone()),
+            d.stop.clone(),
+        )
+        .await?;
         // Keep the relay alive as long as the daemon.
         let stop_relay = d.stop.clone();
         tokio::spawn(async move {
@@ -295,8 +346,22 @@ impl Daemon {
         state: &watch::Sender<ClusterState>,
         stop: CancellationToken,
     ) -> Result<()> {
+        let owner = self.store.cluster(name).await?.and_then(|c| c.owner);
+        let users_ca = self.users_ca(name)?;
+        let ca_der = socialweb_wire::ca::certificates(users_ca.ca_pem().as_bytes())
+            .map_err(anyhow::Error::msg)?
+            .remove(0)
+            .der;
+        let mut mount = Mount {
+            cluster: name.to_string(),
+            account_hash: owner.as_deref().map(crate::access::names::account_hash),
+            users_ca: ca_der,
+            upstream: None,
+        };
+        self.front.mount(mount.clone());
         let ports = self.ports(name).await?;
         let spec = self.spec(name, ports);
+        let pki_dir = spec.dir.join("pki");
         let kube = spec.kube.clone();
         let mut cp = Running::start(spec)?;
         let _ = state.send(ClusterState::Starting {
@@ -312,6 +377,7 @@ impl Daemon {
             crate::control_plane::BOOTSTRAP_MANIFEST.to_string(),
             crate::control_plane::cluster_info(&files.url, &files.ca_pem).to_string(),
             crate::control_plane::AGENT_RBAC.to_string(),
+            crate::access::ACCESS_MANIFEST.to_string(),
         ];
         for m in &manifests {
             let mut delay = Duration::from_millis(500);
@@ -353,6 +419,16 @@ impl Daemon {
             ca_pin: socialweb_wire::ca::pin(files.ca_pem.as_bytes()).map_err(anyhow::Error::msg)?,
             client,
         };
+        // The front reaches the apiserver as a user that may only impersonate.
+        let pki = crate::control_plane::pki::Pki::open_or_create(&pki_dir, name)?;
+        let pair = pki.client("front", crate::access::FRONT_USER, &[])?;
+        mount.upstream = Some(crate::front::proxy::Upstream::new(
+            &files.url,
+            files.ca_pem.as_bytes(),
+            &std::fs::read(&pair.cert)?,
+            &std::fs::read(&pair.key)?,
+        )?);
+        self.front.mount(mount);
         let _ = state.send(ClusterState::Ready);
         info!(cluster = %name, url = %files.url, kubeconfig = %files.admin_kubeconfig.display(), "cluster ready");
         crate::scale::driver::run(self.provisioner.clone(), ctx, Arc::new(Notify::new()), stop)
@@ -366,10 +442,14 @@ impl Daemon {
     pub async fn create_cluster(
         self: &Arc<Self>,
         name: &str,
+        owner: Option<&str>,
         wait: Duration,
     ) -> Result<ClusterInfo> {
         valid_cluster_name(name).map_err(anyhow::Error::msg)?;
-        self.store.create_cluster(name, SystemTime::now()).await?;
+        self.store
+            .create_cluster(name, owner, SystemTime::now())
+            .await?;
+        self.users_ca(name)?;
         info!(cluster = %name, "cluster created");
         self.spawn_cluster(name);
         let mut rx = self
@@ -394,6 +474,7 @@ impl Daemon {
             bail!("no cluster {name:?}");
         }
         self.store.set_cluster_state(name, "deleting").await?;
+        self.front.unmount(name);
         let handle = self.clusters.lock().expect("lock").remove(name);
         if let Some(h) = handle {
             h.stop.cancel();
@@ -470,7 +551,29 @@ impl Daemon {
                 .join(name)
                 .join("pki/admin.kubeconfig"),
             nodes,
+            owner: c.owner,
         })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn front(&self) -> &Front {
+        &self.front
+    }
+
+    pub fn resolver(&self) -> &Resolver {
+        &self.resolver
+    }
+
+    /// A cluster's users CA (made on first use).
+    pub fn users_ca(&self, name: &str) -> Result<crate::control_plane::pki::Pki> {
+        crate::access::certs::users_ca(&self.cfg.state_dir.join("clusters").join(name), name)
     }
 
     pub async fn list(&self) -> Result<Vec<ClusterInfo>> {

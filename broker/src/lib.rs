@@ -6,12 +6,18 @@
 //! - [`market`]: the market protocol, the client, and the local provider.
 //! - [`provision`]: renting one node, step by step, crash-safe.
 //! - [`store`]: SQLite or PostgreSQL, one schema.
+//! - [`access`], [`auth`], [`front`], [`api`]: the way in for users: their certificates and
+//!   kubeconfigs, service-auth tokens, the certificate front, the gateway API.
 //! - [`daemon`], [`ctl`], [`config`], [`metrics`], [`relay`], [`tenant`], [`process`].
 
+pub mod access;
+pub mod api;
+pub mod auth;
 pub mod config;
 pub mod control_plane;
 pub mod ctl;
 pub mod daemon;
+pub mod front;
 pub mod market;
 pub mod metrics;
 pub mod process;

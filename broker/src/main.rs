@@ -63,6 +63,84 @@ enum Command {
     Relay(RelayArgs),
     /// Check a configuration file and the environment, and print the result.
     CheckConfig(ConfigArgs),
+    /// The user side of the gateway API: call it with a DID key (docs/api.md).
+    ///
+    /// Start here:  socialweb-broker api keygen --out ~/.config/socialweb/key
+    ///              export SOCIALWEB_GATEWAY=https://gateway:8443 SOCIALWEB_KEY=~/.config/socialweb/key
+    ///              socialweb-broker api create-cluster ci --wait 2m
+    ///              socialweb-broker api kubeconfig ci --lifetime 24h --out ci.kubeconfig
+    #[command(verbatim_doc_comment)]
+    Api {
+        #[command(subcommand)]
+        command: ApiCommand,
+        #[command(flatten)]
+        caller: CallerArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+struct CallerArgs {
+    /// The gateway's URL (the broker's front).
+    #[arg(long, global = true, env = "SOCIALWEB_GATEWAY")]
+    gateway: Option<String>,
+    /// The DID's private key (a file `api keygen` wrote).
+    #[arg(long, global = true, env = "SOCIALWEB_KEY")]
+    key: Option<PathBuf>,
+    /// The DID to call as, when the key is the #atproto key of a did:web or did:plc
+    /// (default: the key's own did:key).
+    #[arg(long, global = true, env = "SOCIALWEB_DID")]
+    did: Option<String>,
+    /// The gateway's CA certificate (PEM), when it is not one this system trusts (a broker's
+    /// self-made front CA: <state_dir>/front/ca.crt).
+    #[arg(long, global = true, env = "SOCIALWEB_GATEWAY_CA")]
+    ca: Option<PathBuf>,
+    /// The broker's DID, the tokens' audience (default: what describeServer says).
+    #[arg(long, global = true, env = "SOCIALWEB_GATEWAY_DID")]
+    aud: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum ApiCommand {
+    /// Make a new DID key (did:key) and write it, owner-only, to --out.
+    Keygen {
+        #[arg(long)]
+        out: PathBuf,
+        /// The curve: p256 (ES256) or k256 (secp256k1, ES256K).
+        #[arg(long, default_value = "p256", value_parser = ["p256", "k256"])]
+        curve: String,
+    },
+    /// Print the did:key of a key file.
+    Whoami,
+    /// Create a cluster (at zero nodes).
+    CreateCluster {
+        name: String,
+        /// Wait this long for its control plane (at most 5m).
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+    },
+    /// Your clusters.
+    ListClusters,
+    /// Delete a cluster: every node released, its data gone.
+    DeleteCluster { name: String },
+    /// Get a kubeconfig (a new client certificate) and write it, mode 0600, to --out.
+    Kubeconfig {
+        name: String,
+        /// How long the certificate is good for: 60s to 24h (default 1h).
+        #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "no_expiry")]
+        lifetime: Option<Duration>,
+        /// A certificate that never expires (revoke it when it is no longer needed).
+        #[arg(long)]
+        no_expiry: bool,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Your certificates (of one cluster with --cluster).
+    Certificates {
+        #[arg(long)]
+        cluster: Option<String>,
+    },
+    /// Revoke a certificate: the front refuses it within a second, open connections too.
+    Revoke { serial: String },
 }
 
 #[derive(Debug, Args)]
@@ -88,6 +166,10 @@ enum ClusterCommand {
         /// How long to wait for the control plane to be ready.
         #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
         wait: Duration,
+        /// The DID the cluster is for: its owner reaches it through the gateway API
+        /// (getKubeconfig). Without it the cluster is the operator's alone.
+        #[arg(long)]
+        owner: Option<String>,
     },
     /// Every cluster, its state and node count.
     List,
@@ -248,15 +330,113 @@ async fn dispatch(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Cluster { command, client } => cluster(command, client).await,
+        Command::Api { command, caller } => api(command, caller).await,
     }
+}
+
+async fn api(command: ApiCommand, a: CallerArgs) -> Result<()> {
+    use socialweb_broker::api::{self as gw, client};
+    use socialweb_broker::auth::token::SigningKey;
+    let key_path = || {
+        a.key
+            .clone()
+            .context("--key (or SOCIALWEB_KEY) is required: the file `api keygen` wrote")
+    };
+    match &command {
+        ApiCommand::Keygen { out, curve } => {
+            let alg = if curve == "k256" {
+                atrium_crypto::Algorithm::Secp256k1
+            } else {
+                atrium_crypto::Algorithm::P256
+            };
+            println!("{}", client::write_key(out, &SigningKey::generate(alg))?);
+            return Ok(());
+        }
+        ApiCommand::Whoami => {
+            println!("{}", client::read_key(&key_path()?)?.did());
+            return Ok(());
+        }
+        _ => {}
+    }
+    let gateway = a
+        .gateway
+        .clone()
+        .context("--gateway (or SOCIALWEB_GATEWAY) is required: the broker's front URL")?;
+    let ca = match &a.ca {
+        Some(p) => {
+            Some(std::fs::read(p).with_context(|| format!("--ca: reading {}", p.display()))?)
+        }
+        None => None,
+    };
+    let c = client::Caller::new(
+        &gateway,
+        client::read_key(&key_path()?)?,
+        a.did.clone(),
+        a.aud.clone(),
+        ca.as_deref(),
+    )?;
+    let v = match command {
+        ApiCommand::Keygen { .. } | ApiCommand::Whoami => unreachable!("answered above"),
+        ApiCommand::CreateCluster { name, wait } => {
+            c.procedure(
+                gw::CREATE_CLUSTER,
+                &serde_json::json!({"name": name, "waitSeconds": wait.as_secs()}),
+            )
+            .await?
+        }
+        ApiCommand::ListClusters => c.query(gw::LIST_CLUSTERS, &[]).await?,
+        ApiCommand::DeleteCluster { name } => {
+            c.procedure(gw::DELETE_CLUSTER, &serde_json::json!({"name": name}))
+                .await?
+        }
+        ApiCommand::Kubeconfig {
+            name,
+            lifetime,
+            no_expiry,
+            out,
+        } => {
+            let mut input = serde_json::json!({"name": name});
+            if no_expiry {
+                input["noExpiry"] = true.into();
+            }
+            if let Some(l) = lifetime {
+                input["lifetimeSeconds"] = l.as_secs().into();
+            }
+            let mut v = c.procedure(gw::GET_KUBECONFIG, &input).await?;
+            let kc = v["kubeconfig"]
+                .as_str()
+                .context("the answer has no kubeconfig")?
+                .to_string();
+            client::write_private(&out, &kc)?;
+            v["kubeconfig"] = out.display().to_string().into();
+            v
+        }
+        ApiCommand::Certificates { cluster } => {
+            let params: Vec<(String, String)> = cluster
+                .map(|c| ("cluster".to_string(), c))
+                .into_iter()
+                .collect();
+            c.query(gw::LIST_CERTIFICATES, &params).await?
+        }
+        ApiCommand::Revoke { serial } => {
+            c.procedure(
+                gw::REVOKE_CERTIFICATE,
+                &serde_json::json!({"serial": serial}),
+            )
+            .await?
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
 }
 
 async fn cluster(command: ClusterCommand, c: ClientArgs) -> Result<()> {
     let (req, timeout) = match &command {
-        ClusterCommand::Create { name, wait } => (
+        ClusterCommand::Create { name, wait, owner } => (
             Request::ClusterCreate {
                 name: name.clone(),
                 wait_secs: wait.as_secs(),
+                owner: owner.clone(),
             },
             *wait + Duration::from_secs(30),
         ),

@@ -21,6 +21,9 @@ use crate::topology::HOST_SERVICE_ADDR;
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
+/// The port the front (and the gateway API) listens on in the host namespace.
+pub const FRONT_PORT: u16 = 8443;
+
 /// Where the provider listens inside the host namespace.
 pub const PROVIDER_ADDR: &str = "127.0.0.1:7480";
 
@@ -44,6 +47,8 @@ pub struct BrokerOptions {
     pub node_mem_mib: u64,
     /// Nodes run from this node image (`testbed::nodeimage`) instead of the host's binaries.
     pub image: Option<PathBuf>,
+    /// Lines for the configuration's `[front]` section.
+    pub front_toml: String,
 }
 
 impl Default for BrokerOptions {
@@ -61,6 +66,7 @@ impl Default for BrokerOptions {
             node_vcpu: 2,
             node_mem_mib: 2048,
             image: None,
+            front_toml: String::new(),
         }
     }
 }
@@ -140,7 +146,12 @@ kubelet_config_patch = {patch}
 {image}
 [clusters]
 upstream_resolvers = ["{HOST_SERVICE_ADDR}"]
+
+[front]
+listen = "0.0.0.0:{FRONT_PORT}"
+{front}
 "#,
+            front = opts.front_toml,
             kube = bins.dir,
             max = opts.max_nodes,
             ppn = opts.pods_per_node,
@@ -279,6 +290,56 @@ upstream_resolvers = ["{HOST_SERVICE_ADDR}"]
         let mut a = args.to_vec();
         a.push("--json");
         Ok(serde_json::from_str(&self.cli(&a)?)?)
+    }
+
+    /// The gateway's URL (the front), as users reach it from the host namespace.
+    pub fn front_url(&self) -> String {
+        format!("https://{HOST_SERVICE_ADDR}:{FRONT_PORT}")
+    }
+
+    /// The front's self-made CA (what kubeconfigs carry).
+    pub fn front_ca(&self) -> PathBuf {
+        self.state.join("front/ca.crt")
+    }
+
+    /// `socialweb-broker api <args>` as a user with `key`, from the host namespace: its
+    /// output (JSON), or its error message.
+    pub fn api(&self, key: &std::path::Path, args: &[&str]) -> Result<Value> {
+        let out = self
+            .host
+            .command(&workspace_bin("socialweb-broker").to_string_lossy())
+            .arg("api")
+            .args(args)
+            .arg("--gateway")
+            .arg(self.front_url())
+            .arg("--ca")
+            .arg(self.front_ca())
+            .arg("--key")
+            .arg(key)
+            .env_remove("SOCIALWEB_DID")
+            .output()?;
+        if !out.status.success() {
+            bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
+    /// kubectl with `kubeconfig` (a user's), from the host namespace; `env` set for it.
+    pub fn kubectl_as(
+        &self,
+        kubeconfig: &std::path::Path,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Command {
+        let bins = binaries().expect("the Kubernetes binaries");
+        let mut c = self.host.command(&bins.kube().to_string_lossy());
+        c.arg("kubectl")
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c
     }
 
     /// The admin kubeconfig of a cluster.

@@ -183,7 +183,16 @@ spec:
 fn five_jobs_one_per_node_rent_five_nodes_then_the_cluster_returns_to_zero() {
     let t = Instant::now();
     let host = host();
-    let b = Broker::start(&host, BrokerOptions::default()).unwrap();
+    // Finished jobs keep no node: the hold must outlast reading the five logs after the
+    // last job ends (on a loaded machine 3 s did not: the nodes went, and their logs).
+    let b = Broker::start(
+        &host,
+        BrokerOptions {
+            hold: Duration::from_secs(15),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(
         b.cli_json(&["cluster", "create", "ci"]).unwrap()["state"],
         "ready"

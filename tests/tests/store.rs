@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use socialweb_broker::store::{DecisionRow, Provision, Step, Store, millis};
+use socialweb_broker::store::{CertRecord, DecisionRow, Provision, Step, Store, millis};
 use testbed::Netns;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::postgres::Postgres;
@@ -35,9 +35,9 @@ fn provision(cluster: &str, node: &str) -> Provision {
 async fn exercise(url: &str) {
     let s = Store::open(url).await.unwrap();
     let now = SystemTime::now();
-    let c = s.create_cluster("demo", now).await.unwrap();
+    let c = s.create_cluster("demo", None, now).await.unwrap();
     assert_eq!((c.state.as_str(), c.next_node), ("active", 1));
-    let e = s.create_cluster("demo", now).await.unwrap_err();
+    let e = s.create_cluster("demo", None, now).await.unwrap_err();
     assert!(e.to_string().contains("exists already"), "{e}");
     assert_eq!(s.next_node_name("demo").await.unwrap(), "demo-1");
     assert_eq!(s.next_node_name("demo").await.unwrap(), "demo-2");
@@ -47,7 +47,7 @@ async fn exercise(url: &str) {
         .unwrap();
     assert_eq!(ports.len(), 2);
     assert_ne!(ports[0].1, ports[1].1);
-    s.create_cluster("other", now).await.unwrap();
+    s.create_cluster("other", None, now).await.unwrap();
     let other = s
         .lease_ports("other", &["api"], 20000, 10, |p| p != 20002)
         .await
@@ -77,6 +77,23 @@ async fn exercise(url: &str) {
     s.set_last_intent("demo", now + Duration::from_secs(5))
         .await
         .unwrap();
+    s.create_cluster("owned", Some("did:key:zDnae"), now)
+        .await
+        .unwrap();
+    let cert = CertRecord {
+        serial: "0a1b".into(),
+        cluster: "demo".into(),
+        did: "did:key:zDnae".into(),
+        not_after: None,
+        created_at: millis(now),
+        revoked_at: None,
+    };
+    s.insert_certificate(&cert).await.unwrap();
+    assert!(s.use_nonce("did:key:zDnae n1", 10, 5).await.unwrap());
+    assert!(
+        !s.use_nonce("did:key:zDnae n1", 10, 6).await.unwrap(),
+        "a nonce is accepted once"
+    );
     s.close().await;
 
     // A restart finds everything as it was written.
@@ -98,10 +115,37 @@ async fn exercise(url: &str) {
         "demo-3",
         "names are never reused"
     );
+    assert_eq!(
+        s.cluster("owned").await.unwrap().unwrap().owner.as_deref(),
+        Some("did:key:zDnae")
+    );
+    assert_eq!(s.certificates().await.unwrap(), vec![cert.clone()]);
+    let revoked = s.revoke_certificate("0a1b", 7).await.unwrap().unwrap();
+    assert_eq!(revoked.revoked_at, Some(7));
+    let again = s.revoke_certificate("0a1b", 9).await.unwrap().unwrap();
+    assert_eq!(
+        again.revoked_at,
+        Some(7),
+        "the first revocation's time stays"
+    );
+    assert!(s.revoke_certificate("ffff", 9).await.unwrap().is_none());
+    assert!(
+        !s.use_nonce("did:key:zDnae n1", 10, 8).await.unwrap(),
+        "nonces survive a restart"
+    );
+    assert!(
+        s.use_nonce("did:key:zDnae n1", 20, 11).await.unwrap(),
+        "an expired nonce is swept"
+    );
+    s.delete_cluster("owned").await.unwrap();
     s.delete_cluster("demo").await.unwrap();
     assert!(s.cluster("demo").await.unwrap().is_none());
     assert!(s.provisions(Some("demo")).await.unwrap().is_empty());
     assert!(s.ports("demo").await.unwrap().is_empty());
+    assert!(
+        s.certificates().await.unwrap().is_empty(),
+        "a deleted cluster's certificates go with it"
+    );
     assert_eq!(s.clusters().await.unwrap().len(), 1);
     s.close().await;
 }

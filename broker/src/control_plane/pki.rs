@@ -124,6 +124,14 @@ impl Pki {
         &self.ca_pem
     }
 
+    /// Signs `params` with a fresh key and hands both back without writing anything: for
+    /// certificates whose keys the broker must not keep (users' client certificates).
+    pub fn sign(&self, params: CertificateParams) -> Result<(String, String)> {
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.ca)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
     fn issue(&self, name: &str, params: CertificateParams) -> Result<Pair> {
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.ca)?;

@@ -10,6 +10,9 @@ use serde::Serialize;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
+mod access;
+pub use access::CertRecord;
+
 /// Unix milliseconds, as the store keeps time.
 pub fn millis(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
@@ -30,6 +33,8 @@ pub struct Cluster {
     pub created_at: i64,
     pub last_intent_at: i64,
     pub next_node: i64,
+    /// The DID the cluster belongs to (`None`: the operator's, reachable by no user).
+    pub owner: Option<String>,
 }
 
 /// Where a provision is. Forward only, except `failed` and `released`, which end it.
@@ -138,6 +143,7 @@ fn cluster_of(r: &AnyRow) -> Result<Cluster> {
         created_at: r.try_get("created_at")?,
         last_intent_at: r.try_get("last_intent_at")?,
         next_node: r.try_get("next_node")?,
+        owner: r.try_get("owner")?,
     })
 }
 
@@ -209,15 +215,21 @@ impl Store {
     }
 
     /// Creates a cluster record; an existing name is an error that says so.
-    pub async fn create_cluster(&self, name: &str, now: SystemTime) -> Result<Cluster> {
+    pub async fn create_cluster(
+        &self,
+        name: &str,
+        owner: Option<&str>,
+        now: SystemTime,
+    ) -> Result<Cluster> {
         let t = millis(now);
         let r = sqlx::query(
-            "INSERT INTO clusters (name, state, created_at, last_intent_at, next_node) \
-             VALUES ($1, 'active', $2, $3, 1) ON CONFLICT (name) DO NOTHING",
+            "INSERT INTO clusters (name, state, created_at, last_intent_at, next_node, owner) \
+             VALUES ($1, 'active', $2, $3, 1, $4) ON CONFLICT (name) DO NOTHING",
         )
         .bind(name)
         .bind(t)
         .bind(t)
+        .bind(owner.map(str::to_string))
         .execute(&self.pool)
         .await?;
         if r.rows_affected() == 0 {
@@ -288,7 +300,7 @@ impl Store {
     /// Removes a cluster and everything the store holds for it.
     pub async fn delete_cluster(&self, name: &str) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        for table in ["ports", "provisions", "decisions"] {
+        for table in ["ports", "provisions", "decisions", "certificates"] {
             sqlx::query(&format!("DELETE FROM {table} WHERE cluster = $1"))
                 .bind(name)
                 .execute(&mut *tx)

@@ -1,0 +1,72 @@
+//! Names the seeds' gateway gives a DID and its clusters (internal/kcpclient/names.go):
+//! `accountHash` = the first 8 characters of base36(sha256(did)), and a cluster's mount path
+//! `root:<accountHash>:<cluster>:clusters`, which kubeconfigs carry as
+//! `https://<front>/clusters/<mount path>`.
+
+use num_bigint::BigUint;
+use sha2::{Digest, Sha256};
+
+/// The account hash of `did`: sha256 read as a big-endian number, written in base 36
+/// (0-9a-z), first 8 characters.
+pub fn account_hash(did: &str) -> String {
+    let n = BigUint::from_bytes_be(&Sha256::digest(did.as_bytes()));
+    n.to_str_radix(36).chars().take(8).collect()
+}
+
+/// `root:<accountHash>:<cluster>:clusters`.
+pub fn mount_path(did: &str, cluster: &str) -> String {
+    format!("root:{}:{cluster}:clusters", account_hash(did))
+}
+
+/// The URL path prefix of a cluster at the front.
+pub fn mount_prefix(did: &str, cluster: &str) -> String {
+    format!("/clusters/{}", mount_path(did, cluster))
+}
+
+/// A request path at the front, split into the mount's account hash and cluster and the
+/// path the apiserver sees; `None` when the path is not under `/clusters/root:...`.
+pub fn split_mount(path: &str) -> Option<(&str, &str, &str)> {
+    let rest = path.strip_prefix("/clusters/root:")?;
+    let (mount, tail) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let mount = mount.strip_suffix(":clusters")?;
+    let (hash, cluster) = mount.split_once(':')?;
+    if hash.is_empty() || cluster.is_empty() || cluster.contains(':') {
+        return None;
+    }
+    Some((hash, cluster, tail))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_account_hash_is_eight_base36_characters_of_the_did_digest() {
+        let h = account_hash("did:plc:ewvi7nxzyoun6zhxrhs64oiz");
+        assert_eq!(h.len(), 8);
+        assert!(
+            h.bytes()
+                .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+        );
+        assert_ne!(h, account_hash("did:plc:other"));
+        // Python: int.from_bytes(sha256(b"did:example:alice").digest(), "big") in base 36.
+        assert_eq!(account_hash("did:example:alice"), "2kndywyu");
+    }
+
+    #[test]
+    fn mount_paths_split_back_into_their_parts() {
+        let p = mount_prefix("did:example:alice", "ci");
+        let full = format!("{p}/api/v1/namespaces");
+        let (hash, cluster, tail) = split_mount(&full).unwrap();
+        assert_eq!(hash, account_hash("did:example:alice"));
+        assert_eq!(cluster, "ci");
+        assert_eq!(tail, "/api/v1/namespaces");
+        assert_eq!(split_mount(&p).unwrap().2, "/");
+        assert!(split_mount("/api/v1/namespaces").is_none());
+        assert!(split_mount("/clusters/root:abc:ci/api").is_none());
+        assert!(split_mount("/clusters/root::ci:clusters/api").is_none());
+    }
+}

@@ -1,0 +1,298 @@
+//! The front: the one way in from outside (docs/api.md). A TLS listener that serves the
+//! gateway API under `/xrpc/` and every tenant cluster under
+//! `/clusters/root:<accountHash>:<cluster>:clusters/...` (or, without that prefix, the
+//! cluster the client certificate belongs to). A cluster request needs a client
+//! certificate the cluster's users CA issued and whose record stands ([`admit`]); it is then
+//! forwarded as that user ([`proxy`]). A connection whose certificate is revoked or expires
+//! is closed at once, its watches and exec streams with it.
+//!
+//! - [`tls`]: the serving certificate and the client-certificate handshake.
+//! - [`admit`]: the per-request decision.
+//! - [`proxy`]: forwarding, with Upgrades.
+
+pub mod admit;
+pub mod proxy;
+pub mod tls;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+use tracing::{debug, info};
+
+use crate::access::names;
+use crate::access::records::Records;
+use admit::Admitted;
+use proxy::{Upstream, status};
+
+/// A cluster as the front knows it.
+#[derive(Debug, Clone)]
+pub struct Mount {
+    pub cluster: String,
+    /// The owner's account hash (`None`: an operator's cluster, reachable by no path).
+    pub account_hash: Option<String>,
+    /// The users CA (DER).
+    pub users_ca: Vec<u8>,
+    /// `None` while the control plane is not up.
+    pub upstream: Option<Upstream>,
+}
+
+/// What the front serves from, shared with the daemon.
+#[derive(Debug)]
+pub struct Front {
+    pub records: Arc<Records>,
+    mounts: RwLock<HashMap<String, Mount>>,
+    /// The CA kubeconfigs carry (the self-made front CA), if any.
+    pub ca_pem: Option<String>,
+    /// `https://host:port` users reach the front at.
+    pub public_url: String,
+}
+
+impl Front {
+    pub fn new(records: Arc<Records>, ca_pem: Option<String>, public_url: String) -> Front {
+        Front {
+            records,
+            mounts: RwLock::new(HashMap::new()),
+            ca_pem,
+            public_url,
+        }
+    }
+
+    /// Adds or replaces a cluster.
+    pub fn mount(&self, m: Mount) {
+        self.mounts
+            .write()
+            .expect("lock")
+            .insert(m.cluster.clone(), m);
+    }
+
+    /// Forgets a cluster; its certificates' connections are cut.
+    pub fn unmount(&self, cluster: &str) {
+        self.mounts.write().expect("lock").remove(cluster);
+        self.records.forget_cluster(cluster);
+    }
+
+    fn get(&self, cluster: &str) -> Option<Mount> {
+        self.mounts.read().expect("lock").get(cluster).cloned()
+    }
+}
+
+/// One TLS connection: its client certificate and what it was admitted to.
+#[derive(Debug)]
+struct Conn {
+    leaf: Option<Vec<u8>>,
+    admitted: Mutex<Option<Admitted>>,
+    /// Cancelled when the connection ends or is cut: ends its upgraded tunnels.
+    cut: CancellationToken,
+    /// Its upgraded tunnels, which outlive the HTTP connection they came from.
+    tunnels: tokio_util::task::TaskTracker,
+}
+
+/// Serves `front` and `api` on `listen` until `stop`.
+pub async fn serve(
+    listen: SocketAddr,
+    tls: rustls::ServerConfig,
+    front: Arc<Front>,
+    api: axum::Router,
+    stop: CancellationToken,
+) -> Result<SocketAddr> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("front.listen: binding {listen}"))?;
+    let bound = listener.local_addr()?;
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    info!(%bound, url = %front.public_url, "front listening");
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = tokio::select! {
+                r = listener.accept() => match r { Ok(x) => x, Err(_) => continue },
+                _ = stop.cancelled() => return,
+            };
+            let _ = tcp.set_nodelay(true);
+            let (acceptor, front, api, stop) =
+                (acceptor.clone(), front.clone(), api.clone(), stop.clone());
+            tokio::spawn(async move {
+                let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp))
+                    .await
+                {
+                    Ok(Ok(t)) => t,
+                    Ok(Err(e)) => {
+                        debug!(%peer, "TLS handshake: {e}");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                let leaf = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| c.to_vec());
+                let conn = Arc::new(Conn {
+                    leaf,
+                    admitted: Mutex::new(None),
+                    cut: CancellationToken::new(),
+                    tunnels: tokio_util::task::TaskTracker::new(),
+                });
+                let svc = {
+                    let (front, conn) = (front.clone(), conn.clone());
+                    hyper::service::service_fn(move |req| {
+                        let (front, conn, api) = (front.clone(), conn.clone(), api.clone());
+                        async move {
+                            Ok::<_, std::convert::Infallible>(handle(&front, &conn, api, req).await)
+                        }
+                    })
+                };
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let served = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
+                tokio::select! {
+                    r = served => debug!(%peer, "connection ended or upgraded: {r:?}"),
+                    why = watch_cut(&front, &conn) => {
+                        debug!(%peer, "connection cut: {why}");
+                        conn.cut.cancel();
+                        return;
+                    }
+                    _ = stop.cancelled() => { conn.cut.cancel(); return; }
+                }
+                // An upgraded connection lives on as tunnels, still under watch.
+                conn.tunnels.close();
+                tokio::select! {
+                    _ = conn.tunnels.wait() => {}
+                    why = watch_cut(&front, &conn) => debug!(%peer, "tunnel cut: {why}"),
+                    _ = stop.cancelled() => {}
+                }
+                conn.cut.cancel();
+            });
+        }
+    });
+    Ok(bound)
+}
+
+/// Returns once the connection's admitted certificate stops being good: revoked (at once:
+/// the records' signal), expired (checked every half second), or its cluster gone.
+async fn watch_cut(front: &Front, conn: &Conn) -> String {
+    let mut changes = front.records.subscribe();
+    loop {
+        let admitted = conn.admitted.lock().expect("lock").clone();
+        if let Some(a) = admitted {
+            match front.records.get(&a.serial) {
+                None => return format!("certificate {} no longer recorded", a.serial),
+                Some(r) => {
+                    if let Err(e) = admit::still_good(&r, SystemTime::now()) {
+                        return e;
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            r = changes.changed() => if r.is_err() { std::future::pending::<()>().await },
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}
+
+async fn handle(
+    front: &Front,
+    conn: &Conn,
+    api: axum::Router,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    if path.starts_with("/xrpc/") {
+        return api
+            .oneshot(req.map(Body::new))
+            .await
+            .unwrap_or_else(|e| match e {});
+    }
+    let unauthorized = |m: &str| status(StatusCode::UNAUTHORIZED, "Unauthorized", m);
+    let Some(leaf) = &conn.leaf else {
+        return unauthorized(
+            "a client certificate is required: use the kubeconfig getKubeconfig returns",
+        );
+    };
+    // The cluster: the one the path mounts, or the one the certificate is for.
+    let (cluster, tail) = match names::split_mount(&path) {
+        Some((hash, cluster, tail)) => {
+            match front.get(cluster) {
+                Some(m) if m.account_hash.as_deref() == Some(hash) => {}
+                _ => {
+                    return status(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        &format!("no cluster is mounted at root:{hash}:{cluster}:clusters"),
+                    );
+                }
+            }
+            (cluster.to_string(), tail.to_string())
+        }
+        None => {
+            let serial = match admit::read(leaf) {
+                Ok(p) => p.serial,
+                Err(e) => return unauthorized(&e),
+            };
+            match front.records.get(&serial) {
+                Some(r) => (r.cluster, path.clone()),
+                None => {
+                    return unauthorized(&format!(
+                        "the client certificate {serial} has no record at this broker"
+                    ));
+                }
+            }
+        }
+    };
+    let Some(mount) = front.get(&cluster) else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("no cluster {cluster}"),
+        );
+    };
+    // Admit once per connection and cluster; afterwards only the record is looked at.
+    let known = conn
+        .admitted
+        .lock()
+        .expect("lock")
+        .clone()
+        .filter(|a| a.cluster == cluster);
+    let who = match known {
+        Some(a) => match front.records.get(&a.serial) {
+            Some(r) => match admit::still_good(&r, SystemTime::now()) {
+                Ok(()) => a,
+                Err(e) => return unauthorized(&e),
+            },
+            None => return unauthorized("the client certificate's record is gone"),
+        },
+        None => {
+            match admit::admit(
+                leaf,
+                &cluster,
+                &mount.users_ca,
+                &front.records,
+                SystemTime::now(),
+            ) {
+                Ok(a) => {
+                    *conn.admitted.lock().expect("lock") = Some(a.clone());
+                    a
+                }
+                Err(e) => return unauthorized(&e),
+            }
+        }
+    };
+    let Some(up) = &mount.upstream else {
+        return status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            &format!("cluster {cluster} is starting; try again in a few seconds"),
+        );
+    };
+    proxy::forward(up, req, &tail, &who.did, &conn.tunnels, conn.cut.clone()).await
+}

@@ -1,0 +1,138 @@
+//! The front's TLS: its serving certificate (the operator's, or one from a CA the broker
+//! makes), and a client-certificate check that only proves the client holds the key of the
+//! certificate it presents. Which CA issued it, whether it expired, and whether its record
+//! stands are decided per request by [`super::admit`], which can answer with a message that
+//! says which, where a failed handshake could only send an alert.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+
+use crate::control_plane::pki::Pki;
+
+/// Accepts any client certificate whose key signs the handshake; none is fine too.
+#[derive(Debug)]
+pub struct PossessionOnly {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ClientCertVerifier for PossessionOnly {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        // The API is reached with tokens, not certificates; the front refuses a request
+        // without one with a message.
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The serving certificate: the configured files, or one the broker issues from its own
+/// front CA in `dir` (returned, for kubeconfigs to carry).
+pub fn serving(
+    cert: Option<&Path>,
+    key: Option<&Path>,
+    dir: &Path,
+    names: &[String],
+) -> Result<(
+    Vec<CertificateDer<'static>>,
+    PrivateKeyDer<'static>,
+    Option<String>,
+)> {
+    let (cert_path, key_path, ca) = match (cert, key) {
+        (Some(c), Some(k)) => (c.to_path_buf(), k.to_path_buf(), None),
+        _ => {
+            let pki = Pki::open_or_create(dir, "socialweb front CA")?;
+            let pair = pki.server("front", names)?;
+            (pair.cert, pair.key, Some(pki.ca_pem().to_string()))
+        }
+    };
+    let pem = std::fs::read(&cert_path)
+        .with_context(|| format!("front.tls_cert: reading {}", cert_path.display()))?;
+    let chain = socialweb_wire::ca::certificates(&pem)
+        .map_err(|e| anyhow::anyhow!("front.tls_cert: {}: {e}", cert_path.display()))?
+        .into_iter()
+        .map(|c| CertificateDer::from(c.der))
+        .collect();
+    let key_pem = std::fs::read(&key_path)
+        .with_context(|| format!("front.tls_key: reading {}", key_path.display()))?;
+    let key = rustls_pki_key(&key_pem)
+        .with_context(|| format!("front.tls_key: {}", key_path.display()))?;
+    Ok((chain, key, ca))
+}
+
+/// A PEM private key (PKCS#8, SEC1 or PKCS#1).
+pub fn rustls_pki_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>> {
+    use rustls::pki_types::pem::PemObject;
+    PrivateKeyDer::from_pem_slice(pem).context("no PEM private key")
+}
+
+/// The front's server configuration: TLS 1.2 and 1.3, HTTP/2 and HTTP/1.1 (kubectl speaks
+/// HTTP/2 for requests and HTTP/1.1 for Upgrades).
+pub fn server_config(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<rustls::ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(Arc::new(PossessionOnly { provider }))
+        .with_single_cert(chain, key)
+        .context("the front's serving certificate and key")?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(cfg)
+}

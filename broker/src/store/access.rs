@@ -1,0 +1,101 @@
+//! The store's part of the way in: cluster owners, client certificate records, and used
+//! token nonces.
+
+use anyhow::Result;
+use serde::Serialize;
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use super::Store;
+
+/// A client certificate the broker issued: the front admits it while this exists and
+/// `revoked_at` is empty (and it has not expired).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CertRecord {
+    /// Lowercase hex, as `openssl x509 -serial` prints it (without leading zeros' loss).
+    pub serial: String,
+    pub cluster: String,
+    pub did: String,
+    /// Unix milliseconds; `None`: no expiry.
+    pub not_after: Option<i64>,
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
+}
+
+fn cert_of(r: &AnyRow) -> Result<CertRecord> {
+    Ok(CertRecord {
+        serial: r.try_get("serial")?,
+        cluster: r.try_get("cluster")?,
+        did: r.try_get("did")?,
+        not_after: r.try_get("not_after")?,
+        created_at: r.try_get("created_at")?,
+        revoked_at: r.try_get("revoked_at")?,
+    })
+}
+
+impl Store {
+    /// Records a certificate; written before the kubeconfig holding it is handed out.
+    pub async fn insert_certificate(&self, c: &CertRecord) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO certificates (serial, cluster, did, not_after, created_at, revoked_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&c.serial)
+        .bind(&c.cluster)
+        .bind(&c.did)
+        .bind(c.not_after)
+        .bind(c.created_at)
+        .bind(c.revoked_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Every certificate record (the front's cache is loaded from this at start).
+    pub async fn certificates(&self) -> Result<Vec<CertRecord>> {
+        sqlx::query("SELECT * FROM certificates ORDER BY created_at, serial")
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(cert_of)
+            .collect()
+    }
+
+    /// Marks a certificate revoked at `at` (Unix ms); the first revocation's time stays.
+    /// `None` when there is no such certificate.
+    pub async fn revoke_certificate(&self, serial: &str, at: i64) -> Result<Option<CertRecord>> {
+        sqlx::query(
+            "UPDATE certificates SET revoked_at = $1 WHERE serial = $2 AND revoked_at IS NULL",
+        )
+        .bind(at)
+        .bind(serial)
+        .execute(&self.pool)
+        .await?;
+        sqlx::query("SELECT * FROM certificates WHERE serial = $1")
+            .bind(serial)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(cert_of)
+            .transpose()
+    }
+
+    /// Records a token nonce; `false` when it was used before (a replay). Nonces of tokens
+    /// that have expired are swept on the way.
+    pub async fn use_nonce(&self, nonce: &str, expires_at: i64, now: i64) -> Result<bool> {
+        sqlx::query("DELETE FROM token_nonces WHERE expires_at < $1")
+            .bind(now)
+            .execute(&self.pool)
+            .await?;
+        let r = sqlx::query(
+            "INSERT INTO token_nonces (nonce, expires_at) VALUES ($1, $2) \
+             ON CONFLICT (nonce) DO NOTHING",
+        )
+        .bind(nonce)
+        .bind(expires_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+}
