@@ -361,7 +361,6 @@ impl Daemon {
         self.front.mount(mount.clone());
         let ports = self.ports(name).await?;
         let spec = self.spec(name, ports);
-        let pki_dir = spec.dir.join("pki");
         let kube = spec.kube.clone();
         let mut cp = Running::start(spec)?;
         let _ = state.send(ClusterState::Starting {
@@ -419,14 +418,13 @@ impl Daemon {
             ca_pin: socialweb_wire::ca::pin(files.ca_pem.as_bytes()).map_err(anyhow::Error::msg)?,
             client,
         };
-        // The front reaches the apiserver as a user that may only impersonate.
-        let pki = crate::control_plane::pki::Pki::open_or_create(&pki_dir, name)?;
-        let pair = pki.client("front", crate::access::FRONT_USER, &[])?;
+        // The front reaches the apiserver with a certificate only request-header
+        // authentication accepts (its own CA, not the cluster's).
         mount.upstream = Some(crate::front::proxy::Upstream::new(
             &files.url,
             files.ca_pem.as_bytes(),
-            &std::fs::read(&pair.cert)?,
-            &std::fs::read(&pair.key)?,
+            &std::fs::read(&files.front.cert)?,
+            &std::fs::read(&files.front.key)?,
         )?);
         self.front.mount(mount);
         let _ = state.send(ClusterState::Ready);

@@ -292,6 +292,11 @@ listen = "0.0.0.0:{FRONT_PORT}"
         Ok(serde_json::from_str(&self.cli(&a)?)?)
     }
 
+    /// The broker daemon's process id (nsenter execs it in place).
+    pub fn broker_pid(&self) -> u32 {
+        self.broker.id()
+    }
+
     /// The gateway's URL (the front), as users reach it from the host namespace.
     pub fn front_url(&self) -> String {
         format!("https://{HOST_SERVICE_ADDR}:{FRONT_PORT}")

@@ -18,10 +18,5 @@ pub mod records;
 /// (deploy/access.yaml).
 pub const OWNERS_GROUP: &str = "socialweb.computer:cluster-owners";
 
-/// The user the front authenticates as to a tenant apiserver; it may only impersonate
-/// (deploy/access.yaml).
-pub const FRONT_USER: &str = "socialweb:front";
-
-/// RBAC every tenant cluster gets for the way in: the owners' group is cluster-admin, and
-/// the front may impersonate users and groups.
+/// RBAC every tenant cluster gets for the way in: the owners' group is cluster-admin.
 pub const ACCESS_MANIFEST: &str = include_str!("../../deploy/access.yaml");

@@ -50,7 +50,15 @@ pub struct Credentials {
     /// The service-account signing key and its public half.
     pub sa_key: PathBuf,
     pub sa_pub: PathBuf,
+    /// The CA of the front's client certificate, for request-header authentication: a request
+    /// presenting a certificate of this CA named [`FRONT_PROXY_NAME`] is taken to be from the
+    /// user and groups its `X-Remote-User`/`X-Remote-Group` headers name (docs/api.md). A CA
+    /// of its own, not the cluster CA, so no other certificate can claim that.
+    pub front_proxy_ca: Option<PathBuf>,
 }
+
+/// The CommonName of the front's request-header client certificate.
+pub const FRONT_PROXY_NAME: &str = "socialweb:front";
 
 /// Where the apiserver listens and where its datastore is.
 #[derive(Debug, Clone)]
@@ -86,7 +94,7 @@ pub fn serving_names(bind: IpAddr) -> Vec<String> {
 
 /// kube-apiserver's flags.
 pub fn apiserver_args(a: &Apiserver, c: &Credentials) -> Vec<OsString> {
-    vec![
+    let mut args = vec![
         arg("etcd-servers", &a.etcd_url),
         arg("bind-address", a.bind.to_string()),
         arg("advertise-address", a.bind.to_string()),
@@ -111,7 +119,17 @@ pub fn apiserver_args(a: &Apiserver, c: &Credentials) -> Vec<OsString> {
         arg("profiling", "false"),
         arg("enable-priority-and-fairness", "false"),
         arg("kubelet-preferred-address-types", "InternalIP"),
-    ]
+    ];
+    if let Some(ca) = &c.front_proxy_ca {
+        args.extend([
+            arg("requestheader-client-ca-file", ca),
+            arg("requestheader-allowed-names", FRONT_PROXY_NAME),
+            arg("requestheader-username-headers", "X-Remote-User"),
+            arg("requestheader-group-headers", "X-Remote-Group"),
+            arg("requestheader-extra-headers-prefix", "X-Remote-Extra-"),
+        ]);
+    }
+    args
 }
 
 /// kube-controller-manager's flags, given its kubeconfig.
@@ -189,6 +207,7 @@ mod tests {
             kubelet_client_key: p("kc.key"),
             sa_key: p("sa.key"),
             sa_pub: p("sa.pub"),
+            front_proxy_ca: Some(p("front-proxy/ca.crt")),
         }
     }
 
@@ -210,6 +229,11 @@ mod tests {
         assert!(has(&a, "--authorization-mode=Node,RBAC"));
         assert!(has(&a, "--enable-admission-plugins=NodeRestriction"));
         assert!(has(&a, "--service-account-key-file=/pki/sa.pub"));
+        assert!(has(&a, "--requestheader-allowed-names=socialweb:front"));
+        assert!(has(
+            &a,
+            "--requestheader-client-ca-file=/pki/front-proxy/ca.crt"
+        ));
     }
 
     #[test]

@@ -75,6 +75,8 @@ pub struct Files {
     pub url: String,
     pub admin_kubeconfig: PathBuf,
     pub ca_pem: String,
+    /// The front's request-header client certificate (docs/api.md).
+    pub front: super::pki::Pair,
     kcm_kubeconfig: PathBuf,
     scheduler_kubeconfig: PathBuf,
     creds: Credentials,
@@ -111,7 +113,13 @@ impl Spec {
         let admin = pki.client("admin", "socialweb:broker", &["system:masters"])?;
         let kcm = pki.client("kcm", "system:kube-controller-manager", &[])?;
         let sched = pki.client("scheduler", "system:kube-scheduler", &[])?;
+        let front_proxy = Pki::open_or_create(
+            &self.pki_dir().join("front-proxy"),
+            &format!("socialweb {} front-proxy CA", self.cluster),
+        )?;
+        let front = front_proxy.client("front", super::FRONT_PROXY_NAME, &[])?;
         Ok(Files {
+            front,
             admin_kubeconfig: pki.kubeconfig("admin", &url, &admin)?,
             kcm_kubeconfig: pki.kubeconfig("kcm", &url, &kcm)?,
             scheduler_kubeconfig: pki.kubeconfig("scheduler", &url, &sched)?,
@@ -125,6 +133,7 @@ impl Spec {
                 kubelet_client_key: kubelet_client.key,
                 sa_pub: sa_key.with_extension("pub"),
                 sa_key,
+                front_proxy_ca: Some(front_proxy.ca_cert()),
             },
             url,
         })

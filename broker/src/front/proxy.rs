@@ -1,6 +1,8 @@
 //! Forwarding to a tenant apiserver as the admitted user: the request goes on with the
-//! front's own client certificate and `Impersonate-User`/`Impersonate-Group` headers; what
-//! the client sent to claim an identity is dropped. Bodies stream both ways (watches and
+//! front's own client certificate (of the cluster's front-proxy CA) and
+//! `X-Remote-User`/`X-Remote-Group` headers, which the apiserver trusts from that certificate
+//! only (request-header authentication); what the client sent to claim an identity is
+//! dropped. Bodies stream both ways (watches and
 //! `logs -f` are never buffered), and an HTTP/1.1 Upgrade (SPDY/3.1 or websocket, for exec,
 //! attach and port-forward) becomes a byte tunnel that lives until either side closes or the
 //! certificate stops being good.
@@ -156,8 +158,10 @@ pub async fn forward(
     let Ok(user) = HeaderValue::from_str(did) else {
         return status(StatusCode::BAD_REQUEST, "BadRequest", "unusable DID");
     };
-    h.insert("impersonate-user", user);
-    h.insert("impersonate-group", HeaderValue::from_static(OWNERS_GROUP));
+    // Request-header authentication (the apiserver trusts these only from the front's
+    // certificate); what the client sent under these names was dropped above.
+    h.insert("x-remote-user", user);
+    h.insert("x-remote-group", HeaderValue::from_static(OWNERS_GROUP));
     if let Some(u) = &upgrade {
         h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
         h.insert(header::UPGRADE, u.clone());

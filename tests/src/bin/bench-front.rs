@@ -6,8 +6,8 @@
 //! pooled client each side, from the host namespace:
 //!
 //! - direct: to the apiserver, with a client certificate of the cluster CA for the same user
-//!   and group the front impersonates (so RBAC does the same work; the front adds its
-//!   admission, the impersonation check and one hop);
+//!   and group the front forwards as (so RBAC does the same work; the front adds its TLS,
+//!   admission and one hop, and the apiserver its request-header check);
 //! - front: to the front's mount URL with the kubeconfig's certificate.
 //!
 //! Both clients are the same reqwest build with the same settings (HTTP/2 by ALPN, one
@@ -32,6 +32,32 @@ struct Args {
     seconds: u64,
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
+}
+
+/// CPU time (user + system, ms) a process has used so far, all its threads.
+fn cpu_ms(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = &stat[stat.rfind(')').context("stat")? + 1..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+    // USER_HZ is 100 on Linux.
+    Ok(ticks * 10.0)
+}
+
+/// The cluster's apiserver process, from its pidfile.
+fn apiserver_pid(run_dir: &std::path::Path) -> Result<u32> {
+    for e in std::fs::read_dir(run_dir)? {
+        let path = e?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.contains("apiserver") && name.ends_with(".pid") {
+            return Ok(std::fs::read_to_string(&path)?
+                .split_whitespace()
+                .next()
+                .context("an empty pidfile")?
+                .parse()?);
+        }
+    }
+    bail!("no apiserver pidfile in {}", run_dir.display())
 }
 
 struct Side {
@@ -162,6 +188,13 @@ fn main() -> Result<()> {
     };
     eprintln!("front {server}, direct {api}");
     let (secs, conc, rounds) = (args.seconds, args.concurrency, args.rounds);
+    let (broker_pid, api_pid) = (
+        b.broker_pid(),
+        apiserver_pid(&b.state.join("clusters/bench/run"))?,
+    );
+    // CPU per request: the front's (the broker process), and the apiserver's, per side.
+    let cpu = std::sync::Mutex::new(Vec::<(&'static str, f64, f64)>::new());
+    let cpu_ref = &cpu;
     let results = host.run(move || -> Result<Vec<(&'static str, f64, f64)>> {
         let rt = tokio::runtime::Runtime::new()?;
         rt.block_on(async {
@@ -171,7 +204,14 @@ fn main() -> Result<()> {
             let mut out = Vec::new();
             for r in 0..rounds {
                 for side in [&direct, &front] {
+                    let (b0, a0) = (cpu_ms(broker_pid)?, cpu_ms(api_pid)?);
                     let (rps, mut lat) = round(side, secs, conc).await?;
+                    let n = rps * secs as f64;
+                    cpu_ref.lock().expect("lock").push((
+                        side.name,
+                        (cpu_ms(broker_pid)? - b0) / n,
+                        (cpu_ms(api_pid)? - a0) / n,
+                    ));
                     let p99 = pct(&mut lat, 0.99);
                     eprintln!("round {r} {}: {rps:.0} req/s, p99 {p99:.2} ms", side.name);
                     out.push((side.name, rps, p99));
@@ -204,6 +244,19 @@ fn main() -> Result<()> {
     println!("direct_p99_ms={d_p99:.2}");
     println!("front_p99_ms={f_p99:.2}");
     println!("ratio_rps_front_vs_direct={ratio:.3}");
+    let cpu = cpu.into_inner().expect("lock");
+    let per = |n: &str, f: fn(&(&str, f64, f64)) -> f64| -> f64 {
+        median(cpu.iter().filter(|r| r.0 == n).map(f).collect()).0
+    };
+    println!("front_cpu_us_per_req={:.0}", per("front", |r| r.1) * 1000.0);
+    println!(
+        "apiserver_cpu_us_per_req_direct={:.0}",
+        per("direct", |r| r.2) * 1000.0
+    );
+    println!(
+        "apiserver_cpu_us_per_req_through_front={:.0}",
+        per("front", |r| r.2) * 1000.0
+    );
     println!("ratio_rps_min={r_min:.3}");
     println!("ratio_rps_max={r_max:.3}");
     Ok(())
