@@ -40,6 +40,15 @@ fn fingerprint(p: &Path) -> Result<String> {
     ))
 }
 
+/// Adds `fp` to the record of what was imported (after the import, so a crash between the
+/// two imports again rather than never).
+fn mark_imported(record: &Path, fp: &str) -> Result<()> {
+    let mut all_done = std::fs::read_to_string(record).unwrap_or_default();
+    all_done.push_str(fp);
+    all_done.push('\n');
+    std::fs::write(record, all_done).with_context(|| format!("writing {}", record.display()))
+}
+
 /// Imports what is new in `dir`; `record` is the file remembering what was imported. Calls
 /// `progress` with a line before each import. Returns how many were imported.
 pub async fn import_new(
@@ -84,11 +93,7 @@ pub async fn import_new(
             );
         }
         info!(archive = %tar.display(), secs = t.elapsed().as_secs_f64(), "image imported into containerd");
-        let mut all_done = std::fs::read_to_string(record).unwrap_or_default();
-        all_done.push_str(&fp);
-        all_done.push('\n');
-        std::fs::write(record, all_done)
-            .with_context(|| format!("writing {}", record.display()))?;
+        mark_imported(record, &fp)?;
         imported += 1;
     }
     Ok(imported)
@@ -187,11 +192,7 @@ pub fn import_disk(
             );
         }
         info!(archive = %name, bytes = copied, secs = t.elapsed().as_secs_f64(), "seed disk image imported into containerd");
-        let mut all_done = std::fs::read_to_string(record).unwrap_or_default();
-        all_done.push_str(&fp);
-        all_done.push('\n');
-        std::fs::write(record, all_done)
-            .with_context(|| format!("writing {}", record.display()))?;
+        mark_imported(record, &fp)?;
         imported += 1;
     }
     Ok((imported, manifest.images.len()))

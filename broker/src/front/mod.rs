@@ -50,7 +50,7 @@ pub struct Mount {
 #[derive(Debug)]
 pub struct Front {
     pub records: Arc<Records>,
-    mounts: RwLock<HashMap<String, Mount>>,
+    mounts: RwLock<HashMap<String, Arc<Mount>>>,
     /// The CA kubeconfigs carry (the self-made front CA), if any.
     pub ca_pem: Option<String>,
     /// `https://host:port` users reach the front at.
@@ -72,7 +72,7 @@ impl Front {
         self.mounts
             .write()
             .expect("lock")
-            .insert(m.cluster.clone(), m);
+            .insert(m.cluster.clone(), Arc::new(m));
     }
 
     /// Forgets a cluster; its certificates' connections are cut.
@@ -81,7 +81,7 @@ impl Front {
         self.records.forget_cluster(cluster);
     }
 
-    fn get(&self, cluster: &str) -> Option<Mount> {
+    fn get(&self, cluster: &str) -> Option<Arc<Mount>> {
         self.mounts.read().expect("lock").get(cluster).cloned()
     }
 }
@@ -220,49 +220,45 @@ async fn handle(
         );
     };
     // The cluster: the one the path mounts, or the one the certificate is for.
-    let (cluster, tail) = match names::split_mount(&path) {
-        Some((hash, cluster, tail)) => {
-            match front.get(cluster) {
-                Some(m) if m.account_hash.as_deref() == Some(hash) => {}
-                _ => {
-                    return status(
-                        StatusCode::NOT_FOUND,
-                        "NotFound",
-                        &format!("no cluster is mounted at root:{hash}:{cluster}:clusters"),
-                    );
-                }
+    let (mount, tail) = match names::split_mount(&path) {
+        Some((hash, cluster, tail)) => match front.get(cluster) {
+            Some(m) if m.account_hash.as_deref() == Some(hash) => (m, tail.to_string()),
+            _ => {
+                return status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    &format!("no cluster is mounted at root:{hash}:{cluster}:clusters"),
+                );
             }
-            (cluster.to_string(), tail.to_string())
-        }
+        },
         None => {
             let serial = match admit::read(leaf) {
                 Ok(p) => p.serial,
                 Err(e) => return unauthorized(&e),
             };
-            match front.records.get(&serial) {
-                Some(r) => (r.cluster, path.clone()),
-                None => {
-                    return unauthorized(&format!(
-                        "the client certificate {serial} has no record at this broker"
-                    ));
-                }
-            }
+            let Some(r) = front.records.get(&serial) else {
+                return unauthorized(&format!(
+                    "the client certificate {serial} has no record at this broker"
+                ));
+            };
+            let Some(m) = front.get(&r.cluster) else {
+                return status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    &format!("no cluster {}", r.cluster),
+                );
+            };
+            (m, path.clone())
         }
     };
-    let Some(mount) = front.get(&cluster) else {
-        return status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            &format!("no cluster {cluster}"),
-        );
-    };
+    let cluster = mount.cluster.as_str();
     // Admit once per connection and cluster; afterwards only the record is looked at.
     let known = conn
         .admitted
         .lock()
         .expect("lock")
         .clone()
-        .filter(|a| a.cluster == cluster);
+        .filter(|a| a.cluster == *cluster);
     let who = match known {
         Some(a) => match front.records.get(&a.serial) {
             Some(r) => match admit::still_good(&r, SystemTime::now()) {
@@ -274,7 +270,7 @@ async fn handle(
         None => {
             match admit::admit(
                 leaf,
-                &cluster,
+                cluster,
                 &mount.users_ca,
                 &front.records,
                 SystemTime::now(),

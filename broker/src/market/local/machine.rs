@@ -239,19 +239,8 @@ fn sleeping_child(pid: u32) -> Option<u32> {
 pub fn find_sleep_child(pid: u32) -> Result<u32> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let mut stack = vec![pid];
-        while let Some(p) = stack.pop() {
-            if std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sleep")
-            {
-                return Ok(p);
-            }
-            let children =
-                std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
-            stack.extend(
-                children
-                    .split_whitespace()
-                    .filter_map(|c| c.parse::<u32>().ok()),
-            );
+        if let Some(p) = sleeping_child(pid) {
+            return Ok(p);
         }
         if Instant::now() > deadline {
             bail!("no sleep process below {pid}");
