@@ -115,6 +115,8 @@ struct RunArgs {
     /// MTU of the TUN device and of pods (1280 fits a QUIC datagram on any sane path).
     #[arg(long, default_value_t = socialweb_wire::mesh::DEFAULT_MTU, value_parser = clap::value_parser!(u16).range(1280..=9000))]
     mtu: u16,
+    #[command(flatten)]
+    mesh_tuning: socialweb_agent::mesh::transport::Tuning,
     /// Do not masquerade pod traffic leaving the cluster.
     #[arg(long)]
     no_masquerade: bool,
@@ -316,6 +318,7 @@ async fn dispatch(command: Command) -> Result<()> {
                 mesh_listen: a.mesh_listen,
                 tun: a.tun,
                 mtu: a.mtu,
+                mesh_tuning: a.mesh_tuning,
                 masquerade: !a.no_masquerade,
                 pod_network,
                 dns_listen: (!a.no_dns).then_some(a.dns_listen),
@@ -519,6 +522,20 @@ async fn mesh(command: MeshCommand, c: ClientArgs) -> Result<()> {
                         drops_text(&p.drops),
                         p.last_error.as_deref().unwrap_or("-"),
                     );
+                    if let Some(q) = &p.quic {
+                        println!(
+                            "{:<14} quic: cwnd {}  sent {}  lost {}  congestion events {}  max packet {}  send waits {}",
+                            "",
+                            human_bytes(q.cwnd),
+                            q.sent_packets,
+                            q.lost_packets,
+                            q.congestion_events,
+                            p.max_packet
+                                .map(|m| m.to_string())
+                                .unwrap_or_else(|| "-".into()),
+                            p.send_waits
+                        );
+                    }
                 }
                 println!(
                     "drops not tied to a peer: {}  refused: {} strangers, {} early peers, {} not sorted yet",

@@ -49,6 +49,7 @@ pub struct RunOptions {
     pub mesh_listen: SocketAddr,
     pub tun: String,
     pub mtu: u16,
+    pub mesh_tuning: mesh::transport::Tuning,
     pub masquerade: bool,
     /// `None`: leave the bridge and the CNI configuration alone.
     pub pod_network: Option<PodNetwork>,
@@ -239,6 +240,8 @@ async fn bring_up(s: Arc<Shared>, stop: CancellationToken) -> Result<()> {
                     secret_key: id.mesh_secret_key.0,
                     relay_url: id.relay_url.clone(),
                     bind: opts.mesh_listen,
+                    pod_mtu: opts.mtu,
+                    tuning: opts.mesh_tuning,
                 },
                 tun_name: opts.tun.clone(),
                 mtu: opts.mtu,

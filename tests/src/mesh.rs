@@ -29,6 +29,8 @@ pub struct MeshOptions {
     /// Restrict the relay to the cluster's endpoints (as the broker does).
     pub relay_allow_list: bool,
     pub masquerade: bool,
+    /// More arguments for every agent's `run` (the benchmark's tuning variants).
+    pub agent_args: Vec<String>,
 }
 
 impl Default for MeshOptions {
@@ -37,6 +39,7 @@ impl Default for MeshOptions {
             mtu: 1280,
             relay_allow_list: true,
             masquerade: true,
+            agent_args: Vec::new(),
         }
     }
 }
@@ -221,6 +224,7 @@ impl<'t> MeshCluster<'t> {
         if !self.opts.masquerade {
             cmd.arg("--no-masquerade");
         }
+        cmd.args(&self.opts.agent_args);
         let process = Spawned::start_logged(cmd, &format!("agent {name}"), &log)?;
         Ok(Agent {
             index: node.index,

@@ -269,6 +269,93 @@ fn with_the_default_mtu_a_big_ping_is_refused_at_the_pod() {
     .unwrap();
 }
 
+/// Pings of `size` bytes of payload with Don't Fragment, `count` of them `interval` apart;
+/// the output whatever the outcome.
+fn df_pings(from: &Netns, to: &str, size: u32, count: u32, interval: &str) -> String {
+    let out = from
+        .output(
+            "ping",
+            &[
+                "-n",
+                "-c",
+                &count.to_string(),
+                "-i",
+                interval,
+                "-W",
+                "2",
+                "-M",
+                "do",
+                "-s",
+                &size.to_string(),
+                to,
+            ],
+        )
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+}
+
+#[test]
+fn losing_full_size_packets_for_a_while_does_not_shrink_the_path_below_the_pod_mtu() {
+    // QUIC's black-hole detection takes loss bursts of packets larger than its minimum MTU
+    // for a path MTU drop and falls back to that minimum. With the stack's default of 1200
+    // bytes, a burst of ordinary loss (congestion, a flapping link) would leave the path too
+    // small for a 1280-byte pod packet, and every one of them would be answered "too big"
+    // until the next probe, minutes later. The agent pins the minimum at what the pod MTU
+    // needs. Here: every full-size datagram from node 1 is lost for a while, then the path
+    // heals; 1280-byte packets must cross again at once.
+    let topo = Topology::new(2, Reach::Direct).unwrap();
+    let mesh = MeshCluster::start(&topo, MeshOptions::default()).unwrap();
+    let a = mesh.pod(1, "pmtu").unwrap();
+    let b = mesh.pod(2, "pmtu").unwrap();
+    let b_ip = b.addr.to_string();
+    probe::ping_until(&a.ns, &b_ip, Duration::from_secs(10)).unwrap();
+    let full = df_pings(&a.ns, &b_ip, 1252, 3, "0.2");
+    assert!(full.contains(" 0% packet loss"), "before: {full}");
+
+    // Lose every UDP datagram node 1 sends that is big enough to hold a 1280-byte pod
+    // packet (small ones, acknowledgements and keep-alives, still pass).
+    let node1 = &topo.node(1).ns;
+    nft(
+        node1,
+        &format!(
+            "table ip pmtu_test {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n  udp dport {MESH_PORT} ip length > 1300 drop\n }}\n}}\n"
+        ),
+    );
+    let lossy = df_pings(&a.ns, &b_ip, 1252, 400, "0.005");
+    assert!(lossy.contains("100% packet loss"), "during: {lossy}");
+    nft(node1, "delete table ip pmtu_test");
+
+    std::thread::sleep(Duration::from_secs(1));
+    let peer = mesh.peer(1, 2).unwrap();
+    let max = peer["max_packet"].as_u64().unwrap_or(0);
+    assert!(
+        max >= 1280,
+        "after the loss the path carries {max}-byte packets, less than the pod MTU: {peer}"
+    );
+    let after = df_pings(&a.ns, &b_ip, 1252, 5, "0.2");
+    assert!(
+        after.contains(" 0% packet loss"),
+        "after the loss, full-size packets must cross at once:\n{after}\n{peer}"
+    );
+}
+
+fn nft(ns: &Netns, script: &str) {
+    use std::io::Write;
+    let mut child = ns
+        .command("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "nft refused: {script}");
+}
+
 /// A rogue endpoint: speaks the mesh ALPN with a given key from inside a namespace.
 fn rogue<R>(
     ns: &Netns,

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -63,6 +64,8 @@ struct PeerSlot {
     tx: Flow,
     rx: Flow,
     drops: Drops,
+    /// Batches that had to wait for room in the connection's datagram send buffer.
+    send_waits: AtomicU64,
     last_error: Mutex<Option<String>>,
     since: Mutex<Option<Instant>>,
     /// Cancelled when the peer leaves the directory.
@@ -210,6 +213,7 @@ impl Mesh {
                 tx: Flow::default(),
                 rx: Flow::default(),
                 drops: Drops::default(),
+                send_waits: AtomicU64::new(0),
                 last_error: Mutex::new(None),
                 since: Mutex::new(None),
                 gone: self.inner.shutdown.child_token(),
@@ -530,6 +534,7 @@ impl Mesh {
             }
             return;
         }
+        slot.send_waits.fetch_add(1, Ordering::Relaxed);
         for p in packets {
             let len = p.len();
             match conn.send_datagram_wait(p).await {
@@ -664,6 +669,8 @@ fn peer_status(s: &PeerSlot) -> PeerStatus {
         congestion_events: s.congestion_events,
         lost_packets: s.lost_packets,
         sent_packets: s.sent_packets,
+        black_holes: s.black_holes_detected,
+        current_mtu: s.current_mtu,
     });
     PeerStatus {
         node: s.entry.node.clone(),
@@ -683,6 +690,7 @@ fn peer_status(s: &PeerSlot) -> PeerStatus {
             .map(|t| t.elapsed().as_secs_f64()),
         max_packet: conn.as_ref().and_then(|c| c.max_datagram_size()),
         quic,
+        send_waits: s.send_waits.load(Ordering::Relaxed),
     }
 }
 

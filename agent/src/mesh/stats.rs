@@ -81,6 +81,11 @@ pub struct PeerStatus {
     /// packets lost (datagrams are not retransmitted: a lost packet is the pods' TCP's
     /// business).
     pub quic: Option<QuicPathStats>,
+    /// Times the send path found the connection's datagram buffer full and waited for room
+    /// (back-pressure into the TUN); a number that climbs with throughput means the
+    /// connection, not the TUN, is the bottleneck.
+    #[serde(default)]
+    pub send_waits: u64,
 }
 
 /// QUIC path statistics worth a look when throughput disappoints.
@@ -90,6 +95,12 @@ pub struct QuicPathStats {
     pub congestion_events: u64,
     pub lost_packets: u64,
     pub sent_packets: u64,
+    /// Times black-hole detection shrank the path to QUIC's minimum MTU.
+    #[serde(default)]
+    pub black_holes: u64,
+    /// The UDP payload size the path carries now.
+    #[serde(default)]
+    pub current_mtu: u16,
 }
 
 /// The whole mesh as `mesh status` shows it.

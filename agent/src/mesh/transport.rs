@@ -2,11 +2,15 @@
 //! address lookup, no port mapping), QUIC tuned for carrying IP packets as datagrams.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use iroh::endpoint::{PortmapperConfig, QuicTransportConfig, presets};
+use iroh::endpoint::{
+    AckFrequencyConfig, ControllerFactory, PortmapperConfig, QuicTransportConfig, VarInt, presets,
+};
 use iroh::{Endpoint, EndpointAddr, EndpointId, RelayMode, RelayUrl, SecretKey};
+use noq_proto::congestion::{Bbr3Config, CubicConfig};
 use socialweb_wire::mesh::ALPN;
 use url::Url;
 
@@ -18,7 +22,67 @@ pub struct EndpointConfig {
     /// UDP address to bind for direct paths; a specific address (the endpoint offers peers
     /// exactly this one).
     pub bind: SocketAddr,
+    /// The pod MTU: the smallest path MTU QUIC may assume is pinned to carry it.
+    pub pod_mtu: u16,
+    pub tuning: Tuning,
 }
+
+/// Knobs of the QUIC connections between agents (`socialweb-agent run --help`); the defaults
+/// are what `bench/mesh` measured best (docs/mesh.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
+pub struct Tuning {
+    /// Congestion control of mesh connections. Pod UDP is not congestion-controlled itself,
+    /// so the mesh never turns it off (RFC 9298 §6).
+    #[arg(long = "mesh-congestion", value_enum, default_value_t = Congestion::Cubic)]
+    pub congestion: Congestion,
+    /// Ask the peer to acknowledge every N+1 ack-eliciting packets instead of every other one
+    /// (QUIC's ACK frequency extension); 0 leaves QUIC's default.
+    #[arg(long = "mesh-ack-threshold", default_value_t = 0)]
+    pub ack_threshold: u32,
+    /// Ciphers the mesh's TLS offers: `aes128` (AES-128-GCM only, the cheapest with AES-NI) or
+    /// `any` (rustls' defaults, where AES-256-GCM comes first).
+    #[arg(long = "mesh-cipher", value_enum, default_value_t = Cipher::Any)]
+    pub cipher: Cipher,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            congestion: Congestion::Cubic,
+            ack_threshold: 0,
+            cipher: Cipher::Any,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Congestion {
+    Cubic,
+    Bbr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Cipher {
+    Aes128,
+    Any,
+}
+
+/// Bytes a QUIC short-header packet adds around one DATAGRAM frame in the worst case (header
+/// with a 20-byte connection id and a 4-byte packet number, frame type and length, AEAD tag),
+/// rounded up.
+pub const DATAGRAM_OVERHEAD: u16 = 48;
+
+/// The smallest UDP payload QUIC's black-hole detection may fall back to: enough for a pod
+/// packet of `pod_mtu`, but never above the 1400 bytes every connection starts with (a path
+/// that carries less is a path the mesh cannot serve at that pod MTU; lower `--mtu` there).
+pub fn min_udp_payload(pod_mtu: u16) -> u16 {
+    pod_mtu
+        .saturating_add(DATAGRAM_OVERHEAD)
+        .clamp(1200, INITIAL_MTU)
+}
+
+/// The UDP payload size connections start with.
+const INITIAL_MTU: u16 = 1400;
 
 /// How long a silent connection lives: with keep-alives every second, a peer that stops
 /// answering is declared gone within this, and its route withdrawn.
@@ -38,7 +102,11 @@ pub fn parse_endpoint_id(s: &str) -> Result<EndpointId> {
 /// Binds the endpoint.
 pub async fn bind(cfg: &EndpointConfig) -> Result<Endpoint> {
     let relay = RelayUrl::from(cfg.relay_url.clone());
-    let transport = QuicTransportConfig::builder()
+    let congestion: Arc<dyn ControllerFactory + Send + Sync> = match cfg.tuning.congestion {
+        Congestion::Cubic => Arc::new(CubicConfig::default()),
+        Congestion::Bbr => Arc::new(Bbr3Config::default()),
+    };
+    let mut transport = QuicTransportConfig::builder()
         .keep_alive_interval(Duration::from_secs(1))
         .max_idle_timeout(Some(
             IDLE_TIMEOUT
@@ -47,19 +115,32 @@ pub async fn bind(cfg: &EndpointConfig) -> Result<Endpoint> {
         ))
         // Start with room for a 1280-byte IP packet in one datagram (QUIC needs ~40 bytes
         // around it); path MTU discovery grows it from there where the path allows.
-        .initial_mtu(1400)
+        .initial_mtu(INITIAL_MTU)
+        // Black-hole detection takes a burst of lost packets larger than this for a smaller
+        // path and falls back to it; at QUIC's default (1200) one burst of congestion loss
+        // would leave a 1280-byte pod packet "too big" until the next probe, minutes later.
+        .min_mtu(min_udp_payload(cfg.pod_mtu))
+        .congestion_controller_factory(congestion)
         .datagram_receive_buffer_size(Some(4 << 20))
         // Small on purpose: a full send buffer pushes back into the TUN, where the pods' TCP
         // sees the queue; 8 MiB here measured 32 ms of queueing delay under iperf3.
-        .datagram_send_buffer_size(512 << 10)
-        .build();
-    Endpoint::builder(presets::Minimal)
+        .datagram_send_buffer_size(512 << 10);
+    if cfg.tuning.ack_threshold > 0 {
+        let mut acks = AckFrequencyConfig::default();
+        acks.ack_eliciting_threshold(VarInt::from_u32(cfg.tuning.ack_threshold));
+        transport = transport.ack_frequency_config(Some(acks));
+    }
+    let mut builder = Endpoint::builder(presets::Minimal);
+    if cfg.tuning.cipher == Cipher::Aes128 {
+        builder = builder.crypto_provider(Arc::new(aes128_only()));
+    }
+    builder
         .secret_key(SecretKey::from_bytes(&cfg.secret_key))
         .alpns(vec![ALPN.to_vec()])
         .relay_mode(RelayMode::custom([relay]))
         .clear_address_lookup()
         .portmapper_config(PortmapperConfig::Disabled)
-        .transport_config(transport)
+        .transport_config(transport.build())
         // One socket on one address: see routes::default_source_v4 for why not 0.0.0.0.
         .clear_ip_transports()
         .bind_addr(cfg.bind)
@@ -67,6 +148,21 @@ pub async fn bind(cfg: &EndpointConfig) -> Result<Endpoint> {
         .bind()
         .await
         .context("binding the mesh endpoint")
+}
+
+/// rustls' ring provider offering AES-128-GCM only: mesh connections are between our own
+/// agents, and AES-128 costs 10 AES rounds a block where AES-256 costs 14. TLS 1.2's
+/// AES-128-GCM suites stay for the relay's HTTPS, should it use TLS 1.2.
+fn aes128_only() -> rustls::crypto::CryptoProvider {
+    use rustls::crypto::ring::{cipher_suite, default_provider};
+    rustls::crypto::CryptoProvider {
+        cipher_suites: vec![
+            cipher_suite::TLS13_AES_128_GCM_SHA256,
+            cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+            cipher_suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+        ],
+        ..default_provider()
+    }
 }
 
 /// Where to dial a peer: the relay always, its direct addresses when it has any.
