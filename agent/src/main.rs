@@ -524,12 +524,14 @@ async fn mesh(command: MeshCommand, c: ClientArgs) -> Result<()> {
                     );
                     if let Some(q) = &p.quic {
                         println!(
-                            "{:<14} quic: cwnd {}  sent {}  lost {}  congestion events {}  max packet {}  send waits {}",
+                            "{:<14} quic: cwnd {}  sent {}  lost {}  congestion events {}  black holes {}  path MTU {}  max packet {}  send waits {}",
                             "",
                             human_bytes(q.cwnd),
                             q.sent_packets,
                             q.lost_packets,
                             q.congestion_events,
+                            q.black_holes,
+                            q.current_mtu,
                             p.max_packet
                                 .map(|m| m.to_string())
                                 .unwrap_or_else(|| "-".into()),

@@ -119,6 +119,10 @@ impl Relay {
     pub fn is_running(&mut self) -> bool {
         self.process.is_running()
     }
+
+    pub fn pid(&self) -> u32 {
+        self.process.id()
+    }
 }
 
 /// The relay and the agents of a [`Topology`].
@@ -377,6 +381,11 @@ impl<'t> MeshCluster<'t> {
     /// The scratch directory (peer file, logs).
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The relay's process id.
+    pub fn relay_pid(&self) -> u32 {
+        self.relay.pid()
     }
 
     /// Whether the relay still runs.

@@ -51,12 +51,11 @@ struct Args {
 
 /// Direct mesh variants with one agent knob set: (name, arguments).
 const LEVERS: &[(&str, &[&str])] = &[
-    ("mesh_cubic", &["--mesh-congestion", "cubic"]),
     ("mesh_bbr", &["--mesh-congestion", "bbr"]),
     ("mesh_ack_default", &["--mesh-ack-threshold", "0"]),
-    ("mesh_ack_every10", &["--mesh-ack-threshold", "9"]),
     ("mesh_cipher_any", &["--mesh-cipher", "any"]),
-    ("mesh_aes128", &["--mesh-cipher", "aes128"]),
+    ("mesh_recv_4m", &["--mesh-recv-buffer-kib", "4096"]),
+    ("mesh_recv_128k", &["--mesh-recv-buffer-kib", "128"]),
 ];
 
 /// One variant, set up and waiting for rounds.
@@ -178,9 +177,12 @@ fn mesh<'t>(
         .unwrap_or("")
         .to_string();
     eprintln!("bench: {name}: path {path}");
-    let procs = (1..=2u8)
+    let mut procs: Vec<(String, u32)> = (1..=2u8)
         .map(|i| (format!("agent{i}"), cluster.agent(i).pid()))
         .collect();
+    if path.starts_with("relay") {
+        procs.push(("relay".into(), cluster.relay_pid()));
+    }
     Ok(Variant {
         name,
         a: a.ns,
