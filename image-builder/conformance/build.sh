@@ -5,7 +5,9 @@
 #   e2e.test  the suite (`go test -c k8s.io/kubernetes/test/e2e`)
 #   ginkgo    its runner, at the github.com/onsi/ginkgo/v2 version the module pins
 #   agnhost   test/images/agnhost, the binary of the suite's main test image (packed into an
-#             image and imported into the nodes by socialweb-conformance; nothing is pulled)
+#             image and imported into the nodes by socialweb-conformance; nothing is pulled),
+#             with localhost.crt and localhost.key, which the upstream image carries at / for
+#             `agnhost porter`'s TLS ports
 # Only `./x conformance` calls this; `./x test` and `./x demo` never build the suite.
 #
 # Prints the directory holding them.
@@ -25,7 +27,7 @@ kube_version="$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' ../k
 inputs_hash="$(cat go.mod go.sum tools.go build.sh | sha256sum | cut -c1-12)"
 cache="${SOCIALWEB_CACHE:-$HOME/.cache/socialweb}"
 out="$cache/conformance-$version-$inputs_hash"
-if [ -x "$out/e2e.test" ] && [ -x "$out/ginkgo" ] && [ -x "$out/agnhost" ]; then
+if [ -x "$out/e2e.test" ] && [ -x "$out/ginkgo" ] && [ -x "$out/agnhost" ] && [ -f "$out/localhost.crt" ]; then
   echo "$out"
   exit 0
 fi
@@ -45,6 +47,9 @@ done
 go mod download
 # agnhost runs in the test pods, whose image has no libc: a static binary.
 CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/agnhost" k8s.io/kubernetes/test/images/agnhost
+moddir="$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
+cp "$moddir/test/images/agnhost/porter/localhost.crt" "$moddir/test/images/agnhost/porter/localhost.key" "$tmp/"
+chmod 644 "$tmp/localhost.crt" "$tmp/localhost.key"
 echo "build.sh: agnhost after $(( $(date +%s) - start ))s" >&2
 go build -trimpath -o "$tmp/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
 go test -c -trimpath -ldflags "$ldflags" -o "$tmp/e2e.test" k8s.io/kubernetes/test/e2e
