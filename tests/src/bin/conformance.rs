@@ -477,3 +477,38 @@ fn kube_version(kube: &Path) -> String {
         })
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn junit_cases_are_read_with_their_status_and_failure_text() {
+        let xml = r#"<?xml version="1.0" encoding="UTF-8"?>
+<testsuites tests="3" disabled="0" errors="0" failures="1" time="1">
+  <testsuite name="Kubernetes e2e suite" package="/x" tests="3">
+    <testcase name="[ReportBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="0.01"></testcase>
+    <testcase name="[It] [sig-network] DNS should provide DNS for services [Conformance]" classname="Kubernetes e2e suite" status="passed" time="4.8"></testcase>
+    <testcase name="[It] [sig-network] Services should be able to create a functioning NodePort service [Conformance]" classname="Kubernetes e2e suite" status="failed" time="131.7">
+      <failure message="" type="failed">[FAILED] service is not reachable within 2m0s timeout on endpoint 172.30.1.2:30546 over TCP protocol&#xA;In [It] at: service.go:1312</failure>
+    </testcase>
+    <testcase name="[It] [sig-apps] Deployment should run [Conformance]" classname="Kubernetes e2e suite" status="skipped" time="0">
+      <skipped message="skipped"></skipped>
+    </testcase>
+  </testsuite>
+</testsuites>"#;
+        let cases = parse_junit(xml);
+        assert_eq!(cases.len(), 4);
+        assert_eq!(cases[1].status, "passed");
+        assert!((cases[1].seconds - 4.8).abs() < 1e-9);
+        assert_eq!(cases[2].status, "failed");
+        assert_eq!(
+            cases[2].failure.as_deref().unwrap().lines().next(),
+            Some(
+                "[FAILED] service is not reachable within 2m0s timeout on endpoint 172.30.1.2:30546 over TCP protocol"
+            )
+        );
+        assert_eq!(cases[3].skipped.as_deref(), Some("skipped"));
+        assert!(cases[1].failure.is_none());
+    }
+}
