@@ -191,10 +191,16 @@ fn run_teed(mut cmd: std::process::Command, log: &Path) -> Result<std::process::
         .into_iter()
         .map(|p| {
             let file = file.clone();
+            // Bytes, not UTF-8 lines: the suite logs raw responses (protobuf Status bodies),
+            // and a reader that stopped at the first invalid line would leave ginkgo to die
+            // of SIGPIPE on its next write.
             std::thread::spawn(move || {
-                for line in BufReader::new(p).lines().map_while(|l| l.ok()) {
-                    println!("{line}");
-                    let _ = writeln!(file.lock().expect("the log"), "{line}");
+                let mut r = BufReader::new(p);
+                let mut line = Vec::new();
+                while r.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+                    let _ = std::io::stdout().lock().write_all(&line);
+                    let _ = file.lock().expect("the log").write_all(&line);
+                    line.clear();
                 }
             })
         })
@@ -392,7 +398,7 @@ fn main() -> Result<()> {
         // Suite-level nodes ([SynchronizedBeforeSuite], [ReportBeforeSuite], ...) are not tests.
         .filter(|c| !c.name.starts_with('[') || c.name.starts_with("[It] "))
         .collect();
-    let known = std::fs::read_to_string(&args.known).unwrap_or_default();
+    let known = known_failures(&std::fs::read_to_string(&args.known).unwrap_or_default());
     let mut results = String::new();
     let (mut passed, mut failed, mut skipped, mut undocumented) = (0, 0, 0, Vec::new());
     for c in &selected {
@@ -408,7 +414,7 @@ fn main() -> Result<()> {
             _ => {
                 failed += 1;
                 let short = c.name.trim_start_matches("[It] ");
-                if !known.contains(short) {
+                if !known.iter().any(|k| k == short) {
                     undocumented.push(c);
                 }
                 "FAIL"
@@ -464,6 +470,18 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// The tests the document lists as known failures: the `- <test name>` lines of its
+/// `## Known failures` section.
+fn known_failures(doc: &str) -> Vec<String> {
+    doc.split_once("\n## Known failures")
+        .map(|(_, rest)| rest.split("\n## ").next().unwrap_or(""))
+        .unwrap_or("")
+        .lines()
+        .filter_map(|l| l.strip_prefix("- "))
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
 fn kube_version(kube: &Path) -> String {
     std::process::Command::new(kube)
         .args(["kubectl", "version", "--client", "-o", "json"])
@@ -510,5 +528,17 @@ mod tests {
         );
         assert_eq!(cases[3].skipped.as_deref(), Some("skipped"));
         assert!(cases[1].failure.is_none());
+    }
+
+    #[test]
+    fn known_failures_are_the_list_items_of_their_section_only() {
+        let doc = "# T\n\n## Results\n\n- [sig-network] A passes [Conformance]\n\n## Known failures\n\nWhy.\n\n- [sig-network] B fails [Conformance]\n- [sig-network] C fails [Conformance]\n\n## Later\n\n- D\n";
+        assert_eq!(
+            known_failures(doc),
+            [
+                "[sig-network] B fails [Conformance]",
+                "[sig-network] C fails [Conformance]"
+            ]
+        );
     }
 }
