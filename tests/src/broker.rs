@@ -49,6 +49,8 @@ pub struct BrokerOptions {
     pub image: Option<PathBuf>,
     /// Lines for the configuration's `[front]` section.
     pub front_toml: String,
+    /// More seed image archives every node imports at boot (the conformance suite's images).
+    pub extra_seeds: Vec<PathBuf>,
 }
 
 impl Default for BrokerOptions {
@@ -67,6 +69,7 @@ impl Default for BrokerOptions {
             node_mem_mib: 2048,
             image: None,
             front_toml: String::new(),
+            extra_seeds: Vec::new(),
         }
     }
 }
@@ -164,10 +167,15 @@ listen = "0.0.0.0:{FRONT_PORT}"
             cni = cni.path(),
             // A node image brings its own seeds (busybox among the suite image's).
             seed = if opts.image.is_some() {
-                String::new()
+                None
             } else {
-                format!("{:?}", seeds.join("busybox.tar"))
-            },
+                Some(seeds.join("busybox.tar"))
+            }
+            .iter()
+            .chain(&opts.extra_seeds)
+            .map(|p| format!("{p:?}"))
+            .collect::<Vec<_>>()
+            .join(", "),
             patch = toml_inline(&test_kubelet_patch()),
             image = match &opts.image {
                 Some(i) => format!("image = {i:?}\n"),

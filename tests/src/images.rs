@@ -100,3 +100,224 @@ fn build_probe() -> Result<std::path::PathBuf> {
     std::fs::rename(&tmp, &out)?;
     Ok(out)
 }
+
+/// The images the upstream conformance suite (`./x conformance`) runs, under the names its
+/// `test/utils/image/manifest.go` gives them, with their entrypoint and command. They share one
+/// layer: a Debian root filesystem (image-builder/conformance/rootfs.sh) with `/agnhost` added.
+/// nginx and httpd are stood in for by agnhost's `netexec` on port 80: the tests that run them
+/// (EndpointSlice) only need a Running pod that declares ports.
+pub const CONFORMANCE_IMAGES: &[(&str, &[&str], &[&str])] = &[
+    (
+        "registry.k8s.io/e2e-test-images/agnhost:2.56",
+        &["/agnhost"],
+        &["pause"],
+    ),
+    (
+        "registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7",
+        &[],
+        &["/bin/sh"],
+    ),
+    (
+        "registry.k8s.io/e2e-test-images/busybox:1.37.0-1",
+        &[],
+        &["sh"],
+    ),
+    (
+        "registry.k8s.io/e2e-test-images/nginx:1.14-4",
+        &["/agnhost", "netexec", "--http-port=80"],
+        &[],
+    ),
+    (
+        "registry.k8s.io/e2e-test-images/nginx:1.15-4",
+        &["/agnhost", "netexec", "--http-port=80"],
+        &[],
+    ),
+    (
+        "registry.k8s.io/e2e-test-images/httpd:2.4.38-4",
+        &["/agnhost", "netexec", "--http-port=80"],
+        &[],
+    ),
+    (
+        "registry.k8s.io/e2e-test-images/httpd:2.4.39-4",
+        &["/agnhost", "netexec", "--http-port=80"],
+        &[],
+    ),
+];
+
+/// The pause image under the name the suite gives it (`imageutils.GetPauseImageName`).
+pub const CONFORMANCE_PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.1";
+
+fn sha256_file(path: &Path) -> Result<(String, u64)> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let r = std::io::Read::read(&mut f, &mut buf)?;
+        if r == 0 {
+            break;
+        }
+        h.update(&buf[..r]);
+        n += r as u64;
+    }
+    Ok((h.finalize().iter().map(|b| format!("{b:02x}")).collect(), n))
+}
+
+/// Writes the conformance images into `out` (one OCI image-layout archive holding every name
+/// of [`CONFORMANCE_IMAGES`], which `ctr images import` imports as as many images sharing one
+/// layer), from a root filesystem tarball and the `agnhost` binary (with `localhost.crt` and
+/// `localhost.key` beside it); `work` is scratch space.
+pub fn write_conformance_images(
+    out: &Path,
+    rootfs_tar: &Path,
+    agnhost: &Path,
+    work: &Path,
+) -> Result<()> {
+    use serde_json::json;
+    // The layer: the root filesystem with /agnhost (and the agnhost-2 link) appended.
+    let layer_path = work.join("layer.tar");
+    std::fs::copy(rootfs_tar, &layer_path)
+        .with_context(|| format!("copying {}", rootfs_tar.display()))?;
+    let add = work.join("add");
+    std::fs::create_dir_all(&add)?;
+    std::fs::copy(agnhost, add.join("agnhost"))?;
+    // agnhost porter's TLS ports read these from the working directory, /, as upstream.
+    let dir = agnhost.parent().unwrap_or(Path::new("."));
+    for f in ["localhost.crt", "localhost.key"] {
+        std::fs::copy(dir.join(f), add.join(f))
+            .with_context(|| format!("copying {} from {}", f, dir.display()))?;
+    }
+    let _ = std::fs::remove_file(add.join("agnhost-2"));
+    std::os::unix::fs::symlink("agnhost", add.join("agnhost-2"))?;
+    std::fs::create_dir_all(add.join("uploads"))?;
+    let status = std::process::Command::new("tar")
+        .args([
+            "--numeric-owner",
+            "--owner=0",
+            "--group=0",
+            "--mtime=@0",
+            "-rf",
+        ])
+        .arg(&layer_path)
+        .arg("-C")
+        .arg(&add)
+        .args([
+            "agnhost",
+            "agnhost-2",
+            "uploads",
+            "localhost.crt",
+            "localhost.key",
+        ])
+        .status()?;
+    anyhow::ensure!(status.success(), "tar -r onto the layer failed ({status})");
+    let (layer_digest, layer_size) = sha256_file(&layer_path)?;
+
+    let hex = |b: &[u8]| -> String {
+        Sha256::digest(b)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let mut blobs: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut manifests = Vec::new();
+    for (reference, entrypoint, cmd) in CONFORMANCE_IMAGES {
+        let or_null = |v: &[&str]| {
+            if v.is_empty() {
+                serde_json::Value::Null
+            } else {
+                json!(v)
+            }
+        };
+        let config = serde_json::to_vec(&json!({
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {
+                "Entrypoint": or_null(entrypoint),
+                "Cmd": or_null(cmd),
+                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                "WorkingDir": "/",
+            },
+            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
+        }))?;
+        let config_digest = hex(&config);
+        let manifest = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                       "digest": format!("sha256:{config_digest}"), "size": config.len()},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                        "digest": format!("sha256:{layer_digest}"), "size": layer_size}],
+        }))?;
+        let manifest_digest = hex(&manifest);
+        manifests.push(json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": format!("sha256:{manifest_digest}"),
+            "size": manifest.len(),
+            "annotations": {
+                "io.containerd.image.name": reference,
+                "org.opencontainers.image.ref.name": reference.rsplit(':').next().unwrap_or("latest"),
+            },
+        }));
+        blobs.push((config_digest, config));
+        blobs.push((manifest_digest, manifest));
+    }
+    let index = serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": manifests}))?;
+    let file = std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut b = tar::Builder::new(std::io::BufWriter::new(file));
+    fn put<W: std::io::Write>(
+        b: &mut tar::Builder<W>,
+        name: &str,
+        size: u64,
+        data: &mut dyn std::io::Read,
+    ) -> std::io::Result<()> {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_size(size);
+        h.set_mtime(0);
+        b.append_data(&mut h, name, data)
+    }
+    put(
+        &mut b,
+        "oci-layout",
+        30,
+        &mut &br#"{"imageLayoutVersion":"1.0.0"}"#[..],
+    )?;
+    put(
+        &mut b,
+        "index.json",
+        index.len() as u64,
+        &mut index.as_slice(),
+    )?;
+    put(
+        &mut b,
+        &format!("blobs/sha256/{layer_digest}"),
+        layer_size,
+        &mut std::fs::File::open(&layer_path)?,
+    )?;
+    let mut seen = std::collections::HashSet::new();
+    for (digest, data) in &blobs {
+        if seen.insert(digest.clone()) {
+            put(
+                &mut b,
+                &format!("blobs/sha256/{digest}"),
+                data.len() as u64,
+                &mut data.as_slice(),
+            )?;
+        }
+    }
+    b.into_inner()?.into_inner().map_err(|e| e.into_error())?;
+    std::fs::remove_file(&layer_path)?;
+    Ok(())
+}
+
+/// The pause image under the suite's name ([`CONFORMANCE_PAUSE_IMAGE`]).
+pub fn write_conformance_pause(out: &Path, pause_binary: &Path) -> Result<()> {
+    let bin = std::fs::read(pause_binary)
+        .with_context(|| format!("reading {}", pause_binary.display()))?;
+    write_image(
+        out,
+        CONFORMANCE_PAUSE_IMAGE,
+        layer(&[("pause", 0o755, bin)], &[])?,
+        &["/pause"],
+    )
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Builds the upstream Kubernetes conformance suite for `./x conformance`, from the same pinned
+# k8s.io/kubernetes module as image-builder/kubernetes (go.mod here pins the same version and
+# replaces; tools.go names the packages), and caches it outside the repo:
+#   e2e.test  the suite (`go test -c k8s.io/kubernetes/test/e2e`)
+#   ginkgo    its runner, at the github.com/onsi/ginkgo/v2 version the module pins
+#   agnhost   test/images/agnhost, the binary of the suite's main test image (packed into an
+#             image and imported into the nodes by socialweb-conformance; nothing is pulled),
+#             with localhost.crt and localhost.key, which the upstream image carries at / for
+#             `agnhost porter`'s TLS ports
+# Only `./x conformance` calls this; `./x test` and `./x demo` never build the suite.
+#
+# Prints the directory holding them.
+# Cache: ${SOCIALWEB_CACHE:-$HOME/.cache/socialweb}/conformance-<version>-<hash of the inputs>/
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+cd "$here"
+export GOFLAGS="${GOFLAGS:-} -mod=mod"
+export GOTOOLCHAIN=local
+version="$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' go.mod)"
+[ -n "$version" ] || { echo "build.sh: no k8s.io/kubernetes version in go.mod" >&2; exit 1; }
+kube_version="$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' ../kubernetes/go.mod)"
+[ "$version" = "$kube_version" ] || {
+  echo "build.sh: go.mod pins k8s.io/kubernetes $version but image-builder/kubernetes pins $kube_version" >&2
+  exit 1
+}
+inputs_hash="$(cat go.mod go.sum tools.go build.sh | sha256sum | cut -c1-12)"
+cache="${SOCIALWEB_CACHE:-$HOME/.cache/socialweb}"
+out="$cache/conformance-$version-$inputs_hash"
+if [ -x "$out/e2e.test" ] && [ -x "$out/ginkgo" ] && [ -x "$out/agnhost" ] && [ -f "$out/localhost.crt" ]; then
+  echo "$out"
+  exit 0
+fi
+command -v go >/dev/null || { echo "build.sh: the Go toolchain is not installed" >&2; exit 1; }
+mkdir -p "$cache"
+tmp="$(mktemp -d "$cache/.build-XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
+start=$(date +%s)
+echo "build.sh: building the Kubernetes $version conformance suite from Go modules into $out (cold: about 25 minutes on 2 cores)" >&2
+major="${version#v}"; major="${major%%.*}"
+minor="${version#v*.}"; minor="${minor%%.*}"
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+go mod download
+# agnhost runs in the test pods, whose image has no libc: a static binary.
+CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/agnhost" k8s.io/kubernetes/test/images/agnhost
+moddir="$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
+cp "$moddir/test/images/agnhost/porter/localhost.crt" "$moddir/test/images/agnhost/porter/localhost.key" "$tmp/"
+chmod 644 "$tmp/localhost.crt" "$tmp/localhost.key"
+echo "build.sh: agnhost after $(( $(date +%s) - start ))s" >&2
+go build -trimpath -o "$tmp/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
+go test -c -trimpath -ldflags "$ldflags" -o "$tmp/e2e.test" k8s.io/kubernetes/test/e2e
+mv "$tmp" "$out"
+trap - EXIT
+echo "build.sh: built in $(( $(date +%s) - start ))s: $(du -h "$out/e2e.test" | cut -f1) e2e.test, $(du -h "$out/agnhost" | cut -f1) agnhost" >&2
+echo "$out"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The root filesystem of the conformance suite's test images (agnhost, jessie-dnsutils, busybox,
+# nginx, httpd, as socialweb-conformance names them): a minimal Debian made by debootstrap with
+# the tools the suite's pods run (dig for the DNS probes, getent, curl, nc, ip, iptables,
+# busybox for its applets) -- what the upstream agnhost image (a Debian base with these
+# packages) holds. debootstrap installs what the mirror has that day, so the result is cached
+# as a tarball keyed by the package list and this script, and reused from then on.
+#
+# Prints the path of the tarball.
+# Cache: ${SOCIALWEB_CACHE:-$HOME/.cache/socialweb}/conformance-rootfs-<hash>.tar
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+suite=bookworm
+mirror="${SOCIALWEB_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+packages=busybox,ca-certificates,curl,dnsutils,iproute2,iptables,iputils-ping,netcat-openbsd,procps
+hash="$( (cat "$here/rootfs.sh"; echo "$suite $packages") | sha256sum | cut -c1-12)"
+cache="${SOCIALWEB_CACHE:-$HOME/.cache/socialweb}"
+out="$cache/conformance-rootfs-$hash.tar"
+if [ -f "$out" ]; then
+  echo "$out"
+  exit 0
+fi
+command -v debootstrap >/dev/null || { echo "rootfs.sh: debootstrap is not installed" >&2; exit 1; }
+mkdir -p "$cache"
+tmp="$(mktemp -d "$cache/.rootfs-XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
+start=$(date +%s)
+echo "rootfs.sh: debootstrap $suite ($packages) for the test images into $out (about 3 minutes)" >&2
+debootstrap --variant=minbase --include="$packages" "$suite" "$tmp/root" "$mirror" >"$tmp/log" 2>&1 \
+  || { tail -20 "$tmp/log" >&2; exit 1; }
+# What a container does not need: package caches, docs, the apt lists.
+rm -rf "$tmp/root/var/cache/apt/"* "$tmp/root/var/lib/apt/lists/"* \
+  "$tmp/root/usr/share/doc" "$tmp/root/usr/share/man" "$tmp/root/usr/share/locale" \
+  "$tmp/root/var/log/"*
+# Containers get /etc/hosts, /etc/resolv.conf and /etc/hostname from the kubelet.
+: >"$tmp/root/etc/hostname"
+tar --numeric-owner --sort=name --mtime=@0 -C "$tmp/root" -cf "$tmp/rootfs.tar" .
+mv "$tmp/rootfs.tar" "$out"
+echo "rootfs.sh: built in $(( $(date +%s) - start ))s: $(du -h "$out" | cut -f1)" >&2
+echo "$out"
