@@ -392,6 +392,18 @@ listen = "0.0.0.0:{FRONT_PORT}"
         Ok(serde_json::from_str(&self.kubectl(cluster, &a)?)?)
     }
 
+    /// The names of the cluster's Nodes that report Ready.
+    pub fn ready_nodes(&self, cluster: &str) -> Result<Vec<String>> {
+        let v = self.kubectl_json(cluster, &["get", "nodes"])?;
+        Ok(v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| crate::k8s::node_is_ready(n))
+            .map(|n| n["metadata"]["name"].as_str().unwrap_or("").to_string())
+            .collect())
+    }
+
     /// `kubectl apply -f -`.
     pub fn apply(&self, cluster: &str, manifest: &str) -> Result<()> {
         crate::k8s::kubectl_apply(self.host, &self.kubeconfig(cluster), manifest).map(|_| ())

@@ -123,6 +123,37 @@ impl Netns {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Runs a program inside the namespace with `input` on its stdin and fails, with its
+    /// stderr, unless it exits 0 (`nft -f -`, `wg pubkey`).
+    pub fn exec_with_stdin(&self, program: &str, args: &[&str], input: &[u8]) -> Result<String> {
+        use std::io::Write;
+        let mut child = self
+            .command(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {program} in {}", self.name))?;
+        // Dropped at the end of the statement: the program sees end of input.
+        child
+            .stdin
+            .take()
+            .context("piped stdin")?
+            .write_all(input)?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "{program} {} in {} exited with {}: {}",
+                args.join(" "),
+                self.name,
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// Starts a long-running program inside the namespace; it is killed when the returned
     /// handle is dropped, and in any case when the namespace is.
     pub fn spawn(&self, program: &str, args: &[&str]) -> Result<Spawned> {

@@ -210,18 +210,7 @@ fn five_jobs_one_per_node_rent_five_nodes_then_the_cluster_returns_to_zero() {
         "5 job pods Pending, Provision nodes=5: intent and no node",
     );
     wait_for("5 nodes Ready", Duration::from_secs(240), || {
-        let v = b.kubectl_json("ci", &["get", "nodes"])?;
-        let ready = v["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|n| {
-                n["status"]["conditions"].as_array().is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                })
-            })
-            .count();
+        let ready = b.ready_nodes("ci")?.len();
         Ok((ready == 5).then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));

@@ -347,20 +347,8 @@ fn losing_full_size_packets_for_a_while_does_not_shrink_the_path_below_the_pod_m
 }
 
 fn nft(ns: &Netns, script: &str) {
-    use std::io::Write;
-    let mut child = ns
-        .command("nft")
-        .args(["-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "nft refused: {script}");
+    ns.exec_with_stdin("nft", &["-f", "-"], script.as_bytes())
+        .unwrap_or_else(|e| panic!("nft refused {script}: {e:#}"));
 }
 
 /// A rogue endpoint: speaks the mesh ALPN with a given key from inside a namespace.

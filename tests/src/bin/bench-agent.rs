@@ -75,12 +75,7 @@ fn main() -> Result<()> {
             if let Ok(v) = cp.kubectl_json(&["get", "node", &name]) {
                 let now = Instant::now();
                 registered.get_or_insert(now);
-                let is_ready = v["status"]["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True");
-                if is_ready {
+                if testbed::k8s::node_is_ready(&v) {
                     break now;
                 }
             }

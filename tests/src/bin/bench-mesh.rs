@@ -111,21 +111,8 @@ fn nft_table(node: &Node, extra: &str) -> Result<()> {
         "table ip socialweb {{\n chain postrouting {{\n  type nat hook postrouting priority srcnat; policy accept;\n  ip saddr {} ip daddr != {CLUSTER_CIDR} masquerade\n  {extra}\n }}\n}}\n",
         node.pod_cidr()
     );
-    let mut child = node
-        .ns
-        .command("nft")
-        .args(["-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()?;
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .context("nft stdin")?
-        .write_all(script.as_bytes())?;
-    if !child.wait()?.success() {
-        bail!("nft refused the table on node {}", node.index);
-    }
+    node.ns
+        .exec_with_stdin("nft", &["-f", "-"], script.as_bytes())?;
     Ok(())
 }
 
@@ -228,37 +215,21 @@ fn vxlan(topo: &Topology, mtu: u16) -> Result<Variant<'_>> {
         )?;
         nft_table(n, "")?;
     }
-    let (a, b) = manual_pods(topo, mtu)?;
-    Ok(Variant {
-        name: "vxlan",
-        a: a.ns,
-        b: b.ns,
-        b_ip: b.addr.to_string(),
+    Ok(Variant::peer(
+        "vxlan",
         nodes,
-        procs: Vec::new(),
-        _daemons: Vec::new(),
-        mesh: None,
-        _dir: None,
-        results: Results::default(),
-    })
+        manual_pods(topo, mtu)?,
+        Vec::new(),
+        Vec::new(),
+        None,
+    ))
 }
 
 /// A WireGuard-style key pair from `wg` (X25519, base64): (private, public).
 fn x25519_pair(ns: &Netns) -> Result<(String, String)> {
     let private = ns.exec("wg", &["genkey"])?.trim().to_string();
-    let mut child = std::process::Command::new("wg")
-        .arg("pubkey")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .context("wg stdin")?
-        .write_all(private.as_bytes())?;
-    let out = child.wait_with_output()?;
-    Ok((private, String::from_utf8(out.stdout)?.trim().to_string()))
+    let public = ns.exec_with_stdin("wg", &["pubkey"], private.as_bytes())?;
+    Ok((private, public.trim().to_string()))
 }
 
 fn boringtun<'t>(bin: &Path, topo: &'t Topology, mtu: u16) -> Result<Variant<'t>> {
@@ -310,19 +281,14 @@ fn boringtun<'t>(bin: &Path, topo: &'t Topology, mtu: u16) -> Result<Variant<'t>
         link::route(&n.ns, &other.pod_cidr(), None, Some(&ifname))?;
         nft_table(n, "")?;
     }
-    let (a, b) = manual_pods(topo, mtu)?;
-    Ok(Variant {
-        name: "boringtun",
-        a: a.ns,
-        b: b.ns,
-        b_ip: b.addr.to_string(),
+    Ok(Variant::peer(
+        "boringtun",
         nodes,
+        manual_pods(topo, mtu)?,
         procs,
-        _daemons: daemons,
-        mesh: None,
-        _dir: Some(dir),
-        results: Results::default(),
-    })
+        daemons,
+        Some(dir),
+    ))
 }
 
 /// quincy 3.x in Noise mode (X25519, its benchmark's mode): the server on node 1, the client
@@ -405,18 +371,14 @@ fn quincy<'t>(dir_bin: &Path, topo: &'t Topology, mtu: u16) -> Result<Variant<'t
         Ok((!routes.trim().is_empty()).then_some(()))
     })?;
     // Traffic goes from the client side's pod (node 2) to the server side's (node 1).
-    Ok(Variant {
-        name: "quincy",
-        a: client_pod.ns,
-        b: server_pod.ns,
-        b_ip: server_pod.addr.to_string(),
-        nodes: [nodes[1], nodes[0]],
+    Ok(Variant::peer(
+        "quincy",
+        [nodes[1], nodes[0]],
+        (client_pod, server_pod),
         procs,
-        _daemons: daemons,
-        mesh: None,
-        _dir: Some(dir),
-        results: Results::default(),
-    })
+        daemons,
+        Some(dir),
+    ))
 }
 
 /// iperf3 from `a` to `b_ip` (server in `b`), TCP, `streams` streams; Gbit/s received.
@@ -538,7 +500,31 @@ fn quic_counters(mesh: &MeshCluster<'_>) -> Result<QuicDelta> {
     })
 }
 
-impl Variant<'_> {
+impl<'t> Variant<'t> {
+    /// A peer's variant: traffic from pod `from` to pod `to`, wired by hand; `daemons` (and
+    /// the directory of their configuration) live as long as the variant.
+    fn peer(
+        name: &'static str,
+        nodes: [&'t Node; 2],
+        (from, to): (testbed::Pod, testbed::Pod),
+        procs: Vec<(String, u32)>,
+        daemons: Vec<Spawned>,
+        dir: Option<testbed::tmp::TempDir>,
+    ) -> Variant<'t> {
+        Variant {
+            name,
+            a: from.ns,
+            b_ip: to.addr.to_string(),
+            b: to.ns,
+            nodes,
+            procs,
+            _daemons: daemons,
+            mesh: None,
+            _dir: dir,
+            results: Results::default(),
+        }
+    }
+
     /// One round: idle ping, one stream with ping under load, four streams.
     fn round(&mut self, seconds: u32) -> Result<()> {
         probe::ping_until(&self.a, &self.b_ip, Duration::from_secs(10))?;

@@ -281,18 +281,7 @@ fn main() -> Result<()> {
     .collect();
     b.apply("conformance", &manifest)?;
     wait_for("every node Ready", Duration::from_secs(600), || {
-        let v = b.kubectl_json("conformance", &["get", "nodes"])?;
-        let ready = v["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|x| {
-                x["status"]["conditions"].as_array().is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                })
-            })
-            .count();
+        let ready = b.ready_nodes("conformance")?.len();
         Ok((ready == n as usize).then_some(()))
     })
     .with_context(|| b.diagnostics())?;

@@ -140,19 +140,7 @@ fn main() -> Result<()> {
     );
     let mut seen = 0;
     wait_for("every node Ready", Duration::from_secs(300), || {
-        let v = b.kubectl_json("demo", &["get", "nodes"])?;
-        let ready: Vec<String> = v["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|x| {
-                x["status"]["conditions"].as_array().is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                })
-            })
-            .map(|x| x["metadata"]["name"].as_str().unwrap_or("").to_string())
-            .collect();
+        let ready = b.ready_nodes("demo")?;
         if ready.len() > seen {
             seen = ready.len();
             println!(

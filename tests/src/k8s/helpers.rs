@@ -126,12 +126,7 @@ impl<'t> Cluster<'t> {
 pub fn wait_node_ready(cp: &ControlPlane<'_>, node: &KubeNode, timeout: Duration) -> Result<()> {
     wait_for(&format!("{} Ready", node.name), timeout, || {
         let v = cp.kubectl_json(&["get", "node", &node.name])?;
-        let ready = v["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
-        Ok(ready.then_some(()))
+        Ok(super::node_is_ready(&v).then_some(()))
     })
     .with_context(|| node.diagnostics())
 }

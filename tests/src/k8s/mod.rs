@@ -132,6 +132,15 @@ pub fn kubectl_apply(
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Whether a Node (as `kubectl get node -o json` prints it) reports the Ready condition True.
+pub fn node_is_ready(node: &serde_json::Value) -> bool {
+    node["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
 /// The last `lines` lines of a log file (for failure messages).
 pub fn tail_of(path: &Path, lines: usize) -> String {
     tail(path, lines)
