@@ -229,7 +229,11 @@ mod tests {
     use super::*;
 
     fn load(text: &str) -> Result<Config> {
-        let dir = std::env::temp_dir().join(format!("ib-config-{}", std::process::id()));
+        // A directory per call: tests run in parallel threads of one process, and a shared
+        // image.toml was read empty while another test rewrote it.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ib-config-{}-{call}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         for f in ["kube", "pause", "agent", "cni", "unit", "extra"] {
             std::fs::write(dir.join(f), f).unwrap();
