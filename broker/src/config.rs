@@ -2,12 +2,16 @@
 //! validation. Every error names the file key or the variable and the value that was wrong.
 //! The scale variables keep the names operators know from the seeds
 //! (`SOCIALWEB_CLUSTERPROVIDER_SCALE_*`).
+//!
+//! Each subsystem gets its own section (or a value built from the few it needs, in
+//! `daemon`), never the whole [`Config`].
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+pub use socialweb_broker_core::scale::NodeSize;
 
 /// A configuration problem, naming where it came from.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,17 +71,6 @@ pub struct Scale {
     pub hold: Duration,
     /// Pods at or below this priority are expendable: they neither rent nor keep a node.
     pub expendable_priority_cutoff: i32,
-}
-
-/// The node size the broker rents (the RFP's spec).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NodeSize {
-    pub vcpu: u32,
-    #[serde(rename = "memMiB")]
-    pub mem_mib: u64,
-    #[serde(rename = "diskMiB")]
-    pub disk_mib: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -215,16 +208,6 @@ impl Default for Scale {
             pods_per_node: 8,
             hold: Duration::from_secs(120),
             expendable_priority_cutoff: -10,
-        }
-    }
-}
-
-impl Default for NodeSize {
-    fn default() -> NodeSize {
-        NodeSize {
-            vcpu: 2,
-            mem_mib: 4096,
-            disk_mib: 20480,
         }
     }
 }

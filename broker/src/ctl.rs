@@ -1,11 +1,11 @@
 //! The daemon's control socket: the operator's `socialweb-broker cluster ...` commands talk
-//! to the running daemon here, one JSON request and one JSON answer per connection. The
-//! socket is mode 0600 in a 0700 directory and every client's credentials are checked: root
-//! or the daemon's own user only.
+//! to the running daemon here, one [`Command`] and one typed answer (a [`Reply`] or a
+//! [`ServiceError`]) per connection, as JSON lines. The socket is mode 0600 in a 0700
+//! directory and every client's credentials are checked: root or the daemon's own user only.
+//! Its caller is always [`Caller::Operator`].
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -14,36 +14,15 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::warn;
 
-use crate::daemon::Daemon;
+use crate::command::{Caller, Command, Reply, ServiceError};
+use crate::services::Services;
 
-/// What a client asks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "snake_case")]
-pub enum Request {
-    ClusterCreate {
-        name: String,
-        wait_secs: u64,
-        /// The DID the cluster is for (reachable through the gateway API); `None`: the
-        /// operator's own.
-        #[serde(default)]
-        owner: Option<String>,
-    },
-    ClusterDelete {
-        name: String,
-    },
-    ClusterList,
-    ClusterShow {
-        name: String,
-    },
-    /// The provider's own view of this broker's leases.
-    Leases,
-}
-
+/// The answer on the wire.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Response {
-    Ok(serde_json::Value),
-    Error(String),
+enum Answer {
+    Ok(Reply),
+    Error(ServiceError),
 }
 
 const MAX_REQUEST: u64 = 64 * 1024;
@@ -58,8 +37,8 @@ impl Drop for Socket {
     }
 }
 
-/// Serves `d` on `path`.
-pub fn serve(path: &Path, d: Arc<Daemon>) -> Result<Socket> {
+/// Serves the operator's commands on `path`.
+pub fn serve(path: &Path, services: Services) -> Result<Socket> {
     if let Some(dir) = path.parent() {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -74,8 +53,14 @@ pub fn serve(path: &Path, d: Arc<Daemon>) -> Result<Socket> {
     let me = nix::unistd::geteuid().as_raw();
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
+            let stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // Out of file descriptors, most likely: wait instead of spinning.
+                    warn!("control socket: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
             };
             if !stream
                 .peer_cred()
@@ -86,53 +71,36 @@ pub fn serve(path: &Path, d: Arc<Daemon>) -> Result<Socket> {
                 );
                 continue;
             }
-            let d = d.clone();
+            let services = services.clone();
             tokio::spawn(async move {
-                let _ = one(stream, d).await;
+                let _ = one(stream, services).await;
             });
         }
     });
     Ok(Socket(path.to_path_buf()))
 }
 
-async fn one(stream: UnixStream, d: Arc<Daemon>) -> Result<()> {
+async fn one(stream: UnixStream, services: Services) -> Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     BufReader::new(read.take(MAX_REQUEST))
         .read_line(&mut line)
         .await?;
-    let result: Result<serde_json::Value> = async {
-        match serde_json::from_str::<Request>(&line).context("bad request")? {
-            Request::ClusterCreate {
-                name,
-                wait_secs,
-                owner,
-            } => Ok(serde_json::to_value(
-                d.create_cluster(&name, owner.as_deref(), Duration::from_secs(wait_secs))
-                    .await?,
-            )?),
-            Request::ClusterDelete { name } => {
-                d.delete_cluster(&name).await?;
-                Ok(serde_json::json!({"deleted": name}))
-            }
-            Request::ClusterList => Ok(serde_json::to_value(d.list().await?)?),
-            Request::ClusterShow { name } => d.show(&name).await,
-            Request::Leases => d.leases().await,
-        }
-    }
-    .await;
-    let resp = match result {
-        Ok(v) => Response::Ok(v),
-        Err(e) => Response::Error(format!("{e:#}")),
+    let answer = match serde_json::from_str::<Command>(&line) {
+        Ok(cmd) => match services.execute(&Caller::Operator, cmd).await {
+            Ok(r) => Answer::Ok(r),
+            Err(e) => Answer::Error(e),
+        },
+        Err(e) => Answer::Error(ServiceError::Invalid(format!("bad request: {e}"))),
     };
-    let mut out = serde_json::to_vec(&resp)?;
+    let mut out = serde_json::to_vec(&answer)?;
     out.push(b'\n');
     write.write_all(&out).await?;
     Ok(())
 }
 
 /// Sends one request to the daemon and returns its answer.
-pub async fn call(socket: &Path, req: &Request, timeout: Duration) -> Result<serde_json::Value> {
+pub async fn call(socket: &Path, req: &Command, timeout: Duration) -> Result<Reply> {
     let run = async {
         let mut s = UnixStream::connect(socket).await.with_context(|| {
             format!("connecting to the broker at {} (is `socialweb-broker run` running, and are you root?)", socket.display())
@@ -142,11 +110,11 @@ pub async fn call(socket: &Path, req: &Request, timeout: Duration) -> Result<ser
         s.write_all(&line).await?;
         let mut answer = String::new();
         BufReader::new(s).read_line(&mut answer).await?;
-        match serde_json::from_str::<Response>(&answer)
+        match serde_json::from_str::<Answer>(&answer)
             .with_context(|| format!("unreadable answer {answer:?}"))?
         {
-            Response::Ok(v) => Ok(v),
-            Response::Error(e) => bail!("{e}"),
+            Answer::Ok(r) => Ok(r),
+            Answer::Error(e) => bail!("{e}"),
         }
     };
     tokio::time::timeout(timeout, run)

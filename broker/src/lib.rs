@@ -1,28 +1,44 @@
-//! `socialweb-broker`: the operator's daemon (docs/operations.md).
+//! `socialweb-broker`: the operator's daemon (docs/operations.md). Its decisions are in the
+//! pure `socialweb-broker-core`; the market protocol's types in `socialweb-market`; the
+//! provider it embeds by default in `socialweb-provider`. This crate observes, calls the
+//! core, and acts. Layers, from the outside in (docs/architecture.md):
 //!
-//! - [`control_plane`]: how a tenant control plane is configured and supervised (its PKI, the
-//!   component flags, the join manifests, bootstrap tokens); the test fixture shares it.
-//! - [`scale`]: the scale decision (pure) and the driver that feeds it from watches.
-//! - [`market`]: the market protocol, the client, and the local provider.
-//! - [`provision`]: renting one node, step by step, crash-safe.
-//! - [`store`]: SQLite or PostgreSQL, one schema.
-//! - [`access`], [`auth`], [`front`], [`api`]: the way in for users: their certificates and
-//!   kubeconfigs, service-auth tokens, the certificate front, the gateway API.
-//! - [`daemon`], [`ctl`], [`config`], [`metrics`], [`relay`], [`tenant`], [`process`].
+//! - Front doors: [`api`] (the gateway API, for users) and [`ctl`] (the control socket, for
+//!   the operator). Both translate their wire into [`command`]s and nothing else.
+//! - Services: [`services`] executes a [`command`] on [`cluster`] (the cluster service: the
+//!   rules, each cluster's life) and [`access`] (users CAs, certificates, revocation), with
+//!   the same rules whichever door it came through.
+//! - Subsystems the services use: [`control_plane`] (a tenant control plane, supervised),
+//!   [`scale`] (the driver that feeds the core's decision), [`provision`] (the executor of
+//!   the core's provisioning transitions), [`market`] (the protocol's HTTP client), [`front`]
+//!   (the certificate front), [`auth`] (service-auth tokens), [`tenant`] (what the broker
+//!   does inside a cluster), [`store`], [`relay`], [`metrics`], [`process`].
+//! - [`daemon`]: the composition root: builds each subsystem from its own [`config`]
+//!   section, wires them, and shuts them down.
 
 pub mod access;
 pub mod api;
 pub mod auth;
+pub mod cluster;
+pub mod command;
 pub mod config;
 pub mod control_plane;
 pub mod ctl;
 pub mod daemon;
 pub mod front;
+pub mod host;
 pub mod market;
 pub mod metrics;
 pub mod process;
 pub mod provision;
 pub mod relay;
 pub mod scale;
+pub mod services;
 pub mod store;
 pub mod tenant;
+
+/// One TLS crypto provider for the process (ring, as kube's); with more than one linked in,
+/// rustls refuses to guess. Every part that makes a TLS client or server calls this first.
+pub fn crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

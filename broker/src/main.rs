@@ -6,8 +6,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use socialweb_broker::command::{
+    ClusterDetail, ClusterInfo, ClusterState, Command as Request, Reply,
+};
 use socialweb_broker::config::Config;
-use socialweb_broker::ctl::{self, Request};
+use socialweb_broker::ctl;
 use tokio_util::sync::CancellationToken;
 
 /// The socialweb broker.
@@ -251,7 +254,7 @@ async fn dispatch(command: Command) -> Result<()> {
             let _scenario = fail::FailScenario::setup();
             let socket = cfg.ctl_socket.clone();
             let d = socialweb_broker::daemon::Daemon::start(cfg).await?;
-            let _ctl = ctl::serve(&socket, d.clone())?;
+            let _ctl = ctl::serve(&socket, d.services())?;
             tracing::info!(socket = %socket.display(), "broker running");
             let stop = CancellationToken::new();
             until_signal(stop.clone()).await?;
@@ -303,29 +306,33 @@ async fn dispatch(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Leases { client } => {
-            let v = ctl::call(
+            let reply = ctl::call(
                 &client.ctl_socket,
                 &Request::Leases,
                 Duration::from_secs(30),
             )
             .await?;
+            let Reply::Leases(leases) = reply else {
+                anyhow::bail!("the broker answered {reply:?} to `leases`");
+            };
             if client.json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
+                println!("{}", serde_json::to_string_pretty(&leases)?);
+                return Ok(());
+            }
+            println!(
+                "{:<38} {:<10} {:<16} {:<14} REASON",
+                "LEASE", "STATE", "CLUSTER", "NODE"
+            );
+            for l in &leases {
+                let tag = |k: &str| l.tags.get(k).map(String::as_str).unwrap_or("-");
                 println!(
-                    "{:<38} {:<10} {:<16} {:<14} REASON",
-                    "LEASE", "STATE", "CLUSTER", "NODE"
+                    "{:<38} {:<10} {:<16} {:<14} {}",
+                    l.id,
+                    l.state.as_str(),
+                    tag("cluster"),
+                    tag("node"),
+                    l.reason.as_deref().unwrap_or("-")
                 );
-                for l in v.as_array().into_iter().flatten() {
-                    println!(
-                        "{:<38} {:<10} {:<16} {:<14} {}",
-                        l["id"].as_str().unwrap_or(""),
-                        l["state"].as_str().unwrap_or(""),
-                        l["tags"]["cluster"].as_str().unwrap_or("-"),
-                        l["tags"]["node"].as_str().unwrap_or("-"),
-                        l["reason"].as_str().unwrap_or("-")
-                    );
-                }
             }
             Ok(())
         }
@@ -433,82 +440,104 @@ async fn api(command: ApiCommand, a: CallerArgs) -> Result<()> {
 async fn cluster(command: ClusterCommand, c: ClientArgs) -> Result<()> {
     let (req, timeout) = match &command {
         ClusterCommand::Create { name, wait, owner } => (
-            Request::ClusterCreate {
+            Request::CreateCluster {
                 name: name.clone(),
                 wait_secs: wait.as_secs(),
                 owner: owner.clone(),
             },
             *wait + Duration::from_secs(30),
         ),
-        ClusterCommand::List => (Request::ClusterList, Duration::from_secs(30)),
+        ClusterCommand::List => (Request::ListClusters, Duration::from_secs(30)),
         ClusterCommand::Show { name } => (
-            Request::ClusterShow { name: name.clone() },
+            Request::ShowCluster { name: name.clone() },
             Duration::from_secs(30),
         ),
         ClusterCommand::Delete { name } => (
-            Request::ClusterDelete { name: name.clone() },
+            Request::DeleteCluster { name: name.clone() },
             Duration::from_secs(300),
         ),
     };
-    let v = ctl::call(&c.ctl_socket, &req, timeout).await?;
+    let reply = ctl::call(&c.ctl_socket, &req, timeout).await?;
     if c.json {
+        let v = match &reply {
+            Reply::Cluster(x) => serde_json::to_value(x)?,
+            Reply::Clusters(x) => serde_json::to_value(x)?,
+            Reply::Detail(x) => serde_json::to_value(x)?,
+            other => serde_json::to_value(other)?,
+        };
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    match command {
-        ClusterCommand::Create { .. } => {
-            println!(
-                "cluster {} {}",
-                v["name"].as_str().unwrap_or(""),
-                v["state"].as_str().unwrap_or("")
-            );
-            println!("server     {}", v["server"].as_str().unwrap_or(""));
-            println!("kubeconfig {}", v["kubeconfig"].as_str().unwrap_or(""));
-        }
-        ClusterCommand::List => {
-            println!("{:<20} {:<10} {:>5}  SERVER", "CLUSTER", "STATE", "NODES");
-            for x in v.as_array().into_iter().flatten() {
-                println!(
-                    "{:<20} {:<10} {:>5}  {}",
-                    x["name"].as_str().unwrap_or(""),
-                    x["state"].as_str().unwrap_or(""),
-                    x["nodes"],
-                    x["server"].as_str().unwrap_or("")
-                );
-            }
-        }
-        ClusterCommand::Show { .. } => {
-            let cl = &v["cluster"];
-            println!(
-                "cluster {} {}  nodes {}  server {}",
-                cl["name"].as_str().unwrap_or(""),
-                cl["state"].as_str().unwrap_or(""),
-                cl["nodes"],
-                cl["server"].as_str().unwrap_or("")
-            );
-            println!("\nDECISIONS");
-            for d in v["decisions"].as_array().into_iter().flatten() {
-                let at = d["at"].as_i64().unwrap_or(0);
-                println!(
-                    "{}  {} nodes={}  ({})",
-                    humantime::format_rfc3339_millis(socialweb_broker::store::from_millis(at)),
-                    d["action"].as_str().unwrap_or(""),
-                    d["target"],
-                    d["reason"].as_str().unwrap_or("")
-                );
-            }
-            println!("\n{:<20} {:<10} {:<38} REASON", "NODE", "STEP", "LEASE");
-            for p in v["provisions"].as_array().into_iter().flatten() {
-                println!(
-                    "{:<20} {:<10} {:<38} {}",
-                    p["node"].as_str().unwrap_or(""),
-                    p["state"].as_str().unwrap_or(""),
-                    p["lease_id"].as_str().unwrap_or(""),
-                    p["reason"].as_str().unwrap_or("-")
-                );
-            }
-        }
-        ClusterCommand::Delete { name } => println!("cluster {name} deleted"),
+    match reply {
+        Reply::Cluster(x) => print_created(&x),
+        Reply::Clusters(xs) => print_list(&xs),
+        Reply::Detail(d) => print_detail(&d),
+        Reply::Deleted { deleted } => println!("cluster {deleted} deleted"),
+        other => anyhow::bail!("the broker answered {other:?}"),
     }
     Ok(())
+}
+
+fn state_word(s: &ClusterState) -> &'static str {
+    match s {
+        ClusterState::Starting { .. } => "starting",
+        ClusterState::Ready => "ready",
+        ClusterState::Deleting => "deleting",
+        ClusterState::Failed { .. } => "failed",
+    }
+}
+
+fn print_created(x: &ClusterInfo) {
+    println!("cluster {} {}", x.name, state_word(&x.state));
+    match &x.state {
+        ClusterState::Starting { detail } => println!("detail     {detail}"),
+        ClusterState::Failed { error } => println!("error      {error}"),
+        _ => {}
+    }
+    println!("server     {}", x.server);
+    println!("kubeconfig {}", x.kubeconfig.display());
+}
+
+fn print_list(xs: &[ClusterInfo]) {
+    println!("{:<20} {:<10} {:>5}  SERVER", "CLUSTER", "STATE", "NODES");
+    for x in xs {
+        println!(
+            "{:<20} {:<10} {:>5}  {}",
+            x.name,
+            state_word(&x.state),
+            x.nodes,
+            x.server
+        );
+    }
+}
+
+fn print_detail(v: &ClusterDetail) {
+    let cl = &v.cluster;
+    println!(
+        "cluster {} {}  nodes {}  server {}",
+        cl.name,
+        state_word(&cl.state),
+        cl.nodes,
+        cl.server
+    );
+    println!("\nDECISIONS");
+    for d in &v.decisions {
+        println!(
+            "{}  {} nodes={}  ({})",
+            humantime::format_rfc3339_millis(socialweb_broker_core::from_millis(d.at)),
+            d.action,
+            d.target,
+            d.reason
+        );
+    }
+    println!("\n{:<20} {:<10} {:<38} REASON", "NODE", "STEP", "LEASE");
+    for p in &v.provisions {
+        println!(
+            "{:<20} {:<10} {:<38} {}",
+            p.node,
+            p.state.as_str(),
+            p.lease_id,
+            p.reason.as_deref().unwrap_or("-")
+        );
+    }
 }

@@ -1,7 +1,8 @@
 //! Child processes of the broker (control-plane components): started detached, in a process
-//! group of their own, with a pidfile naming the process (pid and start time), so that a
-//! broker that crashed is followed by one that adopts what is still running instead of
-//! starting a second copy, and a tenant's API stays up through a broker crash.
+//! group of their own, with a pidfile naming the process (pid and start time, as
+//! `socialweb-proc` writes them), so that a broker that crashed is followed by one that
+//! adopts what is still running instead of starting a second copy, and a tenant's API stays
+//! up through a broker crash.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -11,16 +12,7 @@ use anyhow::{Context, Result};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-pub use crate::market::local::machine::{alive, start_time};
-
-/// The process a pidfile names, if it is still that process (pid and start time).
-pub fn adopt(pidfile: &Path) -> Option<(u32, u64)> {
-    let text = std::fs::read_to_string(pidfile).ok()?;
-    let mut parts = text.split_whitespace();
-    let pid: u32 = parts.next()?.parse().ok()?;
-    let started: u64 = parts.next()?.parse().ok()?;
-    (start_time(pid) == Some(started)).then_some((pid, started))
-}
+pub use socialweb_proc::{adopt, alive, start_time};
 
 /// SIGTERM, then SIGKILL after `grace`.
 pub async fn terminate(pid: u32, grace: Duration) {
@@ -46,10 +38,7 @@ pub fn spawn(
     log: &Path,
     pidfile: &Path,
 ) -> Result<tokio::process::Child> {
-    if let Some(d) = log.parent() {
-        std::fs::create_dir_all(d)?;
-    }
-    if let Some(d) = pidfile.parent() {
+    for d in [log.parent(), pidfile.parent()].into_iter().flatten() {
         std::fs::create_dir_all(d)?;
     }
     let file = std::fs::OpenOptions::new()
@@ -68,7 +57,7 @@ pub fn spawn(
         .spawn()
         .with_context(|| format!("starting {}", program.display()))?;
     if let Some(pid) = child.id() {
-        std::fs::write(pidfile, format!("{pid} {}\n", start_time(pid).unwrap_or(0)))
+        std::fs::write(pidfile, socialweb_proc::pidfile_text(pid))
             .with_context(|| format!("writing {}", pidfile.display()))?;
     }
     Ok(child)

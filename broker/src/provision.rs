@@ -1,24 +1,33 @@
-//! Renting one node, step by step, crash-safe: each step's state, and every id the step will
-//! use, is written to the store before the step calls the market, and every call is one the
-//! provider treats as the same request when repeated. A broker that crashes anywhere and
-//! starts again picks each provision up at its recorded step and repeats the call; it never
-//! guesses.
+//! Renting one node: the executor of the core's transition function
+//! (`socialweb_broker_core::provision`). At each step it does the step's I/O (the join token,
+//! the RFP, the acceptance, the lease, the Node), asks [`next`] what follows, and does that.
+//! Each step, and every id the step will use, is written to the store before the step calls
+//! the market, and every call is one the provider treats as the same request when repeated:
+//! a broker that crashes anywhere picks each provision up at its recorded step and repeats
+//! the call; it never guesses.
 //!
-//! planned → rfp_sent → accepted → booting → running → joined, then releasing → released;
-//! failed from any step, with the reason (a lease that may exist is released first).
+//! This is also the one place that writes a provision's step ([`Provisioner::set`]: the
+//! store, the log, the metrics, the relay's allow list, the tests' crash points) and the one
+//! place that releases a lease at the provider ([`Provisioner::release_lease`]).
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
+use socialweb_broker_core::provision::{Limits, Next, Seen, next};
+use socialweb_broker_core::scale::NodeSize;
+use socialweb_broker_core::{Provision, Step, millis};
+use socialweb_market::{Accept, Bid, Lease, RfpRequest};
+use socialweb_wire::{BootstrapToken, CaTrust, MeshSecretKey, NodeIdentity};
 use tracing::{info, warn};
 
-use crate::config::Config;
-use crate::market::client::{MarketClient, MarketError};
-use crate::market::protocol::{Accept, LeaseState, NodeSpec, RfpRequest};
-use crate::store::{Provision, Step, Store, millis};
+use crate::market::{MarketClient, MarketError};
+use crate::metrics::Metrics;
+use crate::store::Store;
 use crate::tenant;
 
 /// What a provision needs of its cluster.
@@ -40,28 +49,42 @@ impl std::fmt::Debug for ClusterCtx {
     }
 }
 
-/// Shared by every provision.
-#[derive(Debug)]
-pub struct Provisioner {
-    pub cfg: Config,
-    pub store: Store,
-    pub market: MarketClient,
-    /// Tags every RFP and lease, so the broker finds its own leases at the provider.
-    pub broker_id: String,
-    pub metrics: crate::metrics::Metrics,
+/// What the provisioner is told (from the `[market]` and `[node]` sections, the relay's URL
+/// and the clusters' resolvers).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub limits: Limits,
+    pub node: NodeSize,
     /// The node image's fingerprint (the RFP's `image`).
     pub image: String,
-    /// Called whenever the set of live provisions changes (the relay's allow list).
-    pub on_change: OnChange,
+    /// The relay nodes fall back to.
+    pub relay_url: url::Url,
+    /// Where node-local DNS forwards (the identity's `upstream_resolvers`).
+    pub upstream_resolvers: Vec<SocketAddr>,
+    /// Pods at or below this priority do not keep a node from being released.
+    pub expendable_cutoff: i32,
 }
 
-/// A callback, for [`Provisioner::on_change`].
+/// A callback, for [`Provisioner::new`]'s `on_change`.
 pub struct OnChange(pub Box<dyn Fn() + Send + Sync>);
 
 impl std::fmt::Debug for OnChange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("OnChange")
     }
+}
+
+/// Shared by every provision.
+#[derive(Debug)]
+pub struct Provisioner {
+    settings: Settings,
+    store: Store,
+    market: MarketClient,
+    /// Tags every RFP and lease, so the broker finds its own leases at the provider.
+    broker_id: String,
+    metrics: Metrics,
+    /// Called whenever the set of live provisions changes (the relay's allow list).
+    on_change: OnChange,
 }
 
 /// Crashes the broker here when the failpoint `broker::<step>` is set (the tests' SIGKILL
@@ -78,7 +101,109 @@ fn crash_point(step: Step) {
     let _ = step;
 }
 
+/// What was seen at a step, owned (the core's [`Seen`] borrows it).
+enum Sight {
+    TokenWritten,
+    Bids {
+        bids: Vec<Bid>,
+        waited: Duration,
+        quiet: Duration,
+    },
+    Lease(Option<Lease>),
+    Node {
+        ready: bool,
+    },
+    Released,
+}
+
+impl Sight {
+    fn seen(&self) -> Seen<'_> {
+        match self {
+            Sight::TokenWritten => Seen::TokenWritten,
+            Sight::Bids {
+                bids,
+                waited,
+                quiet,
+            } => Seen::Bids {
+                bids,
+                waited: *waited,
+                quiet: *quiet,
+            },
+            Sight::Lease(l) => Seen::Lease(l.as_ref()),
+            Sight::Node { ready } => Seen::Node { ready: *ready },
+            Sight::Released => Seen::Released,
+        }
+    }
+}
+
+/// How the bids on an RFP came in, while the executor waits at `rfp_sent`.
+struct BidWatch {
+    since: Instant,
+    seen: usize,
+    last_new: Instant,
+}
+
+impl BidWatch {
+    fn new() -> BidWatch {
+        let now = Instant::now();
+        BidWatch {
+            since: now,
+            seen: 0,
+            last_new: now,
+        }
+    }
+}
+
+fn unhex32(s: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    if s.len() != 64 {
+        return None;
+    }
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
 impl Provisioner {
+    pub fn new(
+        settings: Settings,
+        store: Store,
+        market: MarketClient,
+        broker_id: String,
+        metrics: Metrics,
+        on_change: OnChange,
+    ) -> Provisioner {
+        Provisioner {
+            settings,
+            store,
+            market,
+            broker_id,
+            metrics,
+            on_change,
+        }
+    }
+
+    pub fn market(&self) -> &MarketClient {
+        &self.market
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn broker_id(&self) -> &str {
+        &self.broker_id
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
     /// Plans a new node for `cluster`: names, ids, token and mesh key chosen and written
     /// before anything is asked of anyone.
     pub async fn plan(&self, cluster: &str) -> Result<Provision> {
@@ -113,6 +238,8 @@ impl Provisioner {
         Ok(p)
     }
 
+    /// Writes `p`'s new step (and reason): the store first, then the log, the metrics, the
+    /// relay's allow list, and the tests' crash point.
     async fn set(&self, p: &mut Provision, step: Step, reason: Option<String>) -> Result<()> {
         let from = p.state;
         p.state = step;
@@ -135,39 +262,48 @@ impl Provisioner {
         Ok(())
     }
 
+    /// Ends a provision (released or failed) whose lease, if it had one, is released already.
+    pub async fn end(&self, p: &mut Provision, step: Step, reason: &str) -> Result<()> {
+        debug_assert!(step.ended());
+        self.set(p, step, Some(reason.to_string())).await
+    }
+
+    /// Releases a lease at the provider; releasing a released or unknown lease is fine.
+    pub async fn release_lease(&self, lease_id: &str, why: &str) -> Result<(), MarketError> {
+        info!(lease = %lease_id, "releasing the lease: {why}");
+        self.market.release(lease_id).await.map(|_| ())
+    }
+
+    /// The node's identity document (contract 1), from its provision and its cluster.
     fn identity(&self, c: &ClusterCtx, p: &Provision) -> Result<serde_json::Value> {
-        let cfg = &self.cfg;
-        let mut doc = serde_json::json!({
-            "version": socialweb_wire::identity::VERSION,
-            "cluster": c.name,
-            "node": p.node,
-            "server_url": c.server_url,
-            "ca_cert_sha256": socialweb_wire::CaTrust::pin_text(&c.ca_pin),
-            "join_token": format!("{}.{}", p.token_id, p.token_secret),
-            "relay_url": format!("http://{}:{}", cfg.service_addr, cfg.relay.port),
-            "mesh_secret_key": p.mesh_key,
-            "cluster_cidr": crate::control_plane::CLUSTER_CIDR,
-            "service_cidr": crate::control_plane::SERVICE_CIDR,
-            "cluster_domain": "cluster.local",
-            "labels": {"socialweb.computer/cluster": c.name},
-        });
-        if !cfg.clusters.upstream_resolvers.is_empty() {
-            doc["upstream_resolvers"] = cfg.clusters.upstream_resolvers.clone().into();
-        }
-        // What the node will refuse, the broker refuses first.
-        socialweb_wire::NodeIdentity::from_json(doc.to_string().as_bytes())
-            .map_err(|e| anyhow!("the identity for {}: {e}", p.node))?;
-        Ok(doc)
+        let s = &self.settings;
+        let key = unhex32(&p.mesh_key).context("the provision's mesh key is not 64 hex digits")?;
+        let id = NodeIdentity {
+            cluster: c.name.clone(),
+            node: p.node.clone(),
+            server_url: c.server_url.parse().context("the cluster's server URL")?,
+            ca: CaTrust::Sha256Pin(c.ca_pin),
+            join_token: BootstrapToken {
+                id: p.token_id.clone(),
+                secret: p.token_secret.clone(),
+            },
+            relay_url: s.relay_url.clone(),
+            mesh_secret_key: MeshSecretKey(key),
+            cluster_cidr: crate::control_plane::CLUSTER_CIDR.parse()?,
+            service_cidr: crate::control_plane::SERVICE_CIDR.parse()?,
+            cluster_domain: "cluster.local".into(),
+            upstream_resolvers: s.upstream_resolvers.clone(),
+            labels: BTreeMap::from([("socialweb.computer/cluster".to_string(), c.name.clone())]),
+        };
+        Ok(id.to_json())
     }
 
     /// Runs a provision from its recorded step until it is joined, released or failed.
-    /// Transient market errors are retried with backoff; the rest fail it with the reason.
+    /// Transient market and cluster errors are retried with backoff; the rest fail it with
+    /// the reason.
     pub async fn drive(self: Arc<Self>, c: ClusterCtx, mut p: Provision) -> Result<()> {
         let mut delay = Duration::from_millis(500);
-        loop {
-            if p.state.ended() || p.state == Step::Joined {
-                return Ok(());
-            }
+        while p.state.in_progress() {
             match self.step(&c, &mut p).await {
                 Ok(()) => delay = Duration::from_millis(500),
                 Err(e) => {
@@ -175,216 +311,179 @@ impl Provisioner {
                         .downcast_ref::<MarketError>()
                         .is_some_and(MarketError::transient)
                         || e.downcast_ref::<kube::Error>().is_some();
-                    if transient {
-                        warn!(cluster = %c.name, node = %p.node, step = p.state.as_str(), "{e:#}; retrying in {delay:?}");
-                        p.reason = Some(format!("{e:#}"));
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(30));
+                    if !transient {
+                        self.fail(&c, &mut p, format!("{e:#}")).await?;
                         continue;
                     }
-                    self.fail(&c, &mut p, format!("{e:#}")).await?;
+                    warn!(cluster = %c.name, node = %p.node, step = p.state.as_str(), "{e:#}; retrying in {delay:?}");
+                    p.reason = Some(format!("{e:#}"));
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(30));
                 }
             }
         }
+        Ok(())
     }
 
     /// Fails a provision: its lease, if one may exist, is released first.
     pub async fn fail(&self, c: &ClusterCtx, p: &mut Provision, reason: String) -> Result<()> {
         warn!(cluster = %c.name, node = %p.node, step = p.state.as_str(), "provision failed: {reason}");
-        if matches!(
-            p.state,
-            Step::Accepted | Step::Booting | Step::Running | Step::Joined | Step::Releasing
-        ) {
-            self.market
-                .release(&p.lease_id)
+        if p.state.may_hold_lease() {
+            self.release_lease(&p.lease_id, &reason)
                 .await
                 .context("releasing the failed lease")?;
         }
         let _ = tenant::forget_node(&c.client, &p.node, &p.token_id).await;
-        self.set(p, Step::Failed, Some(reason)).await
+        self.end(p, Step::Failed, &reason).await
     }
 
-    /// One step forward.
+    /// One step: its way in, then looking and following [`next`] until the step is left.
     async fn step(&self, c: &ClusterCtx, p: &mut Provision) -> Result<()> {
-        let cfg = &self.cfg;
+        let entered = Instant::now();
+        self.enter(c, p).await?;
+        let mut bids = BidWatch::new();
+        loop {
+            let sight = self.look(c, p, &mut bids).await?;
+            match next(p, sight.seen(), entered.elapsed(), &self.settings.limits) {
+                Next::Advance(step) => return self.set(p, step, None).await,
+                Next::PollAfter(d) => tokio::time::sleep(d).await,
+                Next::Accept(bids) => return self.accept_bids(c, p, bids).await,
+                Next::Reaccept => {
+                    let bid = p.bid_id.clone().context("accepted without a bid id")?;
+                    self.accept(c, p, &bid).await?;
+                }
+                Next::Fail(why) => return self.fail(c, p, why).await,
+            }
+        }
+    }
+
+    /// What a step does once on its way in (again after a crash: each is idempotent).
+    async fn enter(&self, c: &ClusterCtx, p: &Provision) -> Result<()> {
         match p.state {
             Step::Planned => {
+                let expiry = SystemTime::now()
+                    + self.settings.limits.boot_timeout
+                    + Duration::from_secs(600);
                 let secret = crate::control_plane::bootstrap_token_secret(
-                    &socialweb_wire::BootstrapToken {
+                    &BootstrapToken {
                         id: p.token_id.clone(),
                         secret: p.token_secret.clone(),
                     },
                     &format!("join {}", p.node),
-                    Some(
-                        &humantime::format_rfc3339_seconds(
-                            SystemTime::now() + cfg.market.boot_timeout + Duration::from_secs(600),
-                        )
-                        .to_string(),
-                    ),
+                    Some(&humantime::format_rfc3339_seconds(expiry).to_string()),
                 );
-                tenant::put_token(&c.client, &secret).await?;
-                self.set(p, Step::RfpSent, None).await?;
-                self.send_rfp(p).await
+                tenant::put_token(&c.client, &secret).await
             }
-            Step::RfpSent => {
-                // Repeated after a crash: the same id is the same RFP.
-                self.send_rfp(p).await?;
-                let bids = self
-                    .market
-                    .bids(
-                        &p.rfp_id,
-                        cfg.market.bid_deadline,
-                        Duration::from_millis(300),
-                    )
-                    .await?;
-                if bids.is_empty() {
-                    bail!(
-                        "no bid before the deadline ({})",
-                        crate::scale::decision::go_duration(cfg.market.bid_deadline)
-                    );
-                }
-                let identity = self.identity(c, p)?;
-                let mut last = None;
-                for bid in bids {
-                    p.bid_id = Some(bid.id.clone());
-                    p.provider = Some(bid.provider.clone());
-                    self.set(p, Step::Accepted, None).await?;
-                    match self
-                        .market
-                        .accept(
-                            &bid.id,
-                            &Accept {
-                                lease_id: p.lease_id.clone(),
-                                identity: identity.clone(),
-                            },
-                        )
-                        .await
-                    {
-                        Ok(lease) => {
-                            info!(cluster = %c.name, node = %p.node, lease = %lease.id, bid = %bid.id,
-                                  price = bid.price_micros_per_hour, eta_ms = bid.eta_ms, "bid accepted");
-                            return Ok(());
-                        }
-                        Err(e) if !e.transient() => {
-                            warn!(cluster = %c.name, node = %p.node, "bid {} refused: {e}; next bid", bid.id);
-                            last = Some(e);
-                        }
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                Err(anyhow!(
-                    "every bid refused the acceptance; last: {}",
-                    last.map(|e| e.to_string()).unwrap_or_default()
-                ))
-            }
-            Step::Accepted => {
-                // Repeated after a crash: the same lease id is the same acceptance.
-                let lease = match self.market.lease(&p.lease_id).await? {
-                    Some(l) => l,
-                    None => {
-                        let bid = p.bid_id.clone().context("accepted without a bid id")?;
-                        let identity = self.identity(c, p)?;
-                        self.market
-                            .accept(
-                                &bid,
-                                &Accept {
-                                    lease_id: p.lease_id.clone(),
-                                    identity,
-                                },
-                            )
-                            .await?
-                    }
-                };
-                match lease.state {
-                    LeaseState::Booting => self.set(p, Step::Booting, None).await,
-                    LeaseState::Running => self.set(p, Step::Running, None).await,
-                    s => bail!(
-                        "lease {} is {} ({})",
-                        lease.id,
-                        s.as_str(),
-                        lease.reason.unwrap_or_default()
-                    ),
-                }
-            }
-            Step::Booting => {
-                let started = Instant::now();
-                loop {
-                    let lease = self.market.lease(&p.lease_id).await?.with_context(|| {
-                        format!("the provider does not have lease {}", p.lease_id)
-                    })?;
-                    match lease.state {
-                        LeaseState::Booting => {}
-                        LeaseState::Running => return self.set(p, Step::Running, None).await,
-                        s => bail!(
-                            "lease {} {}: {}",
-                            lease.id,
-                            s.as_str(),
-                            lease.reason.unwrap_or_default()
-                        ),
-                    }
-                    if started.elapsed() > cfg.market.boot_timeout {
-                        bail!(
-                            "still booting after {}",
-                            crate::scale::decision::go_duration(cfg.market.boot_timeout)
-                        );
-                    }
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-            }
-            Step::Running => {
-                let nodes: Api<Node> = Api::all(c.client.clone());
-                let started = Instant::now();
-                loop {
-                    if nodes
-                        .get_opt(&p.node)
-                        .await?
-                        .is_some_and(|n| tenant::node_ready(&n))
-                    {
-                        return self.set(p, Step::Joined, None).await;
-                    }
-                    if started.elapsed() > cfg.market.boot_timeout {
-                        bail!(
-                            "the node did not join within {}",
-                            crate::scale::decision::go_duration(cfg.market.boot_timeout)
-                        );
-                    }
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-            }
+            // The same id is the same RFP.
+            Step::RfpSent => self.send_rfp(p).await,
             Step::Releasing => {
-                // Again after a crash: nothing may land on a node on its way out.
+                // Nothing may land on a node on its way out.
                 tenant::cordon(&c.client, &p.node).await?;
-                self.market.release(&p.lease_id).await?;
-                tenant::forget_node(&c.client, &p.node, &p.token_id).await?;
-                self.set(p, Step::Released, None).await
+                self.release_lease(&p.lease_id, "releasing").await?;
+                tenant::forget_node(&c.client, &p.node, &p.token_id).await
             }
-            Step::Joined | Step::Released | Step::Failed => Ok(()),
+            _ => Ok(()),
         }
     }
 
+    /// What there is to see at `p`'s step.
+    async fn look(&self, c: &ClusterCtx, p: &Provision, w: &mut BidWatch) -> Result<Sight> {
+        Ok(match p.state {
+            Step::Planned => Sight::TokenWritten,
+            Step::RfpSent => {
+                let bids = self
+                    .market
+                    .rfp(&p.rfp_id)
+                    .await?
+                    .map(|r| r.bids)
+                    .unwrap_or_default();
+                if bids.len() != w.seen {
+                    w.seen = bids.len();
+                    w.last_new = Instant::now();
+                }
+                Sight::Bids {
+                    bids,
+                    waited: w.since.elapsed(),
+                    quiet: w.last_new.elapsed(),
+                }
+            }
+            Step::Accepted | Step::Booting => Sight::Lease(self.market.lease(&p.lease_id).await?),
+            Step::Running => Sight::Node {
+                ready: Api::<Node>::all(c.client.clone())
+                    .get_opt(&p.node)
+                    .await?
+                    .is_some_and(|n| tenant::node_ready(&n)),
+            },
+            Step::Releasing => Sight::Released,
+            Step::Joined | Step::Released | Step::Failed => {
+                return Err(anyhow!("nothing to look at in step {}", p.state.as_str()));
+            }
+        })
+    }
+
+    /// Accepts `bids` best first: `accepted` (with the bid) is written before each call; a
+    /// bid the provider refuses for good gives way to the next.
+    async fn accept_bids(&self, c: &ClusterCtx, p: &mut Provision, bids: Vec<Bid>) -> Result<()> {
+        let mut last = None;
+        for bid in bids {
+            p.bid_id = Some(bid.id.clone());
+            p.provider = Some(bid.provider.clone());
+            self.set(p, Step::Accepted, None).await?;
+            match self.accept(c, p, &bid.id).await {
+                Ok(lease) => {
+                    info!(cluster = %c.name, node = %p.node, lease = %lease.id, bid = %bid.id,
+                          price = bid.price_micros_per_hour, eta_ms = bid.eta_ms, "bid accepted");
+                    return Ok(());
+                }
+                Err(e) if !e.transient() => {
+                    warn!(cluster = %c.name, node = %p.node, "bid {} refused: {e}; next bid", bid.id);
+                    last = Some(e);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let why = format!(
+            "every bid refused the acceptance; last: {}",
+            last.map(|e| e.to_string()).unwrap_or_default()
+        );
+        self.fail(c, p, why).await
+    }
+
+    /// Accepts `bid` for `p` (idempotent by the lease id).
+    async fn accept(&self, c: &ClusterCtx, p: &Provision, bid: &str) -> Result<Lease, MarketError> {
+        let identity = self.identity(c, p).map_err(|e| MarketError::Refused {
+            call: format!("POST /bids/{bid}/accept"),
+            status: 400,
+            code: "bad_request".into(),
+            message: format!("the identity for {}: {e:#}", p.node),
+        })?;
+        let a = Accept {
+            lease_id: p.lease_id.clone(),
+            identity,
+        };
+        self.market.accept(bid, &a).await
+    }
+
     async fn send_rfp(&self, p: &Provision) -> Result<()> {
-        let n = &self.cfg.node;
-        let mut tags = std::collections::BTreeMap::new();
-        tags.insert("broker".into(), self.broker_id.clone());
-        tags.insert("cluster".into(), p.cluster.clone());
-        tags.insert("provision".into(), p.id.clone());
+        let tags = BTreeMap::from([
+            ("broker".to_string(), self.broker_id.clone()),
+            ("cluster".to_string(), p.cluster.clone()),
+            ("provision".to_string(), p.id.clone()),
+        ]);
         self.market
             .post_rfp(&RfpRequest {
                 id: p.rfp_id.clone(),
-                spec: NodeSpec {
-                    vcpu: n.vcpu,
-                    mem_mib: n.mem_mib,
-                    disk_mib: n.disk_mib,
-                },
-                image: self.image.clone(),
+                spec: self.settings.node.into(),
+                image: self.settings.image.clone(),
                 tags,
-                bid_deadline_ms: self.cfg.market.bid_deadline.as_millis() as u64,
+                bid_deadline_ms: self.settings.limits.bid_deadline.as_millis() as u64,
             })
             .await?;
         Ok(())
     }
 
-    /// Releases a node: written `releasing` first, then released at the provider.
+    /// Releases a node: written `releasing` first, then released at the provider. Called
+    /// off when a Pod was placed on the node since the decision.
     pub async fn release(
         self: Arc<Self>,
         c: ClusterCtx,
@@ -394,21 +493,17 @@ impl Provisioner {
         if p.state.ended() {
             return Ok(());
         }
-        if matches!(p.state, Step::Planned | Step::RfpSent) {
+        if !p.state.may_hold_lease() {
             // No lease can exist: the RFP was never accepted.
             let _ = tenant::forget_node(&c.client, &p.node, &p.token_id).await;
-            return self.set(&mut p, Step::Released, Some(why)).await;
+            return self.end(&mut p, Step::Released, &why).await;
         }
         if p.state != Step::Releasing {
             // Cordon first, then look: a Pod the scheduler placed on the node since the
             // decision is seen here and calls the release off, and none is placed after.
             if tenant::cordon(&c.client, &p.node).await? {
-                let work = tenant::work_on(
-                    &c.client,
-                    &p.node,
-                    self.cfg.scale.expendable_priority_cutoff,
-                )
-                .await?;
+                let work =
+                    tenant::work_on(&c.client, &p.node, self.settings.expendable_cutoff).await?;
                 if let Some(pod) = work.first() {
                     tenant::uncordon_ours(&c.client, &p.node).await?;
                     info!(cluster = %p.cluster, node = %p.node, pod = %pod,
@@ -419,5 +514,19 @@ impl Provisioner {
             self.set(&mut p, Step::Releasing, Some(why)).await?;
         }
         self.drive(c, p).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mesh_keys_read_back_from_their_hex() {
+        let key = [0xabu8; 32];
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(unhex32(&hex), Some(key));
+        assert_eq!(unhex32("ab"), None);
+        assert_eq!(unhex32(&"zz".repeat(32)), None);
     }
 }

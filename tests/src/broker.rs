@@ -518,8 +518,8 @@ listen = "0.0.0.0:{FRONT_PORT}"
                 let _ = crate::netns::remove(&ns);
             }
         }
-        for cg in socialweb_broker::market::local::machine::cgroups_with_prefix(&self.prefix) {
-            socialweb_broker::market::local::machine::destroy_cgroup(&cg);
+        for cg in socialweb_provider::machine::cgroups_with_prefix(&self.prefix) {
+            socialweb_provider::machine::destroy_cgroup(&cg);
         }
     }
 }

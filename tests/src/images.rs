@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
-pub use socialweb_broker::market::local::oci::{PAUSE_IMAGE, layer, write_image, write_pause};
+pub use socialweb_provider::oci::{PAUSE_IMAGE, layer, write_image, write_pause};
 /// Reference of the image test pods run.
 pub const BUSYBOX_IMAGE: &str = "socialweb.local/busybox:1";
 

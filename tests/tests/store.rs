@@ -4,7 +4,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use socialweb_broker::store::{CertRecord, DecisionRow, Provision, Step, Store, millis};
+use socialweb_broker::store::Store;
+use socialweb_broker_core::{CertRecord, DecisionRow, Provision, Step, millis};
 use testbed::Netns;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::postgres::Postgres;

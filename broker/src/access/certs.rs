@@ -115,7 +115,7 @@ pub fn issue(ca: &Pki, did: &str, lifetime: Lifetime, now: SystemTime) -> Result
         serial: hex(&serial),
         cert_pem,
         key_pem,
-        not_after: not_after.map(crate::store::millis),
+        not_after: not_after.map(socialweb_broker_core::millis),
     })
 }
 

@@ -2,17 +2,19 @@
 //! broker signs for a DID, the kubeconfigs that carry them, and the records the front admits
 //! them by.
 //!
-//! - [`names`]: a DID's account hash and a cluster's mount path, as the seeds' gateway makes
-//!   them.
+//! - [`service`]: the access service the front doors call.
 //! - [`certs`]: lifetimes, issuing a client certificate from a cluster's users CA.
 //! - [`kubeconfig`]: the file a user gets.
 //! - [`records`]: the in-memory view of the certificate records the front checks on every
 //!   request, and the signal that cuts connections when one is revoked.
+//! - [`names`]: a DID's account hash and a cluster's mount path (the core's).
 
 pub mod certs;
 pub mod kubeconfig;
-pub mod names;
 pub mod records;
+pub mod service;
+
+pub use socialweb_broker_core::names;
 
 /// The group every user certificate carries; the tenant binds it to cluster-admin
 /// (deploy/access.yaml).

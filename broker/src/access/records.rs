@@ -8,7 +8,7 @@ use std::sync::RwLock;
 
 use tokio::sync::watch;
 
-use crate::store::CertRecord;
+use socialweb_broker_core::CertRecord;
 
 #[derive(Debug)]
 pub struct Records {

@@ -73,7 +73,7 @@ impl Caller {
         aud: Option<String>,
         ca_pem: Option<&[u8]>,
     ) -> Result<Caller> {
-        crate::daemon::crypto_provider();
+        crate::crypto_provider();
         let mut b = reqwest::Client::builder()
             .https_only(true)
             .timeout(Duration::from_secs(330));

@@ -4,7 +4,8 @@
 //! method ([`crate::auth`]). A caller sees and touches only the clusters their DID owns.
 //!
 //! - this file: routing, authentication, errors.
-//! - [`methods`]: what each method does, on the daemon's cluster code.
+//! - [`methods`]: each method's input turned into a [`Command`], and its [`Reply`] into the
+//!   method's JSON. The API knows the command vocabulary, never what carries it out.
 //! - [`client`]: the user side, for `socialweb-broker api ...`.
 
 pub mod client;
@@ -23,7 +24,10 @@ use axum::routing::any;
 use serde_json::Value;
 
 use crate::auth::AuthError;
-use crate::daemon::Daemon;
+use crate::auth::did::Resolver;
+use crate::command::{Caller, Command, Reply, ServiceError};
+use crate::services::Services;
+use crate::store::Store;
 
 /// The methods, by NSID.
 pub const DESCRIBE_SERVER: &str = "computer.socialweb.describeServer";
@@ -61,29 +65,21 @@ impl ApiError {
             message: message.into(),
         }
     }
+}
 
-    pub fn not_found(message: impl Into<String>) -> ApiError {
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> ApiError {
+        let (status, error) = match &e {
+            ServiceError::Invalid(_) => (StatusCode::BAD_REQUEST, "InvalidRequest"),
+            ServiceError::NotFound(_) => (StatusCode::NOT_FOUND, "NotFound"),
+            ServiceError::Conflict(_) => (StatusCode::CONFLICT, "Conflict"),
+            ServiceError::Forbidden(_) => (StatusCode::FORBIDDEN, "Forbidden"),
+            ServiceError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError"),
+        };
         ApiError {
-            status: StatusCode::NOT_FOUND,
-            error: "NotFound",
-            message: message.into(),
-        }
-    }
-
-    pub fn conflict(message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::CONFLICT,
-            error: "Conflict",
-            message: message.into(),
-        }
-    }
-
-    pub fn internal(e: anyhow::Error) -> ApiError {
-        tracing::error!("gateway API: {e:#}");
-        ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            error: "InternalServerError",
-            message: format!("{e:#}"),
+            status,
+            error,
+            message: e.to_string(),
         }
     }
 }
@@ -112,35 +108,52 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// What the API serves from: the services, and what it needs to authenticate callers.
+#[derive(Debug)]
+pub struct Gateway {
+    pub services: Services,
+    /// This broker's DID: the `aud` every token must name.
+    pub service_did: String,
+    /// The front's URL, for `describeServer`.
+    pub public_url: String,
+    pub resolver: Resolver,
+    /// Where spent nonces are kept.
+    pub store: Store,
+}
+
+impl Gateway {
+    /// Carries out a user's command.
+    async fn execute(&self, did: &str, cmd: Command) -> Result<Reply, ApiError> {
+        Ok(self
+            .services
+            .execute(&Caller::User(did.to_string()), cmd)
+            .await?)
+    }
+}
+
 /// The API's routes, for the front to serve.
-pub fn router(d: Arc<Daemon>) -> Router {
+pub fn router(g: Arc<Gateway>) -> Router {
     Router::new()
         .route("/xrpc/{method}", any(call))
         .layer(DefaultBodyLimit::max(64 * 1024))
-        .with_state(d)
+        .with_state(g)
 }
 
 /// The caller's DID, from the bearer token for `method`; its nonce is spent.
-async fn authenticate(d: &Daemon, headers: &HeaderMap, method: &str) -> Result<String, ApiError> {
+async fn authenticate(g: &Gateway, headers: &HeaderMap, method: &str) -> Result<String, ApiError> {
     let token = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or(AuthError::Missing)?;
     let now = SystemTime::now();
-    let v = crate::auth::token::verify(
-        token.trim(),
-        &d.config().service_did(),
-        method,
-        d.resolver(),
-        now,
-    )
-    .await?;
-    let fresh = d
-        .store()
-        .use_nonce(&v.nonce, v.exp * 1000, crate::store::millis(now))
+    let v =
+        crate::auth::token::verify(token.trim(), &g.service_did, method, &g.resolver, now).await?;
+    let fresh = g
+        .store
+        .use_nonce(&v.nonce, v.exp * 1000, socialweb_broker_core::millis(now))
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(|e| ApiError::from(ServiceError::internal(e)))?;
     if !fresh {
         return Err(AuthError::Replayed.into());
     }
@@ -148,21 +161,21 @@ async fn authenticate(d: &Daemon, headers: &HeaderMap, method: &str) -> Result<S
 }
 
 async fn call(
-    State(d): State<Arc<Daemon>>,
+    State(g): State<Arc<Gateway>>,
     Path(method): Path<String>,
     http_method: Method,
     headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> Response {
-    match dispatch(&d, &method, &http_method, &headers, params, &body).await {
+    match dispatch(&g, &method, &http_method, &headers, params, &body).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
 async fn dispatch(
-    d: &Arc<Daemon>,
+    g: &Gateway,
     method: &str,
     http_method: &Method,
     headers: &HeaderMap,
@@ -191,9 +204,9 @@ async fn dispatch(
         )));
     }
     if method == DESCRIBE_SERVER {
-        return Ok(methods::describe_server(d));
+        return Ok(methods::describe_server(g));
     }
-    let did = authenticate(d, headers, method).await?;
+    let did = authenticate(g, headers, method).await?;
     let input = || -> Result<Value, ApiError> {
         if body.is_empty() {
             return Ok(Value::Object(Default::default()));
@@ -201,13 +214,13 @@ async fn dispatch(
         serde_json::from_slice(body)
             .map_err(|e| ApiError::invalid(format!("the body is not JSON: {e}")))
     };
-    match method {
-        CREATE_CLUSTER => methods::create_cluster(d, &did, input()?).await,
-        LIST_CLUSTERS => methods::list_clusters(d, &did).await,
-        DELETE_CLUSTER => methods::delete_cluster(d, &did, input()?).await,
-        GET_KUBECONFIG => methods::get_kubeconfig(d, &did, input()?).await,
-        LIST_CERTIFICATES => methods::list_certificates(d, &did, params.get("cluster")),
-        REVOKE_CERTIFICATE => methods::revoke_certificate(d, &did, input()?).await,
-        _ => unreachable!("every method is dispatched"),
-    }
+    let cmd = match method {
+        LIST_CLUSTERS => Command::ListClusters,
+        LIST_CERTIFICATES => Command::ListCertificates {
+            cluster: params.get("cluster").cloned(),
+        },
+        _ => methods::command(method, input()?)?,
+    };
+    let reply = g.execute(&did, cmd).await?;
+    Ok(methods::answer(g, &did, reply))
 }

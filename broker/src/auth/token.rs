@@ -304,7 +304,7 @@ mod tests {
     const M: &str = "computer.socialweb.createCluster";
 
     fn resolver() -> Resolver {
-        crate::daemon::crypto_provider();
+        crate::crypto_provider();
         Resolver::new("https://plc.invalid", &[]).unwrap()
     }
 

@@ -1,6 +1,7 @@
 //! How a tenant control plane is configured: the flags of each component of the Kubernetes we
 //! ship (image-builder/kubernetes), the manifests applied once it is up, and bootstrap tokens
-//! for joining nodes. Pure: values in, values out; the process supervision lives elsewhere.
+//! for joining nodes. This file is pure (values in, values out); the supervision is
+//! [`runner`], the bring-up until Pods can be created [`up`].
 //!
 //! The configuration reproduces what k3s does with `--flannel-backend=none
 //! --cluster-cidr=10.42.0.0/16` (docs/kubernetes.md): pod CIDRs allocated by the control plane,
@@ -9,6 +10,7 @@
 pub mod pki;
 pub mod runner;
 pub mod token;
+pub mod up;
 
 use std::ffi::OsString;
 use std::net::IpAddr;

@@ -294,7 +294,7 @@ async fn supervise(
     health: watch::Sender<Health>,
     stop: CancellationToken,
 ) {
-    crate::daemon::crypto_provider();
+    crate::crypto_provider();
     let http = reqwest::Client::builder()
         .danger_accept_invalid_certs(true) // loopback health checks only; no credentials sent
         .timeout(Duration::from_secs(2))

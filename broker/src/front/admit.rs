@@ -8,7 +8,7 @@ use rustls::pki_types::{CertificateDer, UnixTime};
 
 use crate::access::certs::hex;
 use crate::access::records::Records;
-use crate::store::CertRecord;
+use socialweb_broker_core::CertRecord;
 
 /// A certificate admitted to a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,7 +44,7 @@ pub fn read(leaf: &[u8]) -> Result<Presented, String> {
 }
 
 fn when(ms: i64) -> String {
-    humantime::format_rfc3339_seconds(crate::store::from_millis(ms)).to_string()
+    humantime::format_rfc3339_seconds(socialweb_broker_core::from_millis(ms)).to_string()
 }
 
 /// Whether the record of an admitted certificate still stands at `now`.
@@ -57,7 +57,7 @@ pub fn still_good(r: &CertRecord, now: SystemTime) -> Result<(), String> {
         ));
     }
     if let Some(na) = r.not_after
-        && crate::store::millis(now) >= na
+        && socialweb_broker_core::millis(now) >= na
     {
         return Err(format!(
             "the client certificate {} expired at {}; download a new kubeconfig",
@@ -177,7 +177,7 @@ mod tests {
         let e = admit(&der(&unrecorded.cert_pem), "c1", &ca1_der, &records, now).unwrap_err();
         assert!(e.contains("no record"), "{e}");
         let mut revoked = record(&good, "c1");
-        revoked.revoked_at = Some(crate::store::millis(now));
+        revoked.revoked_at = Some(socialweb_broker_core::millis(now));
         records.revoked(revoked);
         let e = admit(&der(&good.cert_pem), "c1", &ca1_der, &records, now).unwrap_err();
         assert!(e.contains("revoked at"), "{e}");

@@ -29,10 +29,10 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::{debug, info};
 
-use crate::access::names;
 use crate::access::records::Records;
 use admit::Admitted;
 use proxy::{Upstream, status};
+use socialweb_broker_core::names;
 
 /// A cluster as the front knows it.
 #[derive(Debug, Clone)]
@@ -46,23 +46,21 @@ pub struct Mount {
     pub upstream: Option<Upstream>,
 }
 
-/// What the front serves from, shared with the daemon.
+/// What the front serves from: the mounted clusters, and the certificate records it reads
+/// (the access service writes them).
 #[derive(Debug)]
 pub struct Front {
-    pub records: Arc<Records>,
+    records: Arc<Records>,
     mounts: RwLock<HashMap<String, Arc<Mount>>>,
-    /// The CA kubeconfigs carry (the self-made front CA), if any.
-    pub ca_pem: Option<String>,
     /// `https://host:port` users reach the front at.
     pub public_url: String,
 }
 
 impl Front {
-    pub fn new(records: Arc<Records>, ca_pem: Option<String>, public_url: String) -> Front {
+    pub fn new(records: Arc<Records>, public_url: String) -> Front {
         Front {
             records,
             mounts: RwLock::new(HashMap::new()),
-            ca_pem,
             public_url,
         }
     }
@@ -75,10 +73,10 @@ impl Front {
             .insert(m.cluster.clone(), Arc::new(m));
     }
 
-    /// Forgets a cluster; its certificates' connections are cut.
+    /// Forgets a cluster (the access service forgets its certificates, which cuts their
+    /// connections).
     pub fn unmount(&self, cluster: &str) {
         self.mounts.write().expect("lock").remove(cluster);
-        self.records.forget_cluster(cluster);
     }
 
     fn get(&self, cluster: &str) -> Option<Arc<Mount>> {

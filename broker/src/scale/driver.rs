@@ -1,8 +1,8 @@
 //! The scale driver of one cluster: level-triggered. Pod and Node watches (kube reflectors)
-//! and the hold timer only say "look again"; every pass recomputes the decision from the whole
-//! picture -- the cluster's Pods, the store's provisions, the provider's leases -- records it
-//! when it changed, and acts on the difference. A missed event costs latency, never
-//! correctness.
+//! and the hold timer only say "look again"; every pass observes the whole picture -- the
+//! cluster's Pods, the store's provisions, now and then the provider's leases -- asks the
+//! core (the decision, the reconcile), records what it decided when that changed, and acts
+//! on the difference. A missed event costs latency, never correctness.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -12,13 +12,15 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
+use socialweb_broker_core::provision::{plan_backoff, recent_failures};
+use socialweb_broker_core::reconcile::{Fix, reconcile};
+use socialweb_broker_core::{DecisionRow, Provision, from_millis, millis};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::decision::{Action, Knobs, LeaseView, decide, teardown_due};
+use super::decision::{Action, Decision, Knobs, LeaseView, decide, teardown_due};
 use crate::provision::{ClusterCtx, Provisioner};
-use crate::store::{DecisionRow, Provision, Step, from_millis, millis};
 use crate::tenant;
 
 /// How often the provider's view is compared with the store's.
@@ -27,6 +29,8 @@ const RECONCILE_EVERY: Duration = Duration::from_secs(15);
 const SETTLE: Duration = Duration::from_millis(200);
 /// ... or this long after it, whatever keeps coming.
 const SETTLE_MAX: Duration = Duration::from_secs(1);
+/// With nothing else to wake for, a pass runs this often (provisions move on their own).
+const IDLE_PASS: Duration = Duration::from_secs(1);
 
 /// Watches a resource and nudges on every change.
 fn watch_into<K>(api: Api<K>, nudge: Arc<Notify>, stop: CancellationToken) -> reflector::Store<K>
@@ -63,8 +67,28 @@ where
     store
 }
 
+/// The key a recorded decision is compared by: a decision is recorded when it changed.
+type DecisionKey = (&'static str, u32, u32, u32);
+
+/// One cluster's driver and what it remembers between passes.
+struct Driver {
+    p: Arc<Provisioner>,
+    c: ClusterCtx,
+    knobs: Knobs,
+    pods: reflector::Store<Pod>,
+    nudge: Arc<Notify>,
+    /// The task moving each provision that is not where it will stay.
+    tasks: HashMap<String, tokio::task::JoinHandle<()>>,
+    recorded: Option<DecisionKey>,
+    /// Pods already told (with an Event) that no node will be rented for them.
+    told: HashSet<String>,
+    last_reconcile: Option<Instant>,
+    next_plan_at: tokio::time::Instant,
+}
+
 /// Runs the loop until `stop`; returns when stopped.
-pub async fn run(p: Arc<Provisioner>, c: ClusterCtx, nudge: Arc<Notify>, stop: CancellationToken) {
+pub async fn run(p: Arc<Provisioner>, c: ClusterCtx, knobs: Knobs, stop: CancellationToken) {
+    let nudge = Arc::new(Notify::new());
     let pods = watch_into(
         Api::<Pod>::all(c.client.clone()),
         nudge.clone(),
@@ -75,51 +99,136 @@ pub async fn run(p: Arc<Provisioner>, c: ClusterCtx, nudge: Arc<Notify>, stop: C
         nudge.clone(),
         stop.clone(),
     );
-    let knobs = Knobs {
-        max_nodes: p.cfg.scale.max_nodes,
-        pods_per_node: p.cfg.scale.pods_per_node,
-        hold: p.cfg.scale.hold,
-        expendable_priority_cutoff: p.cfg.scale.expendable_priority_cutoff,
-        node: p.cfg.node,
-    };
-    let mut in_flight: HashMap<String, (Step, tokio::task::JoinHandle<()>)> = HashMap::new();
-    let mut last_recorded: Option<(String, u32, u32, u32)> = None;
-    let mut warned: HashSet<String> = HashSet::new();
-    let mut last_reconcile: Option<Instant> = None;
-    let mut next_plan_at = tokio::time::Instant::now();
-    let _ = pods.wait_until_ready().await;
-    let _ = nodes.wait_until_ready().await;
+    tokio::select! {
+        _ = async { let _ = pods.wait_until_ready().await; let _ = nodes.wait_until_ready().await; } => {}
+        _ = stop.cancelled() => return,
+    }
     info!(cluster = %c.name, "scale driver watching Pods and Nodes");
+    let mut d = Driver {
+        p,
+        c,
+        knobs,
+        pods,
+        nudge,
+        tasks: HashMap::new(),
+        recorded: None,
+        told: HashSet::new(),
+        last_reconcile: None,
+        next_plan_at: tokio::time::Instant::now(),
+    };
     loop {
-        in_flight.retain(|_, (_, h)| !h.is_finished());
-        let provisions = match p.store.provisions(Some(&c.name)).await {
-            Ok(v) => v,
+        let wake = d.pass().await;
+        tokio::select! {
+            _ = d.nudge.notified() => settle(&d.nudge).await,
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = stop.cancelled() => break,
+        }
+    }
+    for (_, h) in d.tasks {
+        // The step machine is crash-safe: stopping it mid-step is a crash.
+        h.abort();
+    }
+}
+
+impl Driver {
+    /// One pass: observe, reconcile when due, keep provisions moving, decide, record, tell,
+    /// act. Returns when to look again without a nudge.
+    async fn pass(&mut self) -> tokio::time::Instant {
+        let soon = tokio::time::Instant::now() + IDLE_PASS;
+        self.tasks.retain(|_, h| !h.is_finished());
+        let Some(mut provisions) = self.provisions().await else {
+            return soon;
+        };
+        if self
+            .last_reconcile
+            .is_none_or(|t| t.elapsed() > RECONCILE_EVERY)
+        {
+            self.reconcile(&provisions).await;
+            self.last_reconcile = Some(Instant::now());
+            provisions = self.provisions().await.unwrap_or(provisions);
+        }
+        self.keep_moving(&provisions);
+        let d = self.decide(&provisions).await;
+        self.record(&d).await;
+        self.tell_unfit(&d).await;
+        if self.act(&d, &provisions).await {
+            return tokio::time::Instant::now();
+        }
+        // Wake on the hold's end, if it is near.
+        match teardown_due(&d, &self.knobs)
+            .and_then(|due| due.duration_since(SystemTime::now()).ok())
+        {
+            Some(left) => soon.min(tokio::time::Instant::now() + left + Duration::from_millis(50)),
+            None => soon,
+        }
+    }
+
+    async fn provisions(&self) -> Option<Vec<Provision>> {
+        match self.p.store().provisions(Some(&self.c.name)).await {
+            Ok(v) => Some(v),
             Err(e) => {
-                warn!(cluster = %c.name, "reading provisions: {e:#}");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
+                warn!(cluster = %self.c.name, "reading provisions: {e:#}");
+                None
+            }
+        }
+    }
+
+    /// Carries out the core's reconcile of the provider's view with the store's.
+    async fn reconcile(&mut self, provisions: &[Provision]) {
+        let (p, c) = (&self.p, &self.c);
+        let leases = match p.market().leases("cluster", &c.name).await {
+            Ok(l) => l,
+            Err(e) => {
+                warn!(cluster = %c.name, "reconcile: listing leases: {e}");
+                return;
             }
         };
-        if last_reconcile.is_none_or(|t| t.elapsed() > RECONCILE_EVERY) {
-            reconcile(&p, &c, &provisions, &mut in_flight).await;
-            last_reconcile = Some(Instant::now());
+        for fix in reconcile(p.broker_id(), &leases, provisions) {
+            match fix {
+                Fix::Release { lease, why } => {
+                    warn!(cluster = %c.name, lease = %lease, "reconcile: {why}; releasing it");
+                    p.metrics().orphan();
+                    if let Err(e) = p.release_lease(&lease, &why).await {
+                        warn!(cluster = %c.name, "reconcile: releasing {lease}: {e}");
+                    }
+                }
+                Fix::Fail { provision, why } => {
+                    if let Some(h) = self.tasks.remove(&provision) {
+                        h.abort();
+                    }
+                    let Some(mut x) = provisions.iter().find(|x| x.id == provision).cloned() else {
+                        continue;
+                    };
+                    if let Err(e) = p.fail(c, &mut x, why).await {
+                        warn!(cluster = %c.name, "reconcile: {e:#}");
+                    }
+                }
+                // A broker that crashed between cordoning a node to release it and recording
+                // the release left it cordoned; no release is under way, so lift it.
+                Fix::Uncordon { provision, node } if !self.tasks.contains_key(&provision) => {
+                    if let Err(e) = tenant::uncordon_ours(&c.client, &node).await {
+                        warn!(cluster = %c.name, node = %node, "reconcile: {e:#}");
+                    }
+                }
+                Fix::Uncordon { .. } => {}
+            }
         }
-        let provisions = p
-            .store
-            .provisions(Some(&c.name))
-            .await
-            .unwrap_or(provisions);
-        // Every provision that is not where it will stay gets its task.
-        for prov in provisions
-            .iter()
-            .filter(|x| !x.state.ended() && x.state != Step::Joined)
-        {
-            if in_flight.contains_key(&prov.id) {
+    }
+
+    /// Every provision that is not where it will stay gets its task.
+    fn keep_moving(&mut self, provisions: &[Provision]) {
+        for prov in provisions.iter().filter(|x| x.state.in_progress()) {
+            if self.tasks.contains_key(&prov.id) {
                 continue;
             }
-            let (pp, cc, pv, n) = (p.clone(), c.clone(), prov.clone(), nudge.clone());
+            let (pp, cc, pv, n) = (
+                self.p.clone(),
+                self.c.clone(),
+                prov.clone(),
+                self.nudge.clone(),
+            );
             let h = tokio::spawn(async move {
-                let res = if pv.state == Step::Releasing {
+                let res = if pv.state == socialweb_broker_core::Step::Releasing {
                     pp.release(cc, pv, "releasing".into()).await
                 } else {
                     pp.drive(cc, pv).await
@@ -129,15 +238,27 @@ pub async fn run(p: Arc<Provisioner>, c: ClusterCtx, nudge: Arc<Notify>, stop: C
                 }
                 n.notify_one();
             });
-            in_flight.insert(prov.id.clone(), (prov.state, h));
+            self.tasks.insert(prov.id.clone(), h);
         }
+    }
 
-        let cluster = p.store.cluster(&c.name).await.ok().flatten();
-        let last_intent = cluster
-            .as_ref()
+    /// The core's decision on the picture now; intent is recorded so the hold survives a
+    /// restart.
+    async fn decide(&self, provisions: &[Provision]) -> Decision {
+        let store = self.p.store();
+        let last_intent = store
+            .cluster(&self.c.name)
+            .await
+            .ok()
+            .flatten()
             .map(|x| from_millis(x.last_intent_at))
             .unwrap_or_else(SystemTime::now);
-        let views: Vec<_> = pods.state().iter().map(|x| tenant::pod_view(x)).collect();
+        let views: Vec<_> = self
+            .pods
+            .state()
+            .iter()
+            .map(|x| tenant::pod_view(x))
+            .collect();
         let leases: Vec<LeaseView> = provisions
             .iter()
             .map(|x| LeaseView {
@@ -147,75 +268,95 @@ pub async fn run(p: Arc<Provisioner>, c: ClusterCtx, nudge: Arc<Notify>, stop: C
             .collect();
         let now = SystemTime::now();
         let t = Instant::now();
-        let d = decide(&views, &leases, &knobs, now, last_intent);
-        p.metrics.decided(t.elapsed().as_secs_f64());
+        let d = decide(&views, &leases, &self.knobs, now, last_intent);
+        self.p.metrics().decided(t.elapsed().as_secs_f64());
         if d.intent > 0
-            && let Err(e) = p.store.set_last_intent(&c.name, now).await
+            && let Err(e) = store.set_last_intent(&self.c.name, now).await
         {
-            warn!(cluster = %c.name, "recording intent: {e:#}");
+            warn!(cluster = %self.c.name, "recording intent: {e:#}");
         }
-        let key = (d.action.as_str().to_string(), d.target, d.nodes, d.intent);
-        if last_recorded.as_ref() != Some(&key) {
-            let row = DecisionRow {
-                cluster: c.name.clone(),
-                at: millis(now),
-                action: d.action.as_str().into(),
-                target: i64::from(d.target),
-                nodes: i64::from(d.nodes),
-                intent: i64::from(d.intent),
-                reason: d.reason.clone(),
-            };
-            info!(cluster = %c.name, action = d.action.as_str(), target = d.target, nodes = d.nodes,
-                  intent = d.intent, "{} nodes={}", d.reason, d.target);
-            if let Err(e) = p.store.record_decision(&row).await {
-                warn!(cluster = %c.name, "recording the decision: {e:#}");
-            }
-            p.metrics.decision(d.action.as_str());
-            last_recorded = Some(key);
+        d
+    }
+
+    /// Records the decision when it differs from the last one recorded.
+    async fn record(&mut self, d: &Decision) {
+        let key = (d.action.as_str(), d.target, d.nodes, d.intent);
+        if self.recorded == Some(key) {
+            return;
         }
+        let c = &self.c;
+        let row = DecisionRow {
+            cluster: c.name.clone(),
+            at: millis(SystemTime::now()),
+            action: d.action.as_str().into(),
+            target: i64::from(d.target),
+            nodes: i64::from(d.nodes),
+            intent: i64::from(d.intent),
+            reason: d.reason.clone(),
+        };
+        info!(cluster = %c.name, action = d.action.as_str(), target = d.target, nodes = d.nodes,
+              intent = d.intent, "{} nodes={}", d.reason, d.target);
+        if let Err(e) = self.p.store().record_decision(&row).await {
+            warn!(cluster = %c.name, "recording the decision: {e:#}");
+        }
+        self.p.metrics().decision(d.action.as_str());
+        self.recorded = Some(key);
+    }
+
+    /// Tells each Pod no node on offer can hold, once, with a Warning Event.
+    async fn tell_unfit(&mut self, d: &Decision) {
         for (pod, why) in &d.unfit {
-            if warned.insert(pod.clone())
-                && let Some((ns, name)) = pod.split_once('/')
-            {
-                let uid = pods
-                    .state()
-                    .iter()
-                    .find(|x| {
-                        x.metadata.namespace.as_deref() == Some(ns)
-                            && x.metadata.name.as_deref() == Some(name)
-                    })
-                    .and_then(|x| x.metadata.uid.clone());
-                info!(cluster = %c.name, pod = %pod, "no node on offer can hold it: {why}");
-                if let Err(e) = tenant::warn_pod(&c.client, ns, name, uid.as_deref(), why).await {
-                    warn!(cluster = %c.name, "{e:#}");
-                }
+            if !self.told.insert(pod.clone()) {
+                continue;
+            }
+            let Some((ns, name)) = pod.split_once('/') else {
+                continue;
+            };
+            let uid = self
+                .pods
+                .state()
+                .iter()
+                .find(|x| {
+                    x.metadata.namespace.as_deref() == Some(ns)
+                        && x.metadata.name.as_deref() == Some(name)
+                })
+                .and_then(|x| x.metadata.uid.clone());
+            info!(cluster = %self.c.name, pod = %pod, "no node on offer can hold it: {why}");
+            if let Err(e) = tenant::warn_pod(&self.c.client, ns, name, uid.as_deref(), why).await {
+                warn!(cluster = %self.c.name, "{e:#}");
             }
         }
+    }
+
+    /// Acts on the decision; `true` when it planned nodes (look again at once).
+    async fn act(&mut self, d: &Decision, provisions: &[Provision]) -> bool {
         match d.action {
             Action::Provision { count } => {
                 // Back off while provisions keep failing: the market may be refusing us.
-                let failures = recent_failures(&provisions);
-                if failures > 0 && tokio::time::Instant::now() < next_plan_at {
-                    // wait below
-                } else {
-                    for _ in 0..count {
-                        match p.plan(&c.name).await {
-                            Ok(_) => {}
-                            Err(e) => warn!(cluster = %c.name, "planning a node: {e:#}"),
-                        }
-                    }
-                    let delay = Duration::from_secs(1 << failures.min(6));
-                    next_plan_at = tokio::time::Instant::now() + delay;
-                    continue;
+                let failures = recent_failures(provisions);
+                if failures > 0 && tokio::time::Instant::now() < self.next_plan_at {
+                    return false;
                 }
+                for _ in 0..count {
+                    if let Err(e) = self.p.plan(&self.c.name).await {
+                        warn!(cluster = %self.c.name, "planning a node: {e:#}");
+                    }
+                }
+                self.next_plan_at = tokio::time::Instant::now() + plan_backoff(failures);
+                true
             }
             Action::Teardown => {
                 for prov in provisions.iter().filter(|x| x.state.live()) {
-                    if let Some((_, h)) = in_flight.remove(&prov.id) {
+                    if let Some(h) = self.tasks.remove(&prov.id) {
                         // The step machine is crash-safe: stopping it mid-step is a crash.
                         h.abort();
                     }
-                    let (pp, cc, pv, n) = (p.clone(), c.clone(), prov.clone(), nudge.clone());
+                    let (pp, cc, pv, n) = (
+                        self.p.clone(),
+                        self.c.clone(),
+                        prov.clone(),
+                        self.nudge.clone(),
+                    );
                     let why = d.reason.clone();
                     let h = tokio::spawn(async move {
                         if let Err(e) = pp.release(cc, pv, why).await {
@@ -223,27 +364,12 @@ pub async fn run(p: Arc<Provisioner>, c: ClusterCtx, nudge: Arc<Notify>, stop: C
                         }
                         n.notify_one();
                     });
-                    in_flight.insert(prov.id.clone(), (Step::Releasing, h));
+                    self.tasks.insert(prov.id.clone(), h);
                 }
+                false
             }
-            Action::Hold => {}
+            Action::Hold => false,
         }
-        // Wake on a change, on the hold's end, on the planning backoff's end, or in a second
-        // (in-flight provisions move on their own and nudge when done).
-        let mut wake = tokio::time::Instant::now() + Duration::from_secs(1);
-        if let Some(due) = teardown_due(&d, &knobs)
-            && let Ok(left) = due.duration_since(SystemTime::now())
-        {
-            wake = wake.min(tokio::time::Instant::now() + left + Duration::from_millis(50));
-        }
-        tokio::select! {
-            _ = nudge.notified() => settle(&nudge).await,
-            _ = tokio::time::sleep_until(wake) => {}
-            _ = stop.cancelled() => break,
-        }
-    }
-    for (_, (_, h)) in in_flight {
-        h.abort();
     }
 }
 
@@ -262,87 +388,6 @@ async fn settle(nudge: &Notify) {
                 }
             }
             _ = tokio::time::sleep_until(quiet.min(give_up)) => return,
-        }
-    }
-}
-
-/// Failed provisions since the last one that joined.
-fn recent_failures(provisions: &[Provision]) -> u32 {
-    provisions
-        .iter()
-        .rev()
-        .take_while(|x| x.state != Step::Joined && x.state != Step::Released)
-        .filter(|x| x.state == Step::Failed)
-        .count() as u32
-}
-
-/// Compares the provider's view with the store's: a lease nothing owns is released; a lease
-/// the store thinks is live but the provider does not have (or has failed) fails its
-/// provision, and the decision plans again.
-async fn reconcile(
-    p: &Arc<Provisioner>,
-    c: &ClusterCtx,
-    provisions: &[Provision],
-    in_flight: &mut HashMap<String, (Step, tokio::task::JoinHandle<()>)>,
-) {
-    let leases = match p.market.leases("cluster", &c.name).await {
-        Ok(l) => l,
-        Err(e) => {
-            warn!(cluster = %c.name, "reconcile: listing leases: {e}");
-            return;
-        }
-    };
-    let ours: Vec<_> = leases
-        .iter()
-        .filter(|l| l.tags.get("broker") == Some(&p.broker_id))
-        .collect();
-    for l in &ours {
-        let owner = provisions.iter().find(|x| x.lease_id == l.id);
-        let orphan = match owner {
-            None => true,
-            Some(x) => x.state.ended(),
-        };
-        if orphan && l.state.live() {
-            warn!(cluster = %c.name, lease = %l.id, "reconcile: lease {} at the provider has no live provision; releasing it", l.id);
-            p.metrics.orphan();
-            if let Err(e) = p.market.release(&l.id).await {
-                warn!(cluster = %c.name, "reconcile: releasing {}: {e}", l.id);
-            }
-        }
-    }
-    for x in provisions
-        .iter()
-        .filter(|x| matches!(x.state, Step::Booting | Step::Running | Step::Joined))
-    {
-        let lease = ours.iter().find(|l| l.id == x.lease_id);
-        let why = match lease {
-            None => Some(format!("the provider does not have lease {}", x.lease_id)),
-            Some(l) if !l.state.live() => Some(format!(
-                "lease {} is {} at the provider{}",
-                l.id,
-                l.state.as_str(),
-                l.reason
-                    .as_ref()
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default()
-            )),
-            _ => None,
-        };
-        if let Some(why) = why {
-            if let Some((_, h)) = in_flight.remove(&x.id) {
-                h.abort();
-            }
-            let mut x = x.clone();
-            if let Err(e) = p.fail(c, &mut x, why).await {
-                warn!(cluster = %c.name, "reconcile: {e:#}");
-            }
-        } else if x.state == Step::Joined
-            && !in_flight.contains_key(&x.id)
-            && let Err(e) = tenant::uncordon_ours(&c.client, &x.node).await
-        {
-            // A broker that crashed between cordoning a node to release it and recording
-            // the release left it cordoned; no release is under way, so lift it.
-            warn!(cluster = %c.name, node = %x.node, "reconcile: {e:#}");
         }
     }
 }

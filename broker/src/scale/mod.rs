@@ -1,5 +1,7 @@
-//! Contract 7, the scale decision: a pure [`decision`] and the [`driver`] that feeds it from
-//! the cluster's watches and acts on it (docs/scale.md).
+//! Contract 7, the scale decision (docs/scale.md): the decision itself is pure
+//! (`socialweb_broker_core::scale`, re-exported here as [`decision`]); the [`driver`] feeds
+//! it from the cluster's watches and acts on it.
 
-pub mod decision;
+pub use socialweb_broker_core::scale as decision;
+
 pub mod driver;

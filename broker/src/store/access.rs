@@ -2,26 +2,11 @@
 //! token nonces.
 
 use anyhow::Result;
-use serde::Serialize;
+use socialweb_broker_core::CertRecord;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::Store;
-
-/// A client certificate the broker issued: the front admits it while this exists and
-/// `revoked_at` is empty (and it has not expired).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CertRecord {
-    /// Lowercase hex, as `openssl x509 -serial` prints it (without leading zeros' loss).
-    pub serial: String,
-    pub cluster: String,
-    pub did: String,
-    /// Unix milliseconds; `None`: no expiry.
-    pub not_after: Option<i64>,
-    pub created_at: i64,
-    pub revoked_at: Option<i64>,
-}
 
 fn cert_of(r: &AnyRow) -> Result<CertRecord> {
     Ok(CertRecord {

@@ -1,133 +1,22 @@
 //! The broker's store: SQLite by default (a file in the state directory), PostgreSQL when the
 //! operator gives a URL; one set of migrations (`broker/migrations`) and one set of queries
 //! for both, through sqlx's `Any` driver. Every provisioning step is written here before it is
-//! acted on (docs/operations.md).
+//! acted on (docs/operations.md). The records' types are the core's
+//! (`socialweb_broker_core::records`); this module only reads and writes them.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, Result, bail};
-use serde::Serialize;
+use anyhow::{Context, Result};
+use socialweb_broker_core::{Cluster, ClusterPhase, DecisionRow, Provision, Step, millis};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
 mod access;
-pub use access::CertRecord;
 
-/// Unix milliseconds, as the store keeps time.
-pub fn millis(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-pub fn from_millis(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
-}
-
-/// A cluster record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Cluster {
-    pub name: String,
-    /// `active` or `deleting`.
-    pub state: String,
-    pub created_at: i64,
-    pub last_intent_at: i64,
-    pub next_node: i64,
-    /// The DID the cluster belongs to (`None`: the operator's, reachable by no user).
-    pub owner: Option<String>,
-}
-
-/// Where a provision is. Forward only, except `failed` and `released`, which end it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Step {
-    Planned,
-    RfpSent,
-    Accepted,
-    Booting,
-    Running,
-    Joined,
-    Releasing,
-    Released,
-    Failed,
-}
-
-impl Step {
-    pub const ALL: [Step; 9] = [
-        Step::Planned,
-        Step::RfpSent,
-        Step::Accepted,
-        Step::Booting,
-        Step::Running,
-        Step::Joined,
-        Step::Releasing,
-        Step::Released,
-        Step::Failed,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Step::Planned => "planned",
-            Step::RfpSent => "rfp_sent",
-            Step::Accepted => "accepted",
-            Step::Booting => "booting",
-            Step::Running => "running",
-            Step::Joined => "joined",
-            Step::Releasing => "releasing",
-            Step::Released => "released",
-            Step::Failed => "failed",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Step> {
-        Step::ALL.into_iter().find(|x| x.as_str() == s)
-    }
-
-    /// A node that exists or is on its way (counts against the target).
-    pub fn live(self) -> bool {
-        !matches!(self, Step::Releasing | Step::Released | Step::Failed)
-    }
-
-    /// Over: nothing more happens to it.
-    pub fn ended(self) -> bool {
-        matches!(self, Step::Released | Step::Failed)
-    }
-}
-
-/// One node the broker rents.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Provision {
-    pub id: String,
-    pub cluster: String,
-    pub node: String,
-    pub state: Step,
-    pub rfp_id: String,
-    pub bid_id: Option<String>,
-    pub lease_id: String,
-    pub provider: Option<String>,
-    pub token_id: String,
-    #[serde(skip)]
-    pub token_secret: String,
-    #[serde(skip)]
-    pub mesh_key: String,
-    pub endpoint: String,
-    pub reason: Option<String>,
-    pub attempts: i64,
-    pub created_at: i64,
-    pub updated_at: i64,
-}
-
-/// A recorded scale decision.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DecisionRow {
-    pub cluster: String,
-    pub at: i64,
-    pub action: String,
-    pub target: i64,
-    pub nodes: i64,
-    pub intent: i64,
-    pub reason: String,
-}
+/// A cluster of that name exists already.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cluster {0:?} exists already")]
+pub struct Exists(pub String);
 
 /// The store.
 #[derive(Debug, Clone)]
@@ -137,9 +26,11 @@ pub struct Store {
 }
 
 fn cluster_of(r: &AnyRow) -> Result<Cluster> {
+    let state: String = r.try_get("state")?;
     Ok(Cluster {
         name: r.try_get("name")?,
-        state: r.try_get("state")?,
+        state: ClusterPhase::parse(&state)
+            .with_context(|| format!("unknown cluster state {state:?}"))?,
         created_at: r.try_get("created_at")?,
         last_intent_at: r.try_get("last_intent_at")?,
         next_node: r.try_get("next_node")?,
@@ -233,7 +124,7 @@ impl Store {
         .execute(&self.pool)
         .await?;
         if r.rows_affected() == 0 {
-            bail!("cluster {name:?} exists already");
+            return Err(Exists(name.to_string()).into());
         }
         self.cluster(name)
             .await?
@@ -259,9 +150,9 @@ impl Store {
             .collect()
     }
 
-    pub async fn set_cluster_state(&self, name: &str, state: &str) -> Result<()> {
+    pub async fn set_cluster_state(&self, name: &str, state: ClusterPhase) -> Result<()> {
         sqlx::query("UPDATE clusters SET state = $1 WHERE name = $2")
-            .bind(state)
+            .bind(state.as_str())
             .bind(name)
             .execute(&self.pool)
             .await?;

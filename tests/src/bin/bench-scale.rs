@@ -16,8 +16,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use socialweb_broker::config::NodeSize;
-use socialweb_broker::scale::decision::{Knobs, LeaseView, Phase, PodView, decide};
+use socialweb_broker_core::scale::NodeSize;
+use socialweb_broker_core::scale::{Knobs, LeaseView, Phase, PodView, decide};
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::netns::Netns;
 

@@ -1,11 +1,11 @@
 //! A cgroup root per node, so each kubelet manages its own tree and everything in it can be
 //! killed and removed when the node goes. The same cgroup roots the local provider gives its
-//! machines (`socialweb_broker::market::local::machine`), from the same code.
+//! machines (`socialweb_provider::machine`), from the same code.
 
 use std::path::Path;
 
 use anyhow::Result;
-use socialweb_broker::market::local::machine;
+use socialweb_provider::machine;
 
 /// `/sys/fs/cgroup/<controller>/<name>` for every controller mounted.
 #[derive(Debug)]

@@ -156,7 +156,7 @@ impl KubeNode {
         )
         .with_context(|| tail(&d.join("holder.log"), 10))?;
         // nsenter, unshare and sh exec one another: the holder's pid ends up running `sleep`.
-        let holder_pid = socialweb_broker::market::local::machine::find_sleep_child(holder.id())
+        let holder_pid = socialweb_provider::machine::find_sleep_child(holder.id())
             .context("finding the holder's process")?;
         timings.push(("machine", t.elapsed()));
 
@@ -513,7 +513,7 @@ impl KubeNode {
         self.cgroup.destroy();
         // containerd-shims left the cgroup tree (they live beside containerd); kill whatever
         // still runs in the node's mount namespace, then the holder, which ends it.
-        socialweb_broker::market::local::machine::kill_mount_namespace(self.holder_pid);
+        socialweb_provider::machine::kill_mount_namespace(self.holder_pid);
         self.holder.kill_now();
     }
 }

@@ -153,18 +153,6 @@ fn ip(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Puts `addr`/32 on `lo` unless it is there: the service address nodes reach the host on.
-pub fn ensure_service_addr(addr: Ipv4Addr) -> Result<()> {
-    let out = Command::new("ip")
-        .args(["-4", "-o", "addr", "show", "dev", "lo"])
-        .output()
-        .context("running ip (iproute2)")?;
-    if String::from_utf8_lossy(&out.stdout).contains(&format!(" {addr}/32 ")) {
-        return Ok(());
-    }
-    ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

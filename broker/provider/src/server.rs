@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use tokio_util::sync::CancellationToken;
 
 use super::{Provider, ProviderError};
-use crate::market::protocol::{Accept, ErrorBody, ErrorDetail, LeaseList, PREFIX, RfpRequest};
+use socialweb_market::{Accept, ErrorBody, ErrorDetail, LeaseList, PREFIX, RfpRequest};
 
 impl IntoResponse for ProviderError {
     fn into_response(self) -> Response {

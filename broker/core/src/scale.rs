@@ -12,7 +12,39 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::config::NodeSize;
+use serde::{Deserialize, Serialize};
+
+/// The node size the broker rents: the RFP's spec, and what the decision checks a Pod's
+/// requests against. The configuration's `[node]` section (hence the names and defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeSize {
+    pub vcpu: u32,
+    #[serde(rename = "memMiB")]
+    pub mem_mib: u64,
+    #[serde(rename = "diskMiB")]
+    pub disk_mib: u64,
+}
+
+impl Default for NodeSize {
+    fn default() -> NodeSize {
+        NodeSize {
+            vcpu: 2,
+            mem_mib: 4096,
+            disk_mib: 20480,
+        }
+    }
+}
+
+impl From<NodeSize> for socialweb_market::NodeSpec {
+    fn from(n: NodeSize) -> socialweb_market::NodeSpec {
+        socialweb_market::NodeSpec {
+            vcpu: n.vcpu,
+            mem_mib: n.mem_mib,
+            disk_mib: n.disk_mib,
+        }
+    }
+}
 
 /// A Pod's phase, as the API reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

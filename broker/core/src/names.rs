@@ -1,10 +1,28 @@
-//! Names the seeds' gateway gives a DID and its clusters (internal/kcpclient/names.go):
-//! `accountHash` = the first 8 characters of base36(sha256(did)), and a cluster's mount path
-//! `root:<accountHash>:<cluster>:clusters`, which kubeconfigs carry as
-//! `https://<front>/clusters/<mount path>`.
+//! Names: what a cluster may be called, and the names the seeds' gateway gives a DID and its
+//! clusters (internal/kcpclient/names.go): `accountHash` = the first 8 characters of
+//! base36(sha256(did)), and a cluster's mount path `root:<accountHash>:<cluster>:clusters`,
+//! which kubeconfigs carry as `https://<front>/clusters/<mount path>`.
 
 use num_bigint::BigUint;
 use sha2::{Digest, Sha256};
+
+/// A cluster name: a DNS label short enough that `<name>-<n>` node names stay labels.
+pub fn valid_cluster_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 40
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "cluster name {name:?}: 1-40 characters of a-z, 0-9 and '-', not starting or ending with '-'"
+        ))
+    }
+}
 
 /// The account hash of `did`: sha256 read as a big-endian number, written in base 36
 /// (0-9a-z), first 8 characters.
@@ -42,6 +60,21 @@ pub fn split_mount(path: &str) -> Option<(&str, &str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cluster_names_are_short_dns_labels() {
+        for ok in ["ci", "a", "team-7", &"x".repeat(40)] {
+            assert!(valid_cluster_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-ci", "ci-", "CI", "c_i", "c.i", &"x".repeat(41)] {
+            assert!(
+                valid_cluster_name(bad)
+                    .unwrap_err()
+                    .contains("1-40 characters"),
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn the_account_hash_is_eight_base36_characters_of_the_did_digest() {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
+use socialweb_proc::{alive, start_time};
 
 const CGROUP_FS: &str = "/sys/fs/cgroup";
 
@@ -38,25 +39,6 @@ pub struct MachineRecord {
 #[derive(Debug)]
 pub struct Machine {
     pub record: MachineRecord,
-}
-
-/// Kernel start time of `pid` (clock ticks since boot), to tell a process from a later one
-/// with the same pid.
-pub fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Whether `pid` runs (and is not a zombie).
-pub fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rfind(')')
-                .and_then(|i| s[i + 1..].split_whitespace().next().map(|st| st != "Z"))
-        })
-        .unwrap_or(false)
 }
 
 /// The controllers' directories a cgroup root is made under: every v1 hierarchy, or the

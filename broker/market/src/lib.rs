@@ -1,5 +1,6 @@
 //! Contract 6, the market protocol, version 1: HTTP and JSON under `/v1` (docs/market.md).
-//! Types and validation only, shared by the client and the local provider.
+//! Types and validation only, shared by the broker (the client) and the provider (the
+//! server); neither side shares anything else with the other.
 //!
 //! Vocabulary: an RFP is Akash's order and Golem's demand, a bid their bid and proposal, a
 //! lease their lease and agreement. The client chooses every id (RFP, lease) before it calls,

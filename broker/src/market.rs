@@ -1,14 +1,13 @@
-//! The broker's side of the market protocol: one HTTP client with a timeout on every call,
-//! answers parsed and checked, errors that say which call failed and how. Retrying is the
-//! provisioner's business (it knows which step it is at); every call here is safe to repeat,
-//! because the ids are the client's.
+//! The broker's side of the market protocol (contract 6; its types are `socialweb-market`'s):
+//! one HTTP client with a timeout on every call, answers parsed and checked, errors that say
+//! which call failed and how. Waiting and retrying are the provisioner's business (it knows
+//! which step it is at); every call here is safe to repeat, because the ids are the client's.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::StatusCode;
+use socialweb_market::{Accept, ErrorBody, Lease, LeaseList, PREFIX, Rfp, RfpRequest};
 use url::Url;
-
-use super::protocol::{Accept, Bid, ErrorBody, Lease, LeaseList, PREFIX, Rfp, RfpRequest};
 
 /// Why a market call failed.
 #[derive(Debug, thiserror::Error)]
@@ -51,7 +50,7 @@ pub struct MarketClient {
 impl MarketClient {
     pub fn new(base: &str, timeout: Duration) -> Result<MarketClient, String> {
         let base = Url::parse(base).map_err(|e| format!("market URL {base:?}: {e}"))?;
-        crate::daemon::crypto_provider();
+        crate::crypto_provider();
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
@@ -158,31 +157,6 @@ impl MarketClient {
         .await
     }
 
-    /// Waits for bids on `rfp_id` until `deadline`; returns early once bids have come and no
-    /// new one arrived for `settle`. The bids come back best first (see [`choose`]).
-    pub async fn bids(
-        &self,
-        rfp_id: &str,
-        deadline: Duration,
-        settle: Duration,
-    ) -> Result<Vec<Bid>, MarketError> {
-        let end = Instant::now() + deadline;
-        let mut seen = 0;
-        let mut since = Instant::now();
-        loop {
-            let bids = self.rfp(rfp_id).await?.map(|r| r.bids).unwrap_or_default();
-            if bids.len() != seen {
-                seen = bids.len();
-                since = Instant::now();
-            }
-            let now = Instant::now();
-            if now >= end || (seen > 0 && now.duration_since(since) >= settle) {
-                return Ok(choose(bids));
-            }
-            tokio::time::sleep(Duration::from_millis(100).min(end - now)).await;
-        }
-    }
-
     /// Accepts a bid (idempotent by the lease id).
     pub async fn accept(&self, bid_id: &str, a: &Accept) -> Result<Lease, MarketError> {
         let call = format!("POST /bids/{bid_id}/accept");
@@ -231,14 +205,6 @@ impl MarketClient {
     }
 }
 
-/// Bids, best first: cheapest, then soonest, then by id (a stable order).
-pub fn choose(mut bids: Vec<Bid>) -> Vec<Bid> {
-    bids.sort_by(|a, b| {
-        (a.price_micros_per_hour, a.eta_ms, &a.id).cmp(&(b.price_micros_per_hour, b.eta_ms, &b.id))
-    });
-    bids
-}
-
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
@@ -256,26 +222,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bid(id: &str, price: u64, eta: u64) -> Bid {
-        Bid {
-            id: id.into(),
-            rfp_id: "r".into(),
-            provider: "p".into(),
-            price_micros_per_hour: price,
-            eta_ms: eta,
-            expires_at: String::new(),
-        }
-    }
-
-    #[test]
-    fn cheapest_then_soonest() {
-        let got: Vec<String> = choose(vec![bid("a", 5, 1), bid("b", 3, 9), bid("c", 3, 2)])
-            .into_iter()
-            .map(|b| b.id)
-            .collect();
-        assert_eq!(got, ["c", "b", "a"]);
-    }
 
     #[test]
     fn urls_keep_the_base_path() {

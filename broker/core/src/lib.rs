@@ -1,0 +1,24 @@
+//! The broker's pure core: what the broker decides, as values in and values out. The daemon
+//! (`socialweb-broker`) observes -- the store, the tenant cluster's watches, the provider's
+//! leases -- calls these, and carries out what they return, as `socialweb-mesh-core`'s peer
+//! plan is carried out by the agent. Nothing here does I/O or reads a clock: times are
+//! arguments, so every rule is tested as a table (and `tests/tests/tidy.rs` keeps it so).
+//!
+//! - [`records`]: the domain types the store keeps (clusters, provisions and their [`Step`],
+//!   decisions, certificate records) and the store's time (`millis`).
+//! - [`scale`]: contract 7, the scale decision.
+//! - [`provision`]: a provision's steps as a transition function.
+//! - [`bids`]: which bids to take, and when to stop waiting for more.
+//! - [`reconcile`]: the store's view against the provider's, as a list of fixes.
+//! - [`names`]: cluster names, account hashes and mount paths.
+
+pub mod bids;
+pub mod names;
+pub mod provision;
+pub mod reconcile;
+pub mod records;
+pub mod scale;
+
+pub use records::{
+    CertRecord, Cluster, ClusterPhase, DecisionRow, Provision, Step, from_millis, millis,
+};

@@ -1,0 +1,283 @@
+//! The provider's books: every RFP with its bids, every lease with the machine that is its
+//! node, kept in `provider.json` (rewritten atomically on every change), and the market's
+//! rules over them -- an RFP repeated with its id is the same RFP, an acceptance repeated with
+//! its lease id is the same lease, one acceptance per RFP, bids expire, capacity is counted
+//! in live leases. The rules are plain functions on [`Book`]; [`Ledger`] is the one place
+//! that locks, applies and saves.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use socialweb_market::{Bid, Lease, LeaseState, NodeSpec, Rfp, RfpRequest};
+use tracing::warn;
+
+use crate::ProviderError;
+use crate::machine::MachineRecord;
+
+/// One RFP and what became of it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct RfpEntry {
+    pub req: RfpRequest,
+    pub bids: Vec<Bid>,
+    pub accepted: Option<String>,
+}
+
+/// One lease and the machine that is its node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct LeaseEntry {
+    pub lease: Lease,
+    pub slot: u8,
+    pub machine: Option<MachineRecord>,
+    /// The agent's pid and start time.
+    pub agent: Option<(u32, u64)>,
+    /// The acceptance's identity, kept to start the agent again.
+    pub identity: serde_json::Value,
+}
+
+/// Everything the provider has agreed to.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Book {
+    pub rfps: BTreeMap<String, RfpEntry>,
+    pub leases: BTreeMap<String, LeaseEntry>,
+}
+
+/// What the provider offers: the largest node, how many at once, its name and price.
+#[derive(Debug, Clone)]
+pub(crate) struct Offer {
+    pub max_spec: NodeSpec,
+    pub capacity: u32,
+    pub name: String,
+    pub price_micros_per_hour: u64,
+}
+
+pub(crate) fn now_text() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+pub(crate) fn set_state(l: &mut Lease, state: LeaseState, reason: Option<String>) {
+    l.state = state;
+    l.reason = reason;
+    l.updated_at = now_text();
+}
+
+fn rfp_view(e: &RfpEntry) -> Rfp {
+    Rfp {
+        id: e.req.id.clone(),
+        state: if e.accepted.is_some() {
+            "closed"
+        } else {
+            "open"
+        }
+        .into(),
+        bids: e.bids.clone(),
+    }
+}
+
+/// What an acceptance asks for, once its identity has been read.
+pub(crate) struct Acceptance<'a> {
+    pub bid_id: &'a str,
+    pub lease_id: &'a str,
+    pub node: &'a str,
+    pub identity: serde_json::Value,
+}
+
+impl Book {
+    fn live(&self) -> impl Iterator<Item = &LeaseEntry> {
+        self.leases.values().filter(|e| e.lease.state.live())
+    }
+
+    /// Takes an RFP and bids at once if the node fits and there is room (`bid` false: the
+    /// tests' "no bid" failpoint). The same RFP again is answered as it was.
+    pub fn rfp(&mut self, req: RfpRequest, offer: &Offer, bid: bool) -> Result<Rfp, ProviderError> {
+        if let Some(e) = self.rfps.get(&req.id) {
+            if e.req != req {
+                return Err(ProviderError::Conflict(format!(
+                    "RFP {} exists with other terms",
+                    req.id
+                )));
+            }
+            return Ok(rfp_view(e));
+        }
+        let max = &offer.max_spec;
+        let fits = req.spec.vcpu <= max.vcpu
+            && req.spec.mem_mib <= max.mem_mib
+            && req.spec.disk_mib <= max.disk_mib;
+        let live = self.live().count() as u32;
+        let mut bids = Vec::new();
+        if fits && live < offer.capacity && bid {
+            let expires = SystemTime::now()
+                + Duration::from_millis(req.bid_deadline_ms)
+                + Duration::from_secs(60);
+            bids.push(Bid {
+                id: format!("{}-b1", req.id),
+                rfp_id: req.id.clone(),
+                provider: offer.name.clone(),
+                price_micros_per_hour: offer.price_micros_per_hour,
+                eta_ms: 3000,
+                expires_at: humantime::format_rfc3339_seconds(expires).to_string(),
+            });
+        } else {
+            tracing::info!(rfp = %req.id, fits, live, "local provider: no bid");
+        }
+        let e = RfpEntry {
+            req,
+            bids,
+            accepted: None,
+        };
+        let view = rfp_view(&e);
+        self.rfps.insert(e.req.id.clone(), e);
+        Ok(view)
+    }
+
+    pub fn rfp_view(&self, id: &str) -> Option<Rfp> {
+        self.rfps.get(id).map(rfp_view)
+    }
+
+    /// The acceptance of a bid: a new lease in `booting` on a free slot, or the lease an
+    /// earlier identical acceptance made (`Ok((lease, false))`).
+    pub fn accept(
+        &mut self,
+        a: Acceptance<'_>,
+        offer: &Offer,
+        node_addr: impl Fn(u8) -> String,
+    ) -> Result<(Lease, bool), ProviderError> {
+        if let Some(e) = self.leases.get(a.lease_id) {
+            if e.lease.bid_id != a.bid_id {
+                return Err(ProviderError::Conflict(format!(
+                    "lease {} exists for another bid",
+                    a.lease_id
+                )));
+            }
+            return Ok((e.lease.clone(), false));
+        }
+        let (rfp_id, bid) = self.open_bid(a.bid_id)?;
+        let used: Vec<u8> = self.live().map(|e| e.slot).collect();
+        let slot = (1..=254u8)
+            .take(offer.capacity as usize)
+            .find(|s| !used.contains(s))
+            .ok_or_else(|| ProviderError::Conflict("no capacity left".into()))?;
+        let now = now_text();
+        let entry = self.rfps.get_mut(&rfp_id).expect("open_bid found it");
+        let mut tags = entry.req.tags.clone();
+        tags.insert("node".into(), a.node.to_string());
+        entry.accepted = Some(a.lease_id.to_string());
+        let lease = Lease {
+            id: a.lease_id.to_string(),
+            rfp_id,
+            bid_id: bid.id,
+            state: LeaseState::Booting,
+            reason: None,
+            tags,
+            node_addr: Some(node_addr(slot)),
+            created_at: now.clone(),
+            updated_at: now,
+        };
+        self.leases.insert(
+            lease.id.clone(),
+            LeaseEntry {
+                lease: lease.clone(),
+                slot,
+                machine: None,
+                agent: None,
+                identity: a.identity,
+            },
+        );
+        Ok((lease, true))
+    }
+
+    /// The RFP a bid belongs to and the bid, if it may still be accepted.
+    fn open_bid(&self, bid_id: &str) -> Result<(String, Bid), ProviderError> {
+        let entry = self
+            .rfps
+            .values()
+            .find(|e| e.bids.iter().any(|b| b.id == bid_id))
+            .ok_or_else(|| ProviderError::NotFound(format!("no bid {bid_id}")))?;
+        if let Some(other) = &entry.accepted {
+            return Err(ProviderError::Conflict(format!(
+                "RFP {} was accepted already (lease {other})",
+                entry.req.id
+            )));
+        }
+        let bid = entry
+            .bids
+            .iter()
+            .find(|b| b.id == bid_id)
+            .expect("found above")
+            .clone();
+        if humantime::parse_rfc3339(&bid.expires_at).is_ok_and(|t| t < SystemTime::now()) {
+            return Err(ProviderError::Expired(format!(
+                "bid {bid_id} expired at {}",
+                bid.expires_at
+            )));
+        }
+        Ok((entry.req.id.clone(), bid))
+    }
+}
+
+/// The book behind a lock, saved after every change.
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    path: PathBuf,
+    book: Mutex<Book>,
+}
+
+impl Ledger {
+    /// Reads `<dir>/provider.json` (none yet: an empty book).
+    pub fn open(dir: &Path) -> Result<Ledger> {
+        let path = dir.join("provider.json");
+        let book = match std::fs::read(&path) {
+            Ok(b) => {
+                serde_json::from_slice(&b).with_context(|| format!("reading {}", path.display()))?
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Book::default(),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        Ok(Ledger {
+            path,
+            book: Mutex::new(book),
+        })
+    }
+
+    /// Reads the book.
+    pub fn read<T>(&self, f: impl FnOnce(&Book) -> T) -> T {
+        f(&self.book.lock().expect("lock"))
+    }
+
+    /// Changes the book and saves it, whatever `f` returns (an unchanged book is saved
+    /// unchanged).
+    pub fn write<T>(&self, f: impl FnOnce(&mut Book) -> T) -> T {
+        let mut b = self.book.lock().expect("lock");
+        let out = f(&mut b);
+        self.save(&b);
+        out
+    }
+
+    /// A copy of one lease's entry.
+    pub fn entry(&self, id: &str) -> Option<LeaseEntry> {
+        self.read(|b| b.leases.get(id).cloned())
+    }
+
+    /// Changes one lease's entry (if it exists) and saves.
+    pub fn update(&self, id: &str, f: impl FnOnce(&mut LeaseEntry)) {
+        self.write(|b| {
+            if let Some(e) = b.leases.get_mut(id) {
+                f(e);
+            }
+        })
+    }
+
+    fn save(&self, b: &Book) {
+        let tmp = self.path.with_extension("json.tmp");
+        let res = serde_json::to_vec_pretty(b)
+            .map_err(anyhow::Error::from)
+            .and_then(|bytes| Ok(std::fs::write(&tmp, bytes)?))
+            .and_then(|()| Ok(std::fs::rename(&tmp, &self.path)?));
+        if let Err(e) = res {
+            warn!("local provider: saving {}: {e:#}", self.path.display());
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The local provider: the market protocol (contract 6) served on this machine, booting each
+//! leased node as a machine here ([`machine`]) with its own network ([`network`]), where
+//! `socialweb-agent run` starts from the identity the broker put in the acceptance and joins
+//! by itself. `socialweb-broker provider` runs it as its own process; the broker embeds it as
+//! its default and talks to it over HTTP like to any provider. It shares nothing with the
+//! broker but the protocol's types (`socialweb-market`).
+//!
+//! - [`book`]: its records (`provider.json`) and the market's rules over them.
+//! - [`nodes`]: a lease's machine made, its agent started and kept running, torn down.
+//! - [`server`]: the protocol's HTTP surface.
+//! - [`machine`], [`network`], [`oci`]: machines of namespaces, their links, the pause image.
+//!
+//! It keeps its own record of what it runs, so it can be asked what is really leased, and a
+//! provider that restarts adopts the machines it left running instead of losing them.
+
+mod book;
+pub mod machine;
+pub mod network;
+mod nodes;
+pub mod oci;
+mod server;
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use book::{Acceptance, Ledger, Offer, set_state};
+use network::NodeNet;
+use socialweb_market::{Accept, Lease, LeaseState, NodeSpec, Rfp, RfpRequest};
+
+pub use server::serve;
+
+/// How the local provider is set up.
+#[derive(Debug, Clone)]
+pub struct ProviderConfig {
+    /// Its records and the machines' scratch directories.
+    pub dir: PathBuf,
+    /// Nodes it runs at most.
+    pub capacity: u32,
+    /// The largest node it offers.
+    pub max_spec: NodeSpec,
+    pub subnet: Ipv4Addr,
+    /// Prefix of its network namespaces, links and cgroups.
+    pub prefix: String,
+    pub agent: PathBuf,
+    /// The Kubernetes we ship (`kube`, `pause`).
+    pub kube_dir: PathBuf,
+    pub cni_bin_dir: PathBuf,
+    pub seed_images: Vec<PathBuf>,
+    pub kubelet_config_patch: Option<serde_json::Value>,
+    /// A node image (`socialweb-image-builder`'s output directory): nodes boot from its
+    /// `rootfs.ext4` and seed disk and run its agent, kubelet and containerd, as a rented VM
+    /// would ([`machine::Machine::create_from_image`]); `agent`, `kube_dir`'s node parts and
+    /// `cni_bin_dir` are then not used. `None`: nodes run the host's binaries.
+    pub image: Option<PathBuf>,
+    /// Its name in bids.
+    pub name: String,
+    pub price_micros_per_hour: u64,
+}
+
+impl ProviderConfig {
+    fn offer(&self) -> Offer {
+        Offer {
+            max_spec: self.max_spec,
+            capacity: self.capacity,
+            name: self.name.clone(),
+            price_micros_per_hour: self.price_micros_per_hour,
+        }
+    }
+}
+
+/// The running provider.
+#[derive(Debug, Clone)]
+pub struct Provider {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    cfg: ProviderConfig,
+    ledger: Ledger,
+    stop: CancellationToken,
+}
+
+/// Problems the server turns into error answers.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Expired(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// Whether a failpoint named `name` is set (the tests' misbehaving provider).
+fn failpoint(name: &str) -> bool {
+    let _ = name; // (unused in a build without failpoints)
+    (|| {
+        fail::fail_point!(name, |_| true);
+        false
+    })()
+}
+
+impl Provider {
+    /// Loads the records in `cfg.dir` (adopting machines that still run) and starts the
+    /// monitor that boots, watches and restarts agents.
+    pub fn start(cfg: ProviderConfig) -> Result<Provider> {
+        machine::check_cgroups()?;
+        std::fs::create_dir_all(&cfg.dir)
+            .with_context(|| format!("creating {}", cfg.dir.display()))?;
+        let ledger = Ledger::open(&cfg.dir)?;
+        let p = Provider {
+            inner: Arc::new(Inner {
+                cfg,
+                ledger,
+                stop: CancellationToken::new(),
+            }),
+        };
+        for id in p.adopt() {
+            let q = p.clone();
+            tokio::task::spawn_blocking(move || q.boot(&id));
+        }
+        tokio::spawn(p.clone().monitor());
+        Ok(p)
+    }
+
+    /// Stops watching (machines keep running; a later start adopts them).
+    pub fn stop(&self) {
+        self.inner.stop.cancel();
+    }
+
+    fn net(&self, slot: u8) -> NodeNet {
+        NodeNet::plan(&self.inner.cfg.prefix, self.inner.cfg.subnet, slot)
+    }
+
+    /// Every lease, for `GET /v1/leases` (filtered by a `key=value` tag).
+    pub fn leases(&self, tag: Option<(&str, &str)>) -> Vec<Lease> {
+        self.inner.ledger.read(|b| {
+            b.leases
+                .values()
+                .map(|e| e.lease.clone())
+                .filter(|l| tag.is_none_or(|(k, v)| l.tags.get(k).is_some_and(|x| x == v)))
+                .collect()
+        })
+    }
+
+    pub fn lease(&self, id: &str) -> Option<Lease> {
+        self.inner.ledger.entry(id).map(|e| e.lease)
+    }
+
+    /// Takes an RFP; bids at once if it can run the node.
+    pub fn rfp(&self, req: RfpRequest) -> Result<Rfp, ProviderError> {
+        req.validate().map_err(ProviderError::BadRequest)?;
+        let bid = !failpoint("provider::no_bid");
+        let offer = self.inner.cfg.offer();
+        self.inner.ledger.write(|b| b.rfp(req, &offer, bid))
+    }
+
+    pub fn get_rfp(&self, id: &str) -> Option<Rfp> {
+        self.inner.ledger.read(|b| b.rfp_view(id))
+    }
+
+    /// Accepts a bid: a lease in `booting`, its machine made on a blocking thread.
+    pub fn accept(&self, bid_id: &str, a: Accept) -> Result<Lease, ProviderError> {
+        if !socialweb_market::valid_id(&a.lease_id) {
+            return Err(ProviderError::BadRequest(format!(
+                "lease_id: {:?} is not 1-64 of [A-Za-z0-9._-]",
+                a.lease_id
+            )));
+        }
+        // The identity is untrusted input to this provider too: parsed where it is defined.
+        let id = socialweb_wire::NodeIdentity::from_json(a.identity.to_string().as_bytes())
+            .map_err(|e| ProviderError::BadRequest(format!("identity: {e}")))?;
+        let offer = self.inner.cfg.offer();
+        let acceptance = Acceptance {
+            bid_id,
+            lease_id: &a.lease_id,
+            node: &id.node,
+            identity: a.identity.clone(),
+        };
+        let (lease, new) = self.inner.ledger.write(|b| {
+            b.accept(acceptance, &offer, |slot| {
+                self.net(slot).node_addr.to_string()
+            })
+        })?;
+        if new {
+            info!(lease = %lease.id, node = %id.node, "local provider: lease accepted, booting");
+            let p = self.clone();
+            let lease_id = lease.id.clone();
+            tokio::task::spawn_blocking(move || p.boot(&lease_id));
+        }
+        Ok(lease)
+    }
+
+    /// Releases a lease: its machine destroyed, its network removed. Idempotent.
+    pub fn release(&self, id: &str) -> Option<Lease> {
+        let (entry, was_live) = self.inner.ledger.write(|b| {
+            let e = b.leases.get_mut(id)?;
+            let was_live = e.lease.state.live();
+            if was_live {
+                set_state(
+                    &mut e.lease,
+                    LeaseState::Released,
+                    Some("released by the client".into()),
+                );
+            }
+            Some((e.clone(), was_live))
+        })?;
+        if was_live || entry.machine.is_some() {
+            self.teardown(&entry);
+            info!(lease = %id, "local provider: released");
+        }
+        Some(entry.lease)
+    }
+}

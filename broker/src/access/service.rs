@@ -1,0 +1,136 @@
+//! The access service: everything about a user's way into their cluster -- the users CA, a
+//! kubeconfig with a new client certificate, the certificates a DID holds, revocation. It
+//! is the only writer of the certificate records (the store first, then the front's
+//! in-memory view), whichever door the command came through.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use anyhow::Result;
+use socialweb_broker_core::names::{account_hash, mount_path, mount_prefix};
+use socialweb_broker_core::{CertRecord, millis};
+
+use super::certs::{self, Lifetime};
+use super::kubeconfig;
+use super::records::Records;
+use crate::command::{IssuedKubeconfig, ServiceError};
+use crate::control_plane::pki::Pki;
+use crate::store::Store;
+
+/// Where kubeconfigs point: the front's URL, and its self-made CA if it has one.
+#[derive(Debug, Clone)]
+pub struct FrontAddress {
+    pub public_url: String,
+    pub ca_pem: Option<String>,
+}
+
+/// The access service.
+#[derive(Debug)]
+pub struct Access {
+    store: Store,
+    records: Arc<Records>,
+    /// `<state_dir>/clusters`: each cluster's users CA is in `<name>/users`.
+    clusters_dir: PathBuf,
+    front: FrontAddress,
+}
+
+impl Access {
+    pub fn new(
+        store: Store,
+        records: Arc<Records>,
+        clusters_dir: PathBuf,
+        front: FrontAddress,
+    ) -> Access {
+        Access {
+            store,
+            records,
+            clusters_dir,
+            front,
+        }
+    }
+
+    /// A cluster's users CA (made on first use).
+    pub fn users_ca(&self, cluster: &str) -> Result<Pki> {
+        certs::users_ca(&self.clusters_dir.join(cluster), cluster)
+    }
+
+    /// The users CA's certificate (DER), for the front's admission.
+    pub fn users_ca_der(&self, cluster: &str) -> Result<Vec<u8>> {
+        let ca = self.users_ca(cluster)?;
+        Ok(socialweb_wire::ca::certificates(ca.ca_pem().as_bytes())
+            .map_err(anyhow::Error::msg)?
+            .remove(0)
+            .der)
+    }
+
+    /// The cluster's URL at the front for its owner `did`.
+    pub fn server(&self, did: &str, cluster: &str) -> String {
+        format!("{}{}", self.front.public_url, mount_prefix(did, cluster))
+    }
+
+    /// A kubeconfig for `did` on `cluster` (which the caller has checked is theirs).
+    pub async fn kubeconfig(
+        &self,
+        did: &str,
+        cluster: &str,
+        lifetime: Lifetime,
+    ) -> Result<IssuedKubeconfig, ServiceError> {
+        let ca = self.users_ca(cluster).map_err(ServiceError::internal)?;
+        let now = SystemTime::now();
+        let issued = certs::issue(&ca, did, lifetime, now).map_err(ServiceError::internal)?;
+        let record = CertRecord {
+            serial: issued.serial.clone(),
+            cluster: cluster.to_string(),
+            did: did.to_string(),
+            not_after: issued.not_after,
+            created_at: millis(now),
+            revoked_at: None,
+        };
+        // Recorded before it is handed out: a certificate the store does not know is never
+        // admitted, so a crash here loses nothing but this answer.
+        self.store
+            .insert_certificate(&record)
+            .await
+            .map_err(ServiceError::internal)?;
+        self.records.insert(record);
+        let server = self.server(did, cluster);
+        Ok(IssuedKubeconfig {
+            kubeconfig: kubeconfig::render(cluster, &server, self.front.ca_pem.as_deref(), &issued),
+            serial: issued.serial,
+            not_after: issued.not_after,
+            server,
+            account_hash: account_hash(did),
+            mount_path: mount_path(did, cluster),
+        })
+    }
+
+    /// The certificates of `did` (of one cluster), oldest first.
+    pub fn certificates(&self, did: &str, cluster: Option<&str>) -> Vec<CertRecord> {
+        self.records.of(did, cluster)
+    }
+
+    /// Revokes one of `did`'s certificates: the front cuts its connections at once.
+    pub async fn revoke(&self, did: &str, serial: &str) -> Result<CertRecord, ServiceError> {
+        let serial = serial.trim().to_ascii_lowercase().replace(':', "");
+        let not_yours =
+            || ServiceError::NotFound(format!("serial: you have no certificate {serial}"));
+        match self.records.get(&serial) {
+            Some(r) if r.did == did => {}
+            _ => return Err(not_yours()),
+        }
+        let r = self
+            .store
+            .revoke_certificate(&serial, millis(SystemTime::now()))
+            .await
+            .map_err(ServiceError::internal)?
+            .ok_or_else(not_yours)?;
+        self.records.revoked(r.clone());
+        Ok(r)
+    }
+
+    /// Forgets a deleted cluster's certificates; their connections are cut.
+    pub fn forget_cluster(&self, cluster: &str) {
+        self.records.forget_cluster(cluster);
+    }
+}

@@ -1,0 +1,76 @@
+//! One cluster's life while the broker runs: its control plane brought up (adopted after a
+//! crash), the cluster mounted at the front -- first without an upstream, so its users are
+//! told it is starting, then with one -- and its scale driver run until the broker stops or
+//! the cluster is deleted; then the control plane is stopped (nodes and leases stay).
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use super::Clusters;
+use crate::command::ClusterState;
+use crate::control_plane::up::{Progress, bring_up};
+use crate::front::Mount;
+use crate::front::proxy::Upstream;
+use crate::provision::ClusterCtx;
+
+/// Tells a bring-up's steps through the cluster's state.
+struct Starting<'a>(&'a watch::Sender<ClusterState>);
+
+impl Progress for Starting<'_> {
+    fn step(&self, detail: &str) {
+        let _ = self.0.send(ClusterState::Starting {
+            detail: detail.to_string(),
+        });
+    }
+}
+
+impl Clusters {
+    /// Runs the life of cluster `name` until `stop`.
+    pub(super) async fn live(
+        self: &Arc<Self>,
+        name: &str,
+        state: &watch::Sender<ClusterState>,
+        stop: CancellationToken,
+    ) -> Result<()> {
+        let owner = self.store.cluster(name).await?.and_then(|c| c.owner);
+        let mut mount = Mount {
+            cluster: name.to_string(),
+            account_hash: owner
+                .as_deref()
+                .map(socialweb_broker_core::names::account_hash),
+            users_ca: self.access.users_ca_der(name)?,
+            upstream: None,
+        };
+        self.front.mount(mount.clone());
+        let spec = self.spec(name, self.ports(name).await?);
+        let extra = [crate::access::ACCESS_MANIFEST.to_string()];
+        let Some(up) = bring_up(spec, &extra, &Starting(state), &stop).await? else {
+            return Ok(());
+        };
+        let files = up.running.files.clone();
+        let ctx = ClusterCtx {
+            name: name.to_string(),
+            server_url: files.url.clone(),
+            ca_pin: socialweb_wire::ca::pin(files.ca_pem.as_bytes()).map_err(anyhow::Error::msg)?,
+            client: up.client.clone(),
+        };
+        // The front reaches the apiserver with a certificate only request-header
+        // authentication accepts (its own CA, not the cluster's).
+        mount.upstream = Some(Upstream::new(
+            &files.url,
+            files.ca_pem.as_bytes(),
+            &std::fs::read(&files.front.cert)?,
+            &std::fs::read(&files.front.key)?,
+        )?);
+        self.front.mount(mount);
+        let _ = state.send(ClusterState::Ready);
+        info!(cluster = %name, url = %files.url, kubeconfig = %files.admin_kubeconfig.display(), "cluster ready");
+        crate::scale::driver::run(self.provisioner.clone(), ctx, self.settings.knobs, stop).await;
+        up.running.stop().await;
+        Ok(())
+    }
+}

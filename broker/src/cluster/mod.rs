@@ -1,0 +1,399 @@
+//! The cluster service: creating, listing, showing and deleting tenant clusters, with the
+//! rules both front doors share (a valid name, a name not taken, a user's clusters counted
+//! against the per-DID limit), and every cluster's life while the broker runs ([`life`]).
+
+mod life;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use socialweb_broker_core::names::valid_cluster_name;
+use socialweb_broker_core::scale::Knobs;
+use socialweb_broker_core::{ClusterPhase, Step};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::access::service::Access;
+use crate::command::{ClusterDetail, ClusterInfo, ClusterState, ServiceError};
+use crate::control_plane::runner::{PORT_PURPOSES, Ports, Spec};
+use crate::front::Front;
+use crate::provision::Provisioner;
+use crate::store::Store;
+
+/// What the cluster service is told (from `state_dir`, `kube_dir`, `service_addr`, the
+/// `[clusters]` and `[scale]` sections and `front.max_clusters_per_did`).
+#[derive(Debug, Clone)]
+pub struct ClusterSettings {
+    /// `<state_dir>/clusters`: one directory per cluster.
+    pub dir: PathBuf,
+    /// The multicall `kube` binary.
+    pub kube: PathBuf,
+    /// Where tenant apiservers listen.
+    pub service_addr: Ipv4Addr,
+    /// The port range control planes lease from.
+    pub port_base: u16,
+    pub port_count: u16,
+    /// How many clusters one DID may have.
+    pub max_per_did: u32,
+    /// The scale decision's knobs, for every cluster's driver.
+    pub knobs: Knobs,
+}
+
+#[derive(Debug)]
+struct Handle {
+    state: watch::Receiver<ClusterState>,
+    /// Stops the driver and the control plane (shutdown: nothing is released).
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The cluster service.
+#[derive(Debug)]
+pub struct Clusters {
+    settings: ClusterSettings,
+    store: Store,
+    provisioner: Arc<Provisioner>,
+    front: Arc<Front>,
+    access: Arc<Access>,
+    running: Mutex<HashMap<String, Handle>>,
+    stop: CancellationToken,
+}
+
+fn not_found(name: &str) -> ServiceError {
+    ServiceError::NotFound(format!("name: no cluster {name:?}"))
+}
+
+impl Clusters {
+    pub fn new(
+        settings: ClusterSettings,
+        store: Store,
+        provisioner: Arc<Provisioner>,
+        front: Arc<Front>,
+        access: Arc<Access>,
+        stop: CancellationToken,
+    ) -> Clusters {
+        Clusters {
+            settings,
+            store,
+            provisioner,
+            front,
+            access,
+            running: Mutex::new(HashMap::new()),
+            stop,
+        }
+    }
+
+    /// Runs every cluster of the store: the live ones' lives, the deletions a crash cut
+    /// short to their end.
+    pub async fn resume(self: &Arc<Self>) -> Result<()> {
+        for c in self.store.clusters().await? {
+            match c.state {
+                ClusterPhase::Deleting => {
+                    let me = self.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = me.finish_delete(&c.name).await {
+                            error!(cluster = %c.name, "finishing the deletion: {e:#}");
+                        }
+                    });
+                }
+                ClusterPhase::Active => self.spawn(&c.name),
+            }
+        }
+        Ok(())
+    }
+
+    /// The clusters `owner` has (every cluster with `None`).
+    async fn names_of(&self, owner: Option<&str>) -> Result<Vec<String>, ServiceError> {
+        Ok(self
+            .store
+            .clusters()
+            .await
+            .map_err(ServiceError::internal)?
+            .into_iter()
+            .filter(|c| owner.is_none() || c.owner.as_deref() == owner)
+            .map(|c| c.name)
+            .collect())
+    }
+
+    /// Checks that `did` may create `name`: the name is free, and the DID under its limit.
+    pub async fn may_create(&self, did: &str, name: &str) -> Result<(), ServiceError> {
+        valid_cluster_name(name).map_err(|e| ServiceError::Invalid(format!("name: {e}")))?;
+        if let Some(c) = self
+            .store
+            .cluster(name)
+            .await
+            .map_err(ServiceError::internal)?
+        {
+            return Err(ServiceError::Conflict(if c.owner.as_deref() == Some(did) {
+                format!("name: you have a cluster {name:?} already")
+            } else {
+                format!("name: the cluster name {name:?} is taken; choose another")
+            }));
+        }
+        let mine = self.names_of(Some(did)).await?.len();
+        let max = self.settings.max_per_did as usize;
+        if mine >= max {
+            return Err(ServiceError::Conflict(format!(
+                "you have {mine} clusters, the most this broker allows one DID; delete one first"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Creates a cluster: its record, its users CA, its life. Answers once it is ready or
+    /// `wait` passes.
+    pub async fn create(
+        self: &Arc<Self>,
+        name: &str,
+        owner: Option<&str>,
+        wait: Duration,
+    ) -> Result<ClusterInfo, ServiceError> {
+        valid_cluster_name(name).map_err(|e| ServiceError::Invalid(format!("name: {e}")))?;
+        self.store
+            .create_cluster(name, owner, SystemTime::now())
+            .await
+            .map_err(|e| match e.downcast_ref::<crate::store::Exists>() {
+                Some(x) => ServiceError::Conflict(x.to_string()),
+                None => ServiceError::internal(e),
+            })?;
+        self.access.users_ca(name).map_err(ServiceError::internal)?;
+        info!(cluster = %name, "cluster created");
+        self.spawn(name);
+        let rx = self
+            .running
+            .lock()
+            .expect("lock")
+            .get(name)
+            .map(|h| h.state.clone());
+        if let Some(mut rx) = rx {
+            let _ = tokio::time::timeout(
+                wait,
+                rx.wait_for(|s| !matches!(s, ClusterState::Starting { .. })),
+            )
+            .await;
+        }
+        self.info(name).await
+    }
+
+    fn spawn(self: &Arc<Self>, name: &str) {
+        let (tx, rx) = watch::channel(ClusterState::Starting {
+            detail: "starting".into(),
+        });
+        let stop = self.stop.child_token();
+        let (me, n, s) = (self.clone(), name.to_string(), stop.clone());
+        let task = tokio::spawn(async move {
+            if let Err(e) = me.live(&n, &tx, s).await {
+                error!(cluster = %n, "{e:#}");
+                let _ = tx.send(ClusterState::Failed {
+                    error: format!("{e:#}"),
+                });
+            }
+        });
+        self.running.lock().expect("lock").insert(
+            name.to_string(),
+            Handle {
+                state: rx,
+                stop,
+                task,
+            },
+        );
+    }
+
+    fn spec(&self, name: &str, ports: Ports) -> Spec {
+        Spec {
+            cluster: name.to_string(),
+            dir: self.settings.dir.join(name),
+            kube: self.settings.kube.clone(),
+            bind: self.settings.service_addr,
+            ports,
+        }
+    }
+
+    /// The cluster's ports, leased once and kept (free on both the service address and
+    /// loopback, where the components listen).
+    async fn ports(&self, name: &str) -> Result<Ports> {
+        let svc = IpAddr::V4(self.settings.service_addr);
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let leased = self
+            .store
+            .lease_ports(
+                name,
+                &PORT_PURPOSES,
+                self.settings.port_base,
+                self.settings.port_count,
+                |p| crate::process::port_free(svc, p) && crate::process::port_free(lo, p),
+            )
+            .await?;
+        Ports::from_leased(&leased)
+    }
+
+    /// Deletes a cluster: its life stops, every lease is released, its files and records go.
+    pub async fn delete(&self, name: &str) -> Result<(), ServiceError> {
+        if self
+            .store
+            .cluster(name)
+            .await
+            .map_err(ServiceError::internal)?
+            .is_none()
+        {
+            return Err(not_found(name));
+        }
+        self.store
+            .set_cluster_state(name, ClusterPhase::Deleting)
+            .await
+            .map_err(ServiceError::internal)?;
+        self.front.unmount(name);
+        self.access.forget_cluster(name);
+        let handle = self.running.lock().expect("lock").remove(name);
+        if let Some(h) = handle {
+            h.stop.cancel();
+            let _ = h.task.await;
+        }
+        self.finish_delete(name)
+            .await
+            .map_err(ServiceError::internal)
+    }
+
+    /// The rest of a deletion (also after a crash): every provision ended, its lease released
+    /// first, then the cluster's directory and records removed.
+    async fn finish_delete(&self, name: &str) -> Result<()> {
+        for mut prov in self.store.provisions(Some(name)).await? {
+            if prov.state.ended() {
+                continue;
+            }
+            if prov.state.may_hold_lease() {
+                self.provisioner
+                    .release_lease(&prov.lease_id, "cluster deleted")
+                    .await
+                    .with_context(|| {
+                        format!("releasing lease {} of {}", prov.lease_id, prov.node)
+                    })?;
+            }
+            self.provisioner
+                .end(&mut prov, Step::Released, "cluster deleted")
+                .await?;
+        }
+        let dir = self.settings.dir.join(name);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+        self.store.delete_cluster(name).await?;
+        info!(cluster = %name, "cluster deleted");
+        Ok(())
+    }
+
+    /// A cluster's record and state, as the operator sees it.
+    pub async fn info(&self, name: &str) -> Result<ClusterInfo, ServiceError> {
+        let c = self
+            .store
+            .cluster(name)
+            .await
+            .map_err(ServiceError::internal)?
+            .ok_or_else(|| not_found(name))?;
+        let state = if c.state == ClusterPhase::Deleting {
+            ClusterState::Deleting
+        } else {
+            self.running
+                .lock()
+                .expect("lock")
+                .get(name)
+                .map(|h| h.state.borrow().clone())
+                .unwrap_or(ClusterState::Starting {
+                    detail: "not running".into(),
+                })
+        };
+        let api = self
+            .store
+            .ports(name)
+            .await
+            .map_err(ServiceError::internal)?
+            .iter()
+            .find(|(p, _)| p == "api")
+            .map(|(_, p)| *p)
+            .unwrap_or(0);
+        let nodes = self
+            .store
+            .provisions(Some(name))
+            .await
+            .map_err(ServiceError::internal)?
+            .iter()
+            .filter(|p| p.state.live())
+            .count();
+        Ok(ClusterInfo {
+            name: name.to_string(),
+            state,
+            server: format!("https://{}:{api}", self.settings.service_addr),
+            kubeconfig: self.settings.dir.join(name).join("pki/admin.kubeconfig"),
+            nodes,
+            owner: c.owner,
+        })
+    }
+
+    /// The clusters `owner` has (every cluster with `None`).
+    pub async fn list(&self, owner: Option<&str>) -> Result<Vec<ClusterInfo>, ServiceError> {
+        let mut out = Vec::new();
+        for name in self.names_of(owner).await? {
+            out.push(self.info(&name).await?);
+        }
+        Ok(out)
+    }
+
+    /// Whether `did` owns `name` (an answer of not found when not, which tells no one else's
+    /// cluster apart from one that does not exist).
+    pub async fn owned_by(&self, did: &str, name: &str) -> Result<(), ServiceError> {
+        match self
+            .store
+            .cluster(name)
+            .await
+            .map_err(ServiceError::internal)?
+        {
+            Some(c) if c.owner.as_deref() == Some(did) => Ok(()),
+            _ => Err(ServiceError::NotFound(format!(
+                "name: you have no cluster {name:?}"
+            ))),
+        }
+    }
+
+    /// A cluster's decisions and provisions.
+    pub async fn show(&self, name: &str) -> Result<ClusterDetail, ServiceError> {
+        let cluster = self.info(name).await?;
+        Ok(ClusterDetail {
+            cluster,
+            decisions: self
+                .store
+                .decisions(name)
+                .await
+                .map_err(ServiceError::internal)?,
+            provisions: self
+                .store
+                .provisions(Some(name))
+                .await
+                .map_err(ServiceError::internal)?,
+        })
+    }
+
+    /// Stops every cluster's life; nodes keep running and their leases stay (the next start
+    /// picks them up).
+    pub async fn shutdown(&self) {
+        let handles: Vec<Handle> = self
+            .running
+            .lock()
+            .expect("lock")
+            .drain()
+            .map(|(_, h)| h)
+            .collect();
+        for h in &handles {
+            h.stop.cancel();
+        }
+        for h in handles {
+            if let Err(e) = h.task.await {
+                warn!("a cluster's life ended badly: {e}");
+            }
+        }
+    }
+}

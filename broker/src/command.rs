@@ -1,0 +1,165 @@
+//! The command vocabulary both front doors speak: the operator's control socket ([`crate::ctl`])
+//! and the users' gateway API ([`crate::api`]) turn what they receive into a [`Command`] from
+//! a [`Caller`], [`crate::services`] executes it with the same rules whichever door it came
+//! through, and the answer is a typed [`Reply`] (the CLI prints from these types; the API
+//! shapes them into its JSON views). Nothing here knows how a command is carried out.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use socialweb_broker_core::{CertRecord, DecisionRow, Provision};
+use socialweb_market::Lease;
+
+/// Who asks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Caller {
+    /// The operator, at the control socket (root or the broker's own user).
+    Operator,
+    /// A user, by the DID a service-auth token proved.
+    User(String),
+}
+
+/// What a caller asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Command {
+    /// A new cluster (at zero nodes); answered once it is ready or `wait_secs` pass.
+    CreateCluster {
+        name: String,
+        /// The DID it is for. The operator names one (or none: the operator's alone); a
+        /// user's cluster is the user's.
+        #[serde(default)]
+        owner: Option<String>,
+        wait_secs: u64,
+    },
+    DeleteCluster {
+        name: String,
+    },
+    ListClusters,
+    /// A cluster's decisions and provisions (the operator's).
+    ShowCluster {
+        name: String,
+    },
+    /// The provider's own view of this broker's leases (the operator's).
+    Leases,
+    /// A kubeconfig with a new client certificate (a user's).
+    GetKubeconfig {
+        name: String,
+        #[serde(default)]
+        lifetime_seconds: Option<u64>,
+        #[serde(default)]
+        no_expiry: bool,
+    },
+    /// The caller's certificates (of one cluster).
+    ListCertificates {
+        #[serde(default)]
+        cluster: Option<String>,
+    },
+    RevokeCertificate {
+        serial: String,
+    },
+}
+
+impl Command {
+    /// Its name in messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::CreateCluster { .. } => "create a cluster",
+            Command::DeleteCluster { .. } => "delete a cluster",
+            Command::ListClusters => "list clusters",
+            Command::ShowCluster { .. } => "show a cluster",
+            Command::Leases => "list the provider's leases",
+            Command::GetKubeconfig { .. } => "get a kubeconfig",
+            Command::ListCertificates { .. } => "list certificates",
+            Command::RevokeCertificate { .. } => "revoke a certificate",
+        }
+    }
+}
+
+/// A cluster's life as the broker sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum ClusterState {
+    Starting { detail: String },
+    Ready,
+    Deleting,
+    Failed { error: String },
+}
+
+/// A cluster, as `cluster list` and `cluster create` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterInfo {
+    pub name: String,
+    #[serde(flatten)]
+    pub state: ClusterState,
+    /// The apiserver (reachable from this host and from the nodes).
+    pub server: String,
+    /// The admin kubeconfig (owner-only).
+    pub kubeconfig: PathBuf,
+    /// Live nodes (rented or being rented).
+    pub nodes: usize,
+    /// The DID it belongs to (`None`: the operator's).
+    pub owner: Option<String>,
+}
+
+/// A cluster with its decisions and provisions, as `cluster show` answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterDetail {
+    pub cluster: ClusterInfo,
+    pub decisions: Vec<DecisionRow>,
+    pub provisions: Vec<Provision>,
+}
+
+/// A kubeconfig issued to a user: handed out once, its key never kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IssuedKubeconfig {
+    pub kubeconfig: String,
+    pub serial: String,
+    /// Unix milliseconds; `None`: no expiry.
+    pub not_after: Option<i64>,
+    /// The cluster's URL at the front.
+    pub server: String,
+    pub account_hash: String,
+    pub mount_path: String,
+}
+
+/// What a command answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reply {
+    Cluster(ClusterInfo),
+    Clusters(Vec<ClusterInfo>),
+    Detail(Box<ClusterDetail>),
+    Deleted { deleted: String },
+    Leases(Vec<Lease>),
+    Kubeconfig(Box<IssuedKubeconfig>),
+    Certificates(Vec<CertRecord>),
+    Certificate(CertRecord),
+}
+
+/// Why a command was refused, by kind (each door maps kinds to its own statuses); the
+/// message says what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "message", rename_all = "snake_case")]
+pub enum ServiceError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    /// Not a command this caller may give.
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ServiceError {
+    /// An error from below the services (the store, the market, a file): internal.
+    pub fn internal(e: anyhow::Error) -> ServiceError {
+        tracing::error!("{e:#}");
+        ServiceError::Internal(format!("{e:#}"))
+    }
+}

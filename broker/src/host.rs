@@ -1,0 +1,34 @@
+//! The operator host's own network set-up: the service address tenant apiservers and the
+//! relay listen on.
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+/// Puts `addr`/32 on `lo` unless it is there: the service address nodes reach the host on.
+pub fn ensure_service_addr(addr: Ipv4Addr) -> Result<()> {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "dev", "lo"])
+        .output()
+        .context("running ip (iproute2)")?;
+    if String::from_utf8_lossy(&out.stdout).contains(&format!(" {addr}/32 ")) {
+        return Ok(());
+    }
+    ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"])
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("running ip (iproute2)")?;
+    if !out.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}

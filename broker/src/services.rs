@@ -1,0 +1,126 @@
+//! Where a [`Command`] is carried out, for whichever door it came through: who may give it
+//! (the operator, or a user for their own clusters), then the cluster service or the access
+//! service with the same rules either way.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::access::certs::Lifetime;
+use crate::access::service::Access;
+use crate::cluster::Clusters;
+use crate::command::{Caller, Command, Reply, ServiceError};
+use crate::provision::Provisioner;
+
+/// The longest a create may wait for its cluster to be ready.
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+
+/// The services, as the front doors hold them.
+#[derive(Debug, Clone)]
+pub struct Services {
+    pub clusters: Arc<Clusters>,
+    pub access: Arc<Access>,
+    provisioner: Arc<Provisioner>,
+}
+
+impl Services {
+    pub fn new(
+        clusters: Arc<Clusters>,
+        access: Arc<Access>,
+        provisioner: Arc<Provisioner>,
+    ) -> Services {
+        Services {
+            clusters,
+            access,
+            provisioner,
+        }
+    }
+
+    /// Carries out `cmd` for `caller`.
+    pub async fn execute(&self, caller: &Caller, cmd: Command) -> Result<Reply, ServiceError> {
+        match caller {
+            Caller::Operator => self.operator(cmd).await,
+            Caller::User(did) => self.user(did, cmd).await,
+        }
+    }
+
+    async fn operator(&self, cmd: Command) -> Result<Reply, ServiceError> {
+        let c = &self.clusters;
+        match cmd {
+            Command::CreateCluster {
+                name,
+                owner,
+                wait_secs,
+            } => {
+                let wait = Duration::from_secs(wait_secs);
+                Ok(Reply::Cluster(
+                    c.create(&name, owner.as_deref(), wait).await?,
+                ))
+            }
+            Command::DeleteCluster { name } => {
+                c.delete(&name).await?;
+                Ok(Reply::Deleted { deleted: name })
+            }
+            Command::ListClusters => Ok(Reply::Clusters(c.list(None).await?)),
+            Command::ShowCluster { name } => Ok(Reply::Detail(Box::new(c.show(&name).await?))),
+            Command::Leases => {
+                let p = &self.provisioner;
+                let leases = p
+                    .market()
+                    .leases("broker", p.broker_id())
+                    .await
+                    .map_err(|e| ServiceError::Internal(e.to_string()))?;
+                Ok(Reply::Leases(leases))
+            }
+            other => Err(ServiceError::Forbidden(format!(
+                "the operator cannot {}: that is a user's (the operator has each cluster's \
+                 admin kubeconfig, which `cluster create` names)",
+                other.name()
+            ))),
+        }
+    }
+
+    async fn user(&self, did: &str, cmd: Command) -> Result<Reply, ServiceError> {
+        let c = &self.clusters;
+        match cmd {
+            Command::CreateCluster {
+                name, wait_secs, ..
+            } => {
+                if Duration::from_secs(wait_secs) > MAX_WAIT {
+                    return Err(ServiceError::Invalid(format!(
+                        "waitSeconds: {wait_secs} is over {}",
+                        MAX_WAIT.as_secs()
+                    )));
+                }
+                c.may_create(did, &name).await?;
+                let wait = Duration::from_secs(wait_secs);
+                Ok(Reply::Cluster(c.create(&name, Some(did), wait).await?))
+            }
+            Command::DeleteCluster { name } => {
+                c.owned_by(did, &name).await?;
+                c.delete(&name).await?;
+                Ok(Reply::Deleted { deleted: name })
+            }
+            Command::ListClusters => Ok(Reply::Clusters(c.list(Some(did)).await?)),
+            Command::GetKubeconfig {
+                name,
+                lifetime_seconds,
+                no_expiry,
+            } => {
+                let lifetime = Lifetime::from_request(lifetime_seconds, no_expiry)
+                    .map_err(|e| ServiceError::Invalid(e.to_string()))?;
+                c.owned_by(did, &name).await?;
+                let kc = self.access.kubeconfig(did, &name, lifetime).await?;
+                Ok(Reply::Kubeconfig(Box::new(kc)))
+            }
+            Command::ListCertificates { cluster } => Ok(Reply::Certificates(
+                self.access.certificates(did, cluster.as_deref()),
+            )),
+            Command::RevokeCertificate { serial } => {
+                Ok(Reply::Certificate(self.access.revoke(did, &serial).await?))
+            }
+            other @ (Command::ShowCluster { .. } | Command::Leases) => Err(
+                ServiceError::Forbidden(format!("only the operator can {}", other.name())),
+            ),
+        }
+    }
+}
