@@ -393,6 +393,13 @@ impl Config {
 
     fn validate(&self, env: &impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         let o = |k: &str| Self::origin(k, env);
+        self.validate_sizes(&o)?;
+        self.validate_addresses(&o)?;
+        self.validate_front()
+    }
+
+    /// The scale knobs and the node size.
+    fn validate_sizes(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
         if self.scale.max_nodes < 1 {
             return Err(err(
                 &o("scale.max_nodes"),
@@ -426,6 +433,11 @@ impl Config {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The store's and market's URLs, the service address, the resolvers, the port range.
+    fn validate_addresses(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
         if let Some(url) = &self.store.url
             && !(url.starts_with("sqlite:")
                 || url.starts_with("postgres://")
@@ -460,6 +472,14 @@ impl Config {
                 ));
             }
         }
+        if u32::from(self.clusters.port_base) + u32::from(self.clusters.port_count) > 65535 {
+            return Err(err("clusters.port_count", "the port range runs past 65535"));
+        }
+        Ok(())
+    }
+
+    /// The front's URL, DID and certificate.
+    fn validate_front(&self) -> Result<(), ConfigError> {
         if let Some(u) = &self.front.public_url
             && url::Url::parse(u)
                 .map(|u| u.scheme() != "https" || u.host_str().is_none())
@@ -480,9 +500,6 @@ impl Config {
                 "front.tls_cert",
                 "give front.tls_cert and front.tls_key together, or neither",
             ));
-        }
-        if u32::from(self.clusters.port_base) + u32::from(self.clusters.port_count) > 65535 {
-            return Err(err("clusters.port_count", "the port range runs past 65535"));
         }
         Ok(())
     }

@@ -277,72 +277,76 @@ async fn dispatch(command: Command) -> Result<()> {
             );
             Ok(())
         }
-        Command::Relay(a) => {
-            use socialweb_broker::relay::{Allow, serve};
-            let allow = if a.open {
-                eprintln!("relay: --open: admitting any endpoint");
-                Allow::everyone()
-            } else {
-                Allow::only(
-                    a.allow
-                        .iter()
-                        .map(|s| {
-                            s.parse::<iroh::EndpointId>()
-                                .with_context(|| format!("{s:?} is not an endpoint id"))
-                        })
-                        .collect::<Result<Vec<_>>>()?,
-                )
-            };
-            let server = serve(a.listen, allow).await?;
-            eprintln!(
-                "relay serving on http://{}",
-                server
-                    .http_addr()
-                    .map(|a| a.to_string())
-                    .unwrap_or_default()
-            );
-            until_signal(CancellationToken::new()).await?;
-            server.shutdown().await.context("stopping the relay")?;
-            Ok(())
-        }
-        Command::Leases { client } => {
-            let reply = ctl::call(
-                &client.ctl_socket,
-                &Request::Leases,
-                Duration::from_secs(30),
-            )
-            .await?;
-            let Reply::Leases(leases) = reply else {
-                anyhow::bail!("the broker answered {reply:?} to `leases`");
-            };
-            if client.json {
-                println!("{}", serde_json::to_string_pretty(&leases)?);
-                return Ok(());
-            }
-            println!(
-                "{:<38} {:<10} {:<16} {:<14} REASON",
-                "LEASE", "STATE", "CLUSTER", "NODE"
-            );
-            for l in &leases {
-                let tag = |k: &str| l.tags.get(k).map(String::as_str).unwrap_or("-");
-                println!(
-                    "{:<38} {:<10} {:<16} {:<14} {}",
-                    l.id,
-                    l.state.as_str(),
-                    tag("cluster"),
-                    tag("node"),
-                    l.reason.as_deref().unwrap_or("-")
-                );
-            }
-            Ok(())
-        }
+        Command::Relay(a) => relay(a).await,
+        Command::Leases { client } => leases(client).await,
         Command::Cluster { command, client } => cluster(command, client).await,
         Command::Api { command, caller } => api(command, caller).await,
     }
 }
 
+async fn relay(a: RelayArgs) -> Result<()> {
+    use socialweb_broker::relay::{Allow, serve};
+    let allow = if a.open {
+        eprintln!("relay: --open: admitting any endpoint");
+        Allow::everyone()
+    } else {
+        Allow::only(
+            a.allow
+                .iter()
+                .map(|s| {
+                    s.parse::<iroh::EndpointId>()
+                        .with_context(|| format!("{s:?} is not an endpoint id"))
+                })
+                .collect::<Result<Vec<_>>>()?,
+        )
+    };
+    let server = serve(a.listen, allow).await?;
+    eprintln!(
+        "relay serving on http://{}",
+        server
+            .http_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+    );
+    until_signal(CancellationToken::new()).await?;
+    server.shutdown().await.context("stopping the relay")?;
+    Ok(())
+}
+
+async fn leases(client: ClientArgs) -> Result<()> {
+    let reply = ctl::call(
+        &client.ctl_socket,
+        &Request::Leases,
+        Duration::from_secs(30),
+    )
+    .await?;
+    let Reply::Leases(leases) = reply else {
+        anyhow::bail!("the broker answered {reply:?} to `leases`");
+    };
+    if client.json {
+        println!("{}", serde_json::to_string_pretty(&leases)?);
+        return Ok(());
+    }
+    println!(
+        "{:<38} {:<10} {:<16} {:<14} REASON",
+        "LEASE", "STATE", "CLUSTER", "NODE"
+    );
+    for l in &leases {
+        let tag = |k: &str| l.tags.get(k).map(String::as_str).unwrap_or("-");
+        println!(
+            "{:<38} {:<10} {:<16} {:<14} {}",
+            l.id,
+            l.state.as_str(),
+            tag("cluster"),
+            tag("node"),
+            l.reason.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(())
+}
+
 async fn api(command: ApiCommand, a: CallerArgs) -> Result<()> {
-    use socialweb_broker::api::{self as gw, client};
+    use socialweb_broker::api::client;
     use socialweb_broker::auth::token::SigningKey;
     let key_path = || {
         a.key
@@ -382,18 +386,27 @@ async fn api(command: ApiCommand, a: CallerArgs) -> Result<()> {
         a.aud.clone(),
         ca.as_deref(),
     )?;
-    let v = match command {
-        ApiCommand::Keygen { .. } | ApiCommand::Whoami => unreachable!("answered above"),
+    let v = api_call(&c, command).await?;
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}
+
+/// One gateway API call for `command`, its answer as JSON.
+async fn api_call(
+    c: &socialweb_broker::api::client::Caller,
+    command: ApiCommand,
+) -> Result<serde_json::Value> {
+    use serde_json::json;
+    use socialweb_broker::api::{self as gw, client};
+    Ok(match command {
+        ApiCommand::Keygen { .. } | ApiCommand::Whoami => unreachable!("answered before"),
         ApiCommand::CreateCluster { name, wait } => {
-            c.procedure(
-                gw::CREATE_CLUSTER,
-                &serde_json::json!({"name": name, "waitSeconds": wait.as_secs()}),
-            )
-            .await?
+            let input = json!({"name": name, "waitSeconds": wait.as_secs()});
+            c.procedure(gw::CREATE_CLUSTER, &input).await?
         }
         ApiCommand::ListClusters => c.query(gw::LIST_CLUSTERS, &[]).await?,
         ApiCommand::DeleteCluster { name } => {
-            c.procedure(gw::DELETE_CLUSTER, &serde_json::json!({"name": name}))
+            c.procedure(gw::DELETE_CLUSTER, &json!({"name": name}))
                 .await?
         }
         ApiCommand::Kubeconfig {
@@ -402,7 +415,7 @@ async fn api(command: ApiCommand, a: CallerArgs) -> Result<()> {
             no_expiry,
             out,
         } => {
-            let mut input = serde_json::json!({"name": name});
+            let mut input = json!({"name": name});
             if no_expiry {
                 input["noExpiry"] = true.into();
             }
@@ -426,15 +439,10 @@ async fn api(command: ApiCommand, a: CallerArgs) -> Result<()> {
             c.query(gw::LIST_CERTIFICATES, &params).await?
         }
         ApiCommand::Revoke { serial } => {
-            c.procedure(
-                gw::REVOKE_CERTIFICATE,
-                &serde_json::json!({"serial": serial}),
-            )
-            .await?
+            c.procedure(gw::REVOKE_CERTIFICATE, &json!({"serial": serial}))
+                .await?
         }
-    };
-    println!("{}", serde_json::to_string_pretty(&v)?);
-    Ok(())
+    })
 }
 
 async fn cluster(command: ClusterCommand, c: ClientArgs) -> Result<()> {

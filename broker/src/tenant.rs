@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Config};
 
-use crate::scale::decision::{Phase, PodView};
+use socialweb_broker_core::scale::{Phase, PodView};
 
 /// A client for a tenant cluster, from its admin kubeconfig.
 pub async fn client(admin_kubeconfig: &Path) -> Result<Client> {
@@ -85,7 +85,7 @@ async fn set_cordon(c: &Client, node: &str, on: bool) -> Result<bool> {
     }
 }
 
-/// The Pods bound to `node` that are work ([`crate::scale::decision::is_work`]), as
+/// The Pods bound to `node` that are work ([`socialweb_broker_core::scale::is_work`]), as
 /// `namespace/name`.
 pub async fn work_on(c: &Client, node: &str, expendable_cutoff: i32) -> Result<Vec<String>> {
     let pods = Api::<Pod>::all(c.clone())
@@ -96,7 +96,7 @@ pub async fn work_on(c: &Client, node: &str, expendable_cutoff: i32) -> Result<V
         .items
         .iter()
         .map(pod_view)
-        .filter(|v| crate::scale::decision::is_work(v, expendable_cutoff))
+        .filter(|v| socialweb_broker_core::scale::is_work(v, expendable_cutoff))
         .map(|v| format!("{}/{}", v.namespace, v.name))
         .collect())
 }

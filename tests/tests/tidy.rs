@@ -16,6 +16,8 @@ const PURE: &[&str] = &[
     "socialweb-wire",
     "socialweb-dns-core",
     "socialweb-mesh-core",
+    "socialweb-broker-core",
+    "socialweb-market",
 ];
 
 /// What a pure crate may not have anywhere in its dependency tree.
@@ -73,6 +75,30 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     (
         "socialweb-image-builder",
         &["socialweb-broker", "socialweb-agent"],
+    ),
+    // The provider shares only the market protocol's types with the broker.
+    (
+        "socialweb-provider",
+        &[
+            "socialweb-broker",
+            "socialweb-broker-core",
+            "socialweb-agent",
+            "socialweb-dns-core",
+            "socialweb-mesh-core",
+        ],
+    ),
+    (
+        "socialweb-broker-core",
+        &["socialweb-broker", "socialweb-provider", "socialweb-proc"],
+    ),
+    (
+        "socialweb-market",
+        &[
+            "socialweb-broker",
+            "socialweb-broker-core",
+            "socialweb-provider",
+            "socialweb-wire",
+        ],
     ),
 ];
 

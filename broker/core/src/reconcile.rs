@@ -36,14 +36,15 @@ pub fn reconcile(broker: &str, leases: &[Lease], provisions: &[Provision]) -> Ve
         .collect();
     let mut fixes = Vec::new();
     for l in ours.iter().filter(|l| l.state.live()) {
-        let why = match provisions.iter().find(|p| p.lease_id == l.id) {
+        let owners: Vec<&Provision> = provisions.iter().filter(|p| p.lease_id == l.id).collect();
+        if owners.iter().any(|p| !p.state.ended()) {
+            continue;
+        }
+        let why = match owners.last() {
             None => "no provision of this broker owns it (its cluster is gone, or the broker \
                      crashed before writing it)"
                 .to_string(),
-            Some(p) if p.state.ended() => {
-                format!("its provision of {} is {}", p.node, p.state.as_str())
-            }
-            Some(_) => continue,
+            Some(p) => format!("its provision of {} is {}", p.node, p.state.as_str()),
         };
         fixes.push(Fix::Release {
             lease: l.id.clone(),
@@ -187,5 +188,38 @@ mod tests {
             &reconcile("me", &leases, &provs)[..],
             [Fix::Fail { .. }]
         ));
+    }
+
+    proptest::proptest! {
+        /// Whatever the two views hold, a lease a live provision owns is never released,
+        /// only live leases of this broker are, and only provisions that should have a
+        /// lease are failed.
+        #[test]
+        fn the_fixes_never_touch_what_is_in_order(
+            lease_states in proptest::collection::vec((0u8..4, 0u8..6, proptest::bool::ANY), 0..12),
+            prov_states in proptest::collection::vec((0usize..9, 0u8..6), 0..12),
+        ) {
+            let state = |s: u8| [LeaseState::Booting, LeaseState::Running, LeaseState::Failed, LeaseState::Released][s as usize];
+            let leases: Vec<Lease> = lease_states.iter().enumerate()
+                .map(|(i, (s, _, mine))| lease(&format!("l{i}"), if *mine { "me" } else { "other" }, state(*s)))
+                .collect();
+            let provs: Vec<Provision> = prov_states.iter().enumerate()
+                .map(|(i, (s, l))| prov(&format!("p{i}"), &format!("l{l}"), Step::ALL[*s]))
+                .collect();
+            for fix in reconcile("me", &leases, &provs) {
+                match fix {
+                    Fix::Release { lease: id, .. } => {
+                        let l = leases.iter().find(|l| l.id == id).unwrap();
+                        proptest::prop_assert!(l.state.live());
+                        proptest::prop_assert_eq!(l.tags.get(BROKER_TAG).unwrap(), "me");
+                        proptest::prop_assert!(!provs.iter().any(|p| p.lease_id == id && !p.state.ended()));
+                    }
+                    Fix::Fail { provision, .. } | Fix::Uncordon { provision, .. } => {
+                        let p = provs.iter().find(|p| p.id == provision).unwrap();
+                        proptest::prop_assert!(matches!(p.state, Step::Booting | Step::Running | Step::Joined));
+                    }
+                }
+            }
+        }
     }
 }

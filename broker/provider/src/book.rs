@@ -281,3 +281,125 @@ impl Ledger {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(capacity: u32) -> Offer {
+        Offer {
+            max_spec: NodeSpec {
+                vcpu: 2,
+                mem_mib: 4096,
+                disk_mib: 20480,
+            },
+            capacity,
+            name: "local".into(),
+            price_micros_per_hour: 0,
+        }
+    }
+
+    fn rfp(id: &str, vcpu: u32) -> RfpRequest {
+        RfpRequest {
+            id: id.into(),
+            spec: NodeSpec {
+                vcpu,
+                mem_mib: 1024,
+                disk_mib: 2048,
+            },
+            image: "local".into(),
+            tags: BTreeMap::from([("broker".to_string(), "b1".to_string())]),
+            bid_deadline_ms: 1000,
+        }
+    }
+
+    fn acceptance<'a>(bid: &'a str, lease: &'a str) -> Acceptance<'a> {
+        Acceptance {
+            bid_id: bid,
+            lease_id: lease,
+            node: "c-1",
+            identity: serde_json::json!({}),
+        }
+    }
+
+    #[test]
+    fn an_rfp_repeated_is_the_same_rfp_and_other_terms_conflict() {
+        let mut b = Book::default();
+        let first = b.rfp(rfp("r1", 2), &offer(4), true).unwrap();
+        assert_eq!(first.bids.len(), 1);
+        assert_eq!(b.rfp(rfp("r1", 2), &offer(4), true).unwrap(), first);
+        let e = b.rfp(rfp("r1", 1), &offer(4), true).unwrap_err();
+        assert!(matches!(e, ProviderError::Conflict(m) if m.contains("other terms")));
+        // Too large a node, or a "no bid" provider: an RFP without bids.
+        assert!(
+            b.rfp(rfp("r2", 64), &offer(4), true)
+                .unwrap()
+                .bids
+                .is_empty()
+        );
+        assert!(
+            b.rfp(rfp("r3", 1), &offer(4), false)
+                .unwrap()
+                .bids
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn an_acceptance_repeated_is_the_same_lease_and_an_rfp_takes_one() {
+        let mut b = Book::default();
+        let bid = b.rfp(rfp("r1", 2), &offer(4), true).unwrap().bids[0]
+            .id
+            .clone();
+        let addr = |slot: u8| format!("10.0.{slot}.2");
+        let (lease, new) = b.accept(acceptance(&bid, "l1"), &offer(4), addr).unwrap();
+        assert!(new);
+        assert_eq!(
+            (lease.state, lease.node_addr.as_deref()),
+            (LeaseState::Booting, Some("10.0.1.2"))
+        );
+        assert_eq!(lease.tags["node"], "c-1");
+        assert_eq!(lease.tags["broker"], "b1");
+        let (again, new) = b.accept(acceptance(&bid, "l1"), &offer(4), addr).unwrap();
+        assert!(!new);
+        assert_eq!(again, lease);
+        let e = b
+            .accept(acceptance(&bid, "l2"), &offer(4), addr)
+            .unwrap_err();
+        assert!(matches!(e, ProviderError::Conflict(m) if m.contains("accepted already")));
+        let e = b
+            .accept(acceptance("nope", "l3"), &offer(4), addr)
+            .unwrap_err();
+        assert!(matches!(e, ProviderError::NotFound(_)));
+    }
+
+    #[test]
+    fn capacity_counts_live_leases_and_bids_expire() {
+        let mut b = Book::default();
+        let addr = |slot: u8| format!("10.0.{slot}.2");
+        let bid1 = b.rfp(rfp("r1", 2), &offer(1), true).unwrap().bids[0]
+            .id
+            .clone();
+        b.accept(acceptance(&bid1, "l1"), &offer(1), addr).unwrap();
+        assert!(
+            b.rfp(rfp("r2", 2), &offer(1), true)
+                .unwrap()
+                .bids
+                .is_empty(),
+            "full"
+        );
+        set_state(
+            &mut b.leases.get_mut("l1").unwrap().lease,
+            LeaseState::Released,
+            None,
+        );
+        let bid3 = b.rfp(rfp("r3", 2), &offer(1), true).unwrap().bids[0]
+            .id
+            .clone();
+        b.rfps.get_mut("r3").unwrap().bids[0].expires_at = "2000-01-01T00:00:00Z".into();
+        let e = b
+            .accept(acceptance(&bid3, "l3"), &offer(1), addr)
+            .unwrap_err();
+        assert!(matches!(e, ProviderError::Expired(m) if m.contains("expired at 2000")));
+    }
+}

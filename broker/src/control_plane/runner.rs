@@ -286,6 +286,139 @@ impl Proc {
     }
 }
 
+/// The supervisor's memory of each component: its process, its restarts, when to try next.
+struct Supervisor {
+    spec: Spec,
+    files: Files,
+    health: watch::Sender<Health>,
+    http: reqwest::Client,
+    components: Vec<(&'static str, Vec<OsString>)>,
+    children: Vec<Option<Proc>>,
+    restarts: Vec<u32>,
+    next_try: Vec<tokio::time::Instant>,
+}
+
+impl Supervisor {
+    fn new(spec: Spec, files: Files, health: watch::Sender<Health>) -> Supervisor {
+        crate::crypto_provider();
+        let http = reqwest::Client::builder()
+            .danger_accept_invalid_certs(true) // loopback health checks only; no credentials sent
+            .timeout(Duration::from_secs(2))
+            .build()
+            .expect("an HTTP client");
+        let components = spec.components(&files);
+        // What a broker that crashed left running is adopted, not started twice: the
+        // tenant's API stays up through a broker crash.
+        let children: Vec<Option<Proc>> = components
+            .iter()
+            .map(|(name, _)| {
+                process::adopt(&spec.pidfile(name)).map(|(pid, started)| {
+                    info!(cluster = %spec.cluster, component = name, pid, "{name} adopted");
+                    Proc::Adopted { pid, started }
+                })
+            })
+            .collect();
+        let n = components.len();
+        Supervisor {
+            spec,
+            files,
+            health,
+            http,
+            components,
+            children,
+            restarts: vec![0; n],
+            next_try: vec![tokio::time::Instant::now(); n],
+        }
+    }
+
+    /// Reaps component `i` if it died (its restart backed off).
+    fn reap(&mut self, i: usize) {
+        let name = self.components[i].0;
+        if let Some(c) = self.children[i].as_mut()
+            && let Some(status) = c.exited()
+        {
+            warn!(cluster = %self.spec.cluster, component = name, "{name} exited ({status}); restarting");
+            self.children[i] = None;
+            self.restarts[i] += 1;
+            let delay = Duration::from_millis(500 * 2u64.pow(self.restarts[i].min(6)));
+            self.next_try[i] = tokio::time::Instant::now() + delay;
+            let _ = self
+                .health
+                .send(Health::Degraded(format!("{name} exited ({status})")));
+        }
+    }
+
+    /// Starts component `i` if it is not running and its time has come; whether it runs.
+    fn start(&mut self, i: usize) -> bool {
+        if self.children[i].is_some() {
+            return true;
+        }
+        if tokio::time::Instant::now() < self.next_try[i] {
+            return false;
+        }
+        let (name, args) = &self.components[i];
+        match process::spawn(
+            &self.spec.kube,
+            &[&[OsString::from(*name)], args.as_slice()].concat(),
+            &self.spec.log(name),
+            &self.spec.pidfile(name),
+        ) {
+            Ok(c) => {
+                info!(cluster = %self.spec.cluster, component = name, "{name} started");
+                self.children[i] = Some(Proc::Own(c));
+                true
+            }
+            Err(e) => {
+                warn!(cluster = %self.spec.cluster, "starting {name}: {e:#}");
+                self.next_try[i] = tokio::time::Instant::now() + Duration::from_secs(5);
+                false
+            }
+        }
+    }
+
+    /// One pass over the components in order, each started once the one before is healthy;
+    /// whether all are.
+    async fn pass(&mut self) -> bool {
+        for i in 0..self.components.len() {
+            self.reap(i);
+            if !self.start(i) {
+                return false;
+            }
+            let name = self.components[i].0;
+            let (addr, port, path) = self.spec.probe(name);
+            if !healthy(&self.http, addr, port, path).await {
+                if !matches!(*self.health.borrow(), Health::Degraded(_)) {
+                    let _ = self
+                        .health
+                        .send(Health::Starting(format!("waiting for {name}")));
+                }
+                // Later components wait for this one.
+                return false;
+            }
+        }
+        if *self.health.borrow() != Health::Ready {
+            info!(cluster = %self.spec.cluster, url = %self.files.url, "control plane ready");
+            let _ = self.health.send(Health::Ready);
+        }
+        true
+    }
+
+    /// Stops every component, the last started first.
+    async fn stop_all(&mut self) {
+        for i in (0..self.components.len()).rev() {
+            let name = self.components[i].0;
+            if let Some(c) = self.children[i].take()
+                && let Some(pid) = c.pid()
+            {
+                process::terminate(pid, Duration::from_secs(10)).await;
+                let _ = std::fs::remove_file(self.spec.pidfile(name));
+            }
+        }
+        let _ = self.health.send(Health::Stopped);
+        info!(cluster = %self.spec.cluster, "control plane stopped");
+    }
+}
+
 /// Starts the components in order (each once the previous is healthy), restarts any that
 /// dies with backoff, reports health, and stops them in reverse on cancel.
 async fn supervise(
@@ -294,92 +427,16 @@ async fn supervise(
     health: watch::Sender<Health>,
     stop: CancellationToken,
 ) {
-    crate::crypto_provider();
-    let http = reqwest::Client::builder()
-        .danger_accept_invalid_certs(true) // loopback health checks only; no credentials sent
-        .timeout(Duration::from_secs(2))
-        .build()
-        .expect("an HTTP client");
-    let components = spec.components(&files);
-    // What a broker that crashed left running is adopted, not started twice: the tenant's
-    // API stays up through a broker crash.
-    let mut children: Vec<Option<Proc>> = components
-        .iter()
-        .map(|(name, _)| {
-            process::adopt(&spec.pidfile(name)).map(|(pid, started)| {
-                info!(cluster = %spec.cluster, component = name, pid, "{name} adopted");
-                Proc::Adopted { pid, started }
-            })
-        })
-        .collect();
-    let mut restarts = vec![0u32; components.len()];
-    let mut next_try = vec![tokio::time::Instant::now(); components.len()];
-    'outer: loop {
-        let mut all_ready = true;
-        for (i, (name, args)) in components.iter().enumerate() {
-            // Reap a dead child.
-            if let Some(c) = children[i].as_mut()
-                && let Some(status) = c.exited()
-            {
-                warn!(cluster = %spec.cluster, component = name, "{name} exited ({status}); restarting");
-                children[i] = None;
-                restarts[i] += 1;
-                let delay = Duration::from_millis(500 * 2u64.pow(restarts[i].min(6)));
-                next_try[i] = tokio::time::Instant::now() + delay;
-                let _ = health.send(Health::Degraded(format!("{name} exited ({status})")));
-            }
-            if children[i].is_none() {
-                if tokio::time::Instant::now() < next_try[i] {
-                    all_ready = false;
-                    break;
-                }
-                match process::spawn(
-                    &spec.kube,
-                    &[&[OsString::from(*name)], args.as_slice()].concat(),
-                    &spec.log(name),
-                    &spec.pidfile(name),
-                ) {
-                    Ok(c) => {
-                        info!(cluster = %spec.cluster, component = name, "{name} started");
-                        children[i] = Some(Proc::Own(c));
-                    }
-                    Err(e) => {
-                        warn!(cluster = %spec.cluster, "starting {name}: {e:#}");
-                        next_try[i] = tokio::time::Instant::now() + Duration::from_secs(5);
-                        all_ready = false;
-                        break;
-                    }
-                }
-            }
-            let (addr, port, path) = spec.probe(name);
-            if !healthy(&http, addr, port, path).await {
-                all_ready = false;
-                if !matches!(*health.borrow(), Health::Degraded(_)) {
-                    let _ = health.send(Health::Starting(format!("waiting for {name}")));
-                }
-                // Later components wait for this one.
-                break;
-            }
-        }
-        if all_ready && *health.borrow() != Health::Ready {
-            info!(cluster = %spec.cluster, url = %files.url, "control plane ready");
-            let _ = health.send(Health::Ready);
-        }
+    let mut s = Supervisor::new(spec, files, health);
+    loop {
+        let all_ready = s.pass().await;
+        let again = Duration::from_millis(if all_ready { 1000 } else { 100 });
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(if all_ready { 1000 } else { 100 })) => {}
-            _ = stop.cancelled() => break 'outer,
+            _ = tokio::time::sleep(again) => {}
+            _ = stop.cancelled() => break,
         }
     }
-    for (i, (name, _)) in components.iter().enumerate().rev() {
-        if let Some(c) = children[i].take()
-            && let Some(pid) = c.pid()
-        {
-            process::terminate(pid, Duration::from_secs(10)).await;
-            let _ = std::fs::remove_file(spec.pidfile(name));
-        }
-    }
-    let _ = health.send(Health::Stopped);
-    info!(cluster = %spec.cluster, "control plane stopped");
+    s.stop_all().await;
 }
 
 /// Applies `manifest` (YAML or JSON) with `kube kubectl apply`, as the cluster's admin.

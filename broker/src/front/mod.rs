@@ -31,7 +31,7 @@ use tracing::{debug, info};
 
 use crate::access::records::Records;
 use admit::Admitted;
-use proxy::{Upstream, status};
+use proxy::{Refusal, Upstream, status};
 use socialweb_broker_core::names;
 
 /// A cluster as the front knows it.
@@ -198,6 +198,69 @@ async fn watch_cut(front: &Front, conn: &Conn) -> String {
     }
 }
 
+fn unauthorized(m: &str) -> Refusal {
+    Refusal(StatusCode::UNAUTHORIZED, "Unauthorized", m.to_string())
+}
+
+/// The cluster a request is for -- the one its path mounts, or else the one its certificate
+/// is for -- and the path the apiserver sees; or the answer that refuses it.
+fn which_mount(front: &Front, leaf: &[u8], path: &str) -> Result<(Arc<Mount>, String), Refusal> {
+    if let Some((hash, cluster, tail)) = names::split_mount(path) {
+        return match front.get(cluster) {
+            Some(m) if m.account_hash.as_deref() == Some(hash) => Ok((m, tail.to_string())),
+            _ => Err(Refusal(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("no cluster is mounted at root:{hash}:{cluster}:clusters"),
+            )),
+        };
+    }
+    let serial = admit::read(leaf).map_err(|e| unauthorized(&e))?.serial;
+    let r = front.records.get(&serial).ok_or_else(|| {
+        unauthorized(&format!(
+            "the client certificate {serial} has no record at this broker"
+        ))
+    })?;
+    let m = front.get(&r.cluster).ok_or_else(|| {
+        Refusal(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("no cluster {}", r.cluster),
+        )
+    })?;
+    Ok((m, path.to_string()))
+}
+
+/// Who the connection's certificate is at `mount`: admitted once per connection and
+/// cluster; afterwards only its record is looked at.
+fn who(front: &Front, conn: &Conn, leaf: &[u8], mount: &Mount) -> Result<Admitted, Refusal> {
+    let cluster = mount.cluster.as_str();
+    let known = conn
+        .admitted
+        .lock()
+        .expect("lock")
+        .clone()
+        .filter(|a| a.cluster == *cluster);
+    if let Some(a) = known {
+        let r = front
+            .records
+            .get(&a.serial)
+            .ok_or_else(|| unauthorized("the client certificate's record is gone"))?;
+        admit::still_good(&r, SystemTime::now()).map_err(|e| unauthorized(&e))?;
+        return Ok(a);
+    }
+    let a = admit::admit(
+        leaf,
+        cluster,
+        &mount.users_ca,
+        &front.records,
+        SystemTime::now(),
+    )
+    .map_err(|e| unauthorized(&e))?;
+    *conn.admitted.lock().expect("lock") = Some(a.clone());
+    Ok(a)
+}
+
 async fn handle(
     front: &Front,
     conn: &Conn,
@@ -211,81 +274,28 @@ async fn handle(
             .await
             .unwrap_or_else(|e| match e {});
     }
-    let unauthorized = |m: &str| status(StatusCode::UNAUTHORIZED, "Unauthorized", m);
     let Some(leaf) = &conn.leaf else {
         return unauthorized(
             "a client certificate is required: use the kubeconfig getKubeconfig returns",
-        );
+        )
+        .answer();
     };
-    // The cluster: the one the path mounts, or the one the certificate is for.
-    let (mount, tail) = match names::split_mount(&path) {
-        Some((hash, cluster, tail)) => match front.get(cluster) {
-            Some(m) if m.account_hash.as_deref() == Some(hash) => (m, tail.to_string()),
-            _ => {
-                return status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    &format!("no cluster is mounted at root:{hash}:{cluster}:clusters"),
-                );
-            }
-        },
-        None => {
-            let serial = match admit::read(leaf) {
-                Ok(p) => p.serial,
-                Err(e) => return unauthorized(&e),
-            };
-            let Some(r) = front.records.get(&serial) else {
-                return unauthorized(&format!(
-                    "the client certificate {serial} has no record at this broker"
-                ));
-            };
-            let Some(m) = front.get(&r.cluster) else {
-                return status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    &format!("no cluster {}", r.cluster),
-                );
-            };
-            (m, path.clone())
-        }
+    let (mount, tail) = match which_mount(front, leaf, &path) {
+        Ok(x) => x,
+        Err(refused) => return refused.answer(),
     };
-    let cluster = mount.cluster.as_str();
-    // Admit once per connection and cluster; afterwards only the record is looked at.
-    let known = conn
-        .admitted
-        .lock()
-        .expect("lock")
-        .clone()
-        .filter(|a| a.cluster == *cluster);
-    let who = match known {
-        Some(a) => match front.records.get(&a.serial) {
-            Some(r) => match admit::still_good(&r, SystemTime::now()) {
-                Ok(()) => a,
-                Err(e) => return unauthorized(&e),
-            },
-            None => return unauthorized("the client certificate's record is gone"),
-        },
-        None => {
-            match admit::admit(
-                leaf,
-                cluster,
-                &mount.users_ca,
-                &front.records,
-                SystemTime::now(),
-            ) {
-                Ok(a) => {
-                    *conn.admitted.lock().expect("lock") = Some(a.clone());
-                    a
-                }
-                Err(e) => return unauthorized(&e),
-            }
-        }
+    let who = match who(front, conn, leaf, &mount) {
+        Ok(a) => a,
+        Err(refused) => return refused.answer(),
     };
     let Some(up) = &mount.upstream else {
         return status(
             StatusCode::SERVICE_UNAVAILABLE,
             "ServiceUnavailable",
-            &format!("cluster {cluster} is starting; try again in a few seconds"),
+            &format!(
+                "cluster {} is starting; try again in a few seconds",
+                mount.cluster
+            ),
         );
     };
     proxy::forward(up, req, &tail, &who.did, &conn.tunnels, conn.cut.clone()).await

@@ -113,6 +113,17 @@ fn is_upgrade(h: &HeaderMap) -> Option<HeaderValue> {
     }
 }
 
+/// A request the front refuses: the status, the Kubernetes reason, the message; answered
+/// with [`status`].
+#[derive(Debug)]
+pub struct Refusal(pub StatusCode, pub &'static str, pub String);
+
+impl Refusal {
+    pub fn answer(self) -> Response<Body> {
+        status(self.0, self.1, &self.2)
+    }
+}
+
 /// A Kubernetes `Status` answer, which kubectl prints the message of.
 pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
     let body = serde_json::json!({
@@ -126,6 +137,80 @@ pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
         .expect("response")
 }
 
+/// The request to send upstream for `req`, as `did`: the apiserver's URL, the headers
+/// that are not one hop's or an identity claim, request-header authentication, and the
+/// Upgrade when there is one. (The body is added by the caller.)
+fn outbound(
+    up: &Upstream,
+    req: &Request<hyper::body::Incoming>,
+    tail: &str,
+    did: &str,
+    upgrade: Option<&HeaderValue>,
+) -> Result<http::request::Builder, Refusal> {
+    let pq = match req.uri().query() {
+        Some(q) => format!("{tail}?{q}"),
+        None => tail.to_string(),
+    };
+    let uri: Uri = format!("{}{pq}", up.base).parse().map_err(|_| {
+        Refusal(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "unparsable path".into(),
+        )
+    })?;
+    let mut out = Request::builder()
+        .method(req.method().clone())
+        .uri(uri)
+        .version(http::Version::HTTP_11);
+    let h = out.headers_mut().expect("builder");
+    for (k, v) in req.headers() {
+        if !dropped(k) {
+            h.append(k.clone(), v.clone());
+        }
+    }
+    let user = HeaderValue::from_str(did)
+        .map_err(|_| Refusal(StatusCode::BAD_REQUEST, "BadRequest", "unusable DID".into()))?;
+    // Request-header authentication (the apiserver trusts these only from the front's
+    // certificate); what the client sent under these names was dropped above.
+    h.insert("x-remote-user", user);
+    h.insert("x-remote-group", HeaderValue::from_static(OWNERS_GROUP));
+    if let Some(u) = upgrade {
+        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        h.insert(header::UPGRADE, u.clone());
+    }
+    Ok(out)
+}
+
+/// Joins the two upgraded sides into a byte tunnel in `tunnels`, until either closes or
+/// `cut`; answers the client's Upgrade with the apiserver's headers.
+fn tunnel(
+    mut resp: Response<hyper::body::Incoming>,
+    client_side: hyper::upgrade::OnUpgrade,
+    tunnels: &tokio_util::task::TaskTracker,
+    cut: CancellationToken,
+) -> Response<Body> {
+    let server_side = hyper::upgrade::on(&mut resp);
+    tunnels.spawn(async move {
+        let (c, s) = tokio::join!(client_side, server_side);
+        let (Ok(c), Ok(s)) = (c, s) else {
+            debug!("an upgrade did not complete on one side");
+            return;
+        };
+        let (mut c, mut s) = (TokioIo::new(c), TokioIo::new(s));
+        tokio::select! {
+            r = tokio::io::copy_bidirectional(&mut c, &mut s) => {
+                debug!("upgraded stream ended: {r:?}");
+            }
+            _ = cut.cancelled() => debug!("upgraded stream cut"),
+        }
+    });
+    let mut b = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
+    for (k, v) in resp.headers() {
+        b = b.header(k, v);
+    }
+    b.body(Body::empty()).expect("response")
+}
+
 /// Forwards `req` (whose apiserver path is `tail`) to `up` as `did`; an upgraded stream
 /// runs in `tunnels` until either side closes or `cut`.
 pub async fn forward(
@@ -137,38 +222,12 @@ pub async fn forward(
     cut: CancellationToken,
 ) -> Response<Body> {
     let upgrade = is_upgrade(req.headers());
-    let pq = match req.uri().query() {
-        Some(q) => format!("{tail}?{q}"),
-        None => tail.to_string(),
+    let out = match outbound(up, &req, tail, did, upgrade.as_ref()) {
+        Ok(b) => b,
+        Err(refused) => return refused.answer(),
     };
-    let uri: Uri = match format!("{}{pq}", up.base).parse() {
-        Ok(u) => u,
-        Err(_) => return status(StatusCode::BAD_REQUEST, "BadRequest", "unparsable path"),
-    };
-    let mut out = Request::builder()
-        .method(req.method().clone())
-        .uri(uri)
-        .version(http::Version::HTTP_11);
-    let h = out.headers_mut().expect("builder");
-    for (k, v) in req.headers() {
-        if !dropped(k) {
-            h.append(k.clone(), v.clone());
-        }
-    }
-    let Ok(user) = HeaderValue::from_str(did) else {
-        return status(StatusCode::BAD_REQUEST, "BadRequest", "unusable DID");
-    };
-    // Request-header authentication (the apiserver trusts these only from the front's
-    // certificate); what the client sent under these names was dropped above.
-    h.insert("x-remote-user", user);
-    h.insert("x-remote-group", HeaderValue::from_static(OWNERS_GROUP));
-    if let Some(u) = &upgrade {
-        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-        h.insert(header::UPGRADE, u.clone());
-    }
     let client_side = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
-    let body = Body::new(req.into_body());
-    let out = match out.body(body) {
+    let out = match out.body(Body::new(req.into_body())) {
         Ok(r) => r,
         Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
     };
@@ -177,7 +236,7 @@ pub async fn forward(
     } else {
         &up.pooled
     };
-    let mut resp = match client.request(out).await {
+    let resp = match client.request(out).await {
         Ok(r) => r,
         Err(e) => {
             return status(
@@ -190,34 +249,12 @@ pub async fn forward(
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(client_side) = client_side
     {
-        tracing::info!(
-            did,
-            "upgrade to {} through the front",
-            upgrade
-                .as_ref()
-                .and_then(|u| u.to_str().ok())
-                .unwrap_or("?")
-        );
-        let server_side = hyper::upgrade::on(&mut resp);
-        tunnels.spawn(async move {
-            let (c, s) = tokio::join!(client_side, server_side);
-            let (Ok(c), Ok(s)) = (c, s) else {
-                debug!("an upgrade did not complete on one side");
-                return;
-            };
-            let (mut c, mut s) = (TokioIo::new(c), TokioIo::new(s));
-            tokio::select! {
-                r = tokio::io::copy_bidirectional(&mut c, &mut s) => {
-                    debug!("upgraded stream ended: {r:?}");
-                }
-                _ = cut.cancelled() => debug!("upgraded stream cut"),
-            }
-        });
-        let mut b = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
-        for (k, v) in resp.headers() {
-            b = b.header(k, v);
-        }
-        return b.body(Body::empty()).expect("response");
+        let protocol = upgrade
+            .as_ref()
+            .and_then(|u| u.to_str().ok())
+            .unwrap_or("?");
+        tracing::info!(did, "upgrade to {protocol} through the front");
+        return tunnel(resp, client_side, tunnels, cut);
     }
     let (mut parts, body) = resp.into_parts();
     let names: Vec<HeaderName> = parts.headers.keys().cloned().collect();
