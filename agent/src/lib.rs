@@ -2,6 +2,8 @@
 //!
 //! - [`mesh`]: other nodes' pod CIDRs routed as QUIC datagrams over iroh (contract 3), the peer
 //!   directory (contract 2), the relay, egress masquerade, the diagnostics data.
+//! - [`tunnel`]: the way to the control plane (contract 9): one QUIC connection to the
+//!   broker carrying the apiserver to the node and the apiserver's egress to it.
 //! - [`ctl`]: the owner-only control socket and the CLI's client side of it.
 //! - [`join`]: containerd, the kubelet and kube-proxy from the identity alone (TLS
 //!   bootstrapping), kept running by [`supervise`]; [`status`] is what the bring-up shows.
@@ -20,3 +22,4 @@ pub mod node;
 pub mod run;
 pub mod status;
 pub mod supervise;
+pub mod tunnel;

@@ -2,9 +2,10 @@
 //! starts. It reads the identity (refusing a bad one), then brings the node up in order, each
 //! step retried on a timer until it holds:
 //!
-//! sysctls → node-local DNS → the mesh → containerd → seed images → trust in the control
-//! plane → the kubelet (TLS bootstrap) → the Node registered with a pod CIDR → the bridge and
-//! the CNI configuration → the mesh annotation → kube-proxy.
+//! sysctls → node-local DNS → the mesh → the tunnel to the broker → containerd → seed images
+//! → trust in the control plane → the kubelet (TLS bootstrap) → the Node registered with a pod
+//! CIDR (and marked `NetworkUnavailable`) → the bridge and the CNI configuration → the mesh
+//! annotation → a live path to every peer (the Node schedulable) → kube-proxy.
 //!
 //! With `--peers` (a static directory, for nodes without Kubernetes) only the first three and
 //! the pod network run. Afterwards it follows the peer directory, keeps the children running,
@@ -66,6 +67,7 @@ pub const JOIN_STEPS: &[&str] = &[
     "sysctls",
     "dns",
     "mesh",
+    "tunnel",
     "containerd",
     "images",
     "trust",
@@ -73,6 +75,7 @@ pub const JOIN_STEPS: &[&str] = &[
     "node",
     "pod-network",
     "mesh-annotation",
+    "mesh-paths",
     "kube-proxy",
 ];
 /// The steps of a node with a static directory.
@@ -93,6 +96,7 @@ struct Shared {
     steps: Steps,
     children: Supervisor,
     mesh: OnceLock<Mesh>,
+    tunnel: OnceLock<crate::tunnel::Tunnel>,
     dns: OnceLock<(Arc<crate::dns::Dns>, crate::dns::bind::Placement)>,
     /// Whether the masquerade table was installed (to remove it on shutdown).
     masquerade_installed: Mutex<bool>,
@@ -123,6 +127,7 @@ impl crate::ctl::server::Handler for Handler {
                     ready: s.steps.all_done(),
                     steps: s.steps.snapshot(),
                     children: s.children.status(),
+                    tunnel: s.tunnel.get().map(|t| t.status()),
                 })?,
                 Request::MeshStatus => {
                     serde_json::to_value(s.mesh.get().ok_or_else(|| not_yet("mesh"))?.status())?
@@ -179,6 +184,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         opts: opts.clone(),
         steps,
         mesh: OnceLock::new(),
+        tunnel: OnceLock::new(),
         dns: OnceLock::new(),
         masquerade_installed: Mutex::new(false),
     });
@@ -242,15 +248,24 @@ async fn bring_up(s: Arc<Shared>, stop: CancellationToken) -> Result<()> {
                     bind: opts.mesh_listen,
                     pod_mtu: opts.mtu,
                     tuning: opts.mesh_tuning,
+                    relay_ca: relay_ca(id)?,
                 },
                 tun_name: opts.tun.clone(),
                 mtu: opts.mtu,
+                node_ip: id.node_ip,
             })
             .await?;
+            // The node's cluster address, which its kubelet serves on and peers route to it.
+            if let Some(IpAddr::V4(ip)) = id.node_ip {
+                crate::dns::bind::ensure(&mesh::routes::handle().await?, ip).await?;
+            }
             let detail = format!(
-                "endpoint {} on {:?}",
+                "endpoint {} on {:?}{}",
                 mesh.endpoint_id(),
-                mesh.bound_addrs()
+                mesh.bound_addrs(),
+                id.node_ip
+                    .map(|ip| format!(", node address {ip}"))
+                    .unwrap_or_default()
             );
             Ok((mesh, Some(detail)))
         })
@@ -261,6 +276,7 @@ async fn bring_up(s: Arc<Shared>, stop: CancellationToken) -> Result<()> {
         let directory = static_file::watch(peers.clone(), Duration::from_millis(500))?;
         return follow_directory(s.clone(), directory, None, stop).await;
     }
+    tunnel_up(&s, &mesh).await;
 
     // containerd, then the images it should have before any Pod starts.
     s.steps
@@ -354,9 +370,14 @@ async fn bring_up(s: Arc<Shared>, stop: CancellationToken) -> Result<()> {
     let node_ip = s
         .steps
         .until_done("kubelet", retry(), || async {
-            let ip = match opts.node_ip {
-                Some(ip) => ip,
-                None => mesh::routes::default_source_v4(&mesh::routes::handle().await?).await?,
+            let ip = match (id.node_ip, opts.node_ip) {
+                (Some(IpAddr::V4(ip)), _) | (None, Some(ip)) => ip,
+                (Some(IpAddr::V6(ip)), _) => {
+                    bail!("node_ip {ip}: IPv6 node addresses are not supported yet")
+                }
+                (None, None) => {
+                    mesh::routes::default_source_v4(&mesh::routes::handle().await?).await?
+                }
             };
             let upstreams = join::upstreams(
                 id,
@@ -419,11 +440,18 @@ async fn bring_up(s: Arc<Shared>, stop: CancellationToken) -> Result<()> {
 
     s.steps
         .until_done("mesh-annotation", retry(), || async {
-            crate::directory::kube::annotate_own(&client, &id.node, &endpoint, &mesh.bound_addrs())
-                .await?;
+            crate::directory::kube::annotate_own(
+                &client,
+                &id.node,
+                &endpoint,
+                &mesh.bound_addrs(),
+                id.node_ip,
+            )
+            .await?;
             Ok(((), Some(format!("endpoint {endpoint}"))))
         })
         .await;
+    paths_to_every_peer(&s, &mesh, &client).await;
 
     let mode = proxy_mode::resolve(opts.proxy).await;
     s.steps
@@ -449,6 +477,149 @@ async fn bring_up(s: Arc<Shared>, stop: CancellationToken) -> Result<()> {
         .await;
 
     stop.cancelled().await;
+    Ok(())
+}
+
+/// The relay's CA from the identity, as DER.
+fn relay_ca(id: &NodeIdentity) -> Result<Option<Vec<u8>>> {
+    id.relay_ca
+        .as_deref()
+        .map(|pem| {
+            socialweb_wire::ca::certificates(pem.as_bytes())
+                .map_err(|e| anyhow!("relay_ca_cert: {e}"))
+                .and_then(|mut c| {
+                    if c.is_empty() {
+                        bail!("relay_ca_cert holds no certificate")
+                    }
+                    Ok(c.remove(0).der)
+                })
+        })
+        .transpose()
+}
+
+/// The tunnel to the broker (contract 9): `server_url`'s address placed on the node and
+/// served through it. Without a broker in the identity the node reaches `server_url` itself.
+async fn tunnel_up(s: &Arc<Shared>, mesh: &Mesh) {
+    let id = &s.id;
+    let Some(broker) = id.broker.clone() else {
+        s.steps.done(
+            "tunnel",
+            Some(format!("none: {} is reached directly", id.server_url)),
+        );
+        return;
+    };
+    let t = s
+        .steps
+        .until_done("tunnel", retry(), || async {
+            let listen = api_listen_addr(&id.server_url)?;
+            if let std::net::IpAddr::V4(ip) = listen.ip() {
+                crate::dns::bind::ensure(&mesh::routes::handle().await?, ip).await?;
+            }
+            let node_ip = id
+                .node_ip
+                .context("the identity names a broker but no node_ip")?;
+            let t = match s.tunnel.get() {
+                Some(t) => t.clone(),
+                None => {
+                    let t = crate::tunnel::Tunnel::start(
+                        mesh.endpoint(),
+                        crate::tunnel::TunnelConfig {
+                            broker: broker.clone(),
+                            relay_url: id.relay_url.clone(),
+                            listen,
+                            node_ip,
+                            service_cidr: id.service_cidr,
+                        },
+                    )
+                    .await?;
+                    let _ = s.tunnel.set(t.clone());
+                    t
+                }
+            };
+            t.wait_connected(Duration::from_secs(20)).await?;
+            let st = t.status();
+            Ok((
+                t,
+                Some(format!(
+                    "the apiserver on {listen} through the broker, {}",
+                    st.path
+                )),
+            ))
+        })
+        .await;
+    let _ = t;
+}
+
+/// Where the node serves the apiserver: `server_url`'s address and port.
+fn api_listen_addr(server: &url::Url) -> Result<SocketAddr> {
+    let host = server.host_str().context("server_url has no host")?;
+    let ip: IpAddr = host
+        .trim_matches(['[', ']'])
+        .parse()
+        .with_context(|| format!("server_url's host {host} is not an IP address"))?;
+    Ok(SocketAddr::new(
+        ip,
+        server.port_or_known_default().unwrap_or(443),
+    ))
+}
+
+/// Keeps the Node unschedulable (`NetworkUnavailable`) until the mesh has a live connection
+/// to every peer in the directory, so that a Pod placed on it reaches every other node's Pods
+/// from its first packet (the convention CNIs follow; the node lifecycle controller taints
+/// and untaints the Node from the condition).
+async fn paths_to_every_peer(s: &Arc<Shared>, mesh: &Mesh, client: &kube::Client) {
+    s.steps
+        .until_done("mesh-paths", retry(), || async {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let st = mesh.status();
+                let waiting: Vec<&str> = st
+                    .peers
+                    .iter()
+                    .filter(|p| !p.connected)
+                    .map(|p| p.node.as_str())
+                    .collect();
+                if waiting.is_empty() {
+                    set_network_available(client, &s.id.node, true).await?;
+                    let n = st.peers.len();
+                    return Ok(((), Some(format!("connected to all {n} peers; schedulable"))));
+                }
+                s.steps
+                    .detail("mesh-paths", format!("waiting for {}", waiting.join(", ")));
+                if tokio::time::Instant::now() > deadline {
+                    bail!("no connection to {} after 60 s", waiting.join(", "));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+}
+
+/// Sets this Node's `NetworkUnavailable` condition (a node may patch its own status).
+async fn set_network_available(client: &kube::Client, node: &str, up: bool) -> Result<()> {
+    use kube::api::{Api, Patch, PatchParams};
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let (status, reason, message) = if up {
+        (
+            "False",
+            "SocialwebMeshUp",
+            "the mesh has a live path to every peer",
+        )
+    } else {
+        (
+            "True",
+            "SocialwebMeshConnecting",
+            "the mesh is connecting to its peers",
+        )
+    };
+    let patch = serde_json::json!({"status": {"conditions": [{
+        "type": "NetworkUnavailable", "status": status, "reason": reason, "message": message,
+        "lastTransitionTime": now, "lastHeartbeatTime": now,
+    }]}});
+    Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .patch_status(node, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .with_context(|| format!("setting NetworkUnavailable={status} on Node {node}"))?;
     Ok(())
 }
 
@@ -495,6 +666,8 @@ async fn wait_registered(s: &Shared) -> kube::Client {
                         Ok(None)
                     }
                     Some(cidr) => {
+                        // Unschedulable until the mesh reaches every peer (mesh-paths).
+                        set_network_available(&client, me, false).await?;
                         s.steps.done(
                             "node",
                             Some(format!("Node {me} registered, pod CIDR {cidr}")),
@@ -547,6 +720,9 @@ async fn follow_directory(
             match cidr {
                 Some(cidr) => {
                     s.steps.running("pod-network", None); // counts the attempt
+                    if let Some(t) = s.tunnel.get() {
+                        t.set_pod_cidr(cidr);
+                    }
                     match own_network(&cidr, &s) {
                         Ok(detail) => {
                             own = Some(cidr);
@@ -623,6 +799,9 @@ async fn teardown(s: &Shared) {
             ),
             Err(e) => warn!("kube-proxy --cleanup: {e}"),
         }
+    }
+    if let Some(t) = s.tunnel.get() {
+        t.shutdown();
     }
     if let Some(mesh) = s.mesh.get() {
         mesh.shutdown().await;

@@ -46,6 +46,9 @@ pub struct AgentStatus {
     pub ready: bool,
     pub steps: Vec<Step>,
     pub children: Vec<ChildStatus>,
+    /// The tunnel to the broker, when the identity names one.
+    #[serde(default)]
+    pub tunnel: Option<crate::tunnel::TunnelStatus>,
 }
 
 /// Steps of this agent, in bring-up order.

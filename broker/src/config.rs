@@ -36,8 +36,9 @@ pub struct Config {
     /// Where the store (SQLite by default), the clusters' PKI and data, and the provider's
     /// records live.
     pub state_dir: PathBuf,
-    /// The address on the operator's host that nodes reach (put on `lo` by the broker): the
-    /// tenant apiservers and the relay listen here.
+    /// The broker's public address: where nodes reach its tunnel endpoint and its relay (and
+    /// users its front, unless `front.public_url` says otherwise). Put on `lo` when no
+    /// interface has it. Tenant control planes listen on loopback only.
     pub service_addr: Ipv4Addr,
     /// The Kubernetes we ship: a directory with `kube` and `pause`.
     pub kube_dir: PathBuf,
@@ -49,6 +50,7 @@ pub struct Config {
     pub market: Market,
     pub local_provider: LocalProvider,
     pub relay: Relay,
+    pub tunnel: Tunnel,
     pub metrics: Metrics,
     pub clusters: ClusterDefaults,
     pub front: Front,
@@ -76,8 +78,11 @@ pub struct Scale {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Market {
-    /// The provider's base URL; empty: the embedded local provider.
+    /// One provider's base URL (a provider named `market`); `providers` names several.
+    /// Neither: the embedded local provider.
     pub url: Option<String>,
+    /// The providers the broker rents from: every RFP goes to each, and the best bid wins.
+    pub providers: Vec<ProviderRef>,
     /// How long to wait for bids on an RFP.
     #[serde(with = "humantime_serde_compat")]
     pub bid_deadline: Duration,
@@ -87,6 +92,16 @@ pub struct Market {
     /// Per-request timeout of the market client.
     #[serde(with = "humantime_serde_compat")]
     pub request_timeout: Duration,
+}
+
+/// A provider of the market, as `[[market.providers]]` names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderRef {
+    /// How the broker calls it (in its records and messages): 1-32 of a-z, 0-9, '-'.
+    pub name: String,
+    /// Its base URL (`http://...` or `https://...`).
+    pub url: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -112,9 +127,23 @@ pub struct LocalProvider {
     pub image: Option<PathBuf>,
 }
 
+/// The mesh relay: a public listener (docs/operations.md), HTTPS with the front's certificate,
+/// admitting the live nodes of every cluster and the broker's own tunnel endpoint.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Relay {
+    /// TCP: the relay itself (HTTPS, a WebSocket per client).
+    pub port: u16,
+    /// UDP: QUIC address discovery (a node learns its public address, for direct paths
+    /// through NAT); 0: none.
+    pub quic_port: u16,
+}
+
+/// The tunnel endpoint nodes reach their control plane through (contract 9): a public UDP
+/// listener (QUIC, admitting only the live nodes of each cluster).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Tunnel {
     pub port: u16,
 }
 
@@ -178,6 +207,7 @@ impl Default for Config {
             market: Market::default(),
             local_provider: LocalProvider::default(),
             relay: Relay::default(),
+            tunnel: Tunnel::default(),
             metrics: Metrics::default(),
             clusters: ClusterDefaults::default(),
             front: Front::default(),
@@ -216,6 +246,7 @@ impl Default for Market {
     fn default() -> Market {
         Market {
             url: None,
+            providers: Vec::new(),
             bid_deadline: Duration::from_secs(5),
             boot_timeout: Duration::from_secs(300),
             request_timeout: Duration::from_secs(10),
@@ -241,7 +272,16 @@ impl Default for LocalProvider {
 
 impl Default for Relay {
     fn default() -> Relay {
-        Relay { port: 3340 }
+        Relay {
+            port: 3340,
+            quic_port: 7842,
+        }
+    }
+}
+
+impl Default for Tunnel {
+    fn default() -> Tunnel {
+        Tunnel { port: 7443 }
     }
 }
 
@@ -448,15 +488,45 @@ impl Config {
                 format!("{url:?} is neither sqlite:<path> nor postgres://..."),
             ));
         }
-        if let Some(url) = &self.market.url
-            && url::Url::parse(url)
-                .map(|u| !matches!(u.scheme(), "http" | "https"))
-                .unwrap_or(true)
-        {
+        if self.market.url.is_some() && !self.market.providers.is_empty() {
             return Err(err(
                 &o("market.url"),
-                format!("{url:?} is not an http(s) URL"),
+                "give market.url (one provider) or market.providers (several), not both",
             ));
+        }
+        for (key, url) in self.market.url.iter().map(|u| (o("market.url"), u)).chain(
+            self.market
+                .providers
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (format!("market.providers[{i}].url"), &p.url)),
+        ) {
+            if url::Url::parse(url)
+                .map(|u| !matches!(u.scheme(), "http" | "https"))
+                .unwrap_or(true)
+            {
+                return Err(err(&key, format!("{url:?} is not an http(s) URL")));
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, p) in self.market.providers.iter().enumerate() {
+            let ok = !p.name.is_empty()
+                && p.name.len() <= 32
+                && p.name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            if !ok {
+                return Err(err(
+                    &format!("market.providers[{i}].name"),
+                    format!("{:?} is not 1-32 of a-z, 0-9, '-'", p.name),
+                ));
+            }
+            if !names.insert(p.name.as_str()) {
+                return Err(err(
+                    &format!("market.providers[{i}].name"),
+                    format!("{:?} is named twice", p.name),
+                ));
+            }
         }
         if IpAddr::V4(self.service_addr).is_unspecified() {
             return Err(err(
@@ -525,6 +595,18 @@ impl Config {
                 .unwrap_or_default();
             format!("did:web:{host}")
         })
+    }
+
+    /// The providers to rent from: `market.providers`, or `market.url` as one named `market`;
+    /// empty: the embedded local provider.
+    pub fn providers(&self) -> Vec<ProviderRef> {
+        match &self.market.url {
+            Some(url) => vec![ProviderRef {
+                name: "market".into(),
+                url: url.clone(),
+            }],
+            None => self.market.providers.clone(),
+        }
     }
 
     /// The store's URL: the configured one, or SQLite in the state directory.

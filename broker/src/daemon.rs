@@ -23,12 +23,13 @@ use crate::auth::did::Resolver;
 use crate::cluster::{ClusterSettings, Clusters};
 use crate::config::Config;
 use crate::front::Front;
-use crate::market::MarketClient;
+use crate::market::{Market, MarketClient};
 use crate::metrics::Metrics;
 use crate::provision::{OnChange, Provisioner, Settings};
 use crate::relay::{self, Allow};
 use crate::services::Services;
 use crate::store::Store;
+use crate::tunnel::{TunnelSettings, Tunnels};
 
 /// The running daemon.
 #[derive(Debug)]
@@ -84,61 +85,111 @@ fn check_kube_dir(cfg: &Config) -> Result<()> {
     Ok(())
 }
 
-/// The market: the configured provider, or the embedded one, over HTTP either way.
-async fn market(
-    cfg: &Config,
-    stop: &CancellationToken,
-) -> Result<(MarketClient, Option<Provider>)> {
-    let (url, provider) = match &cfg.market.url {
-        Some(u) => (u.clone(), None),
-        None => {
-            let provider = Provider::start(provider_config(cfg))?;
-            let bound = socialweb_provider::serve(
-                provider.clone(),
-                cfg.local_provider.listen,
-                stop.clone(),
-            )
-            .await?;
-            (format!("http://{bound}"), Some(provider))
-        }
-    };
-    let client = MarketClient::new(&url, cfg.market.request_timeout).map_err(anyhow::Error::msg)?;
-    info!(market = %url, "market");
-    Ok((client, provider))
+/// The market: the configured providers, or the embedded one (named `local`), over HTTP
+/// either way.
+async fn market(cfg: &Config, stop: &CancellationToken) -> Result<(Market, Option<Provider>)> {
+    let mut providers = cfg.providers();
+    let mut embedded = None;
+    if providers.is_empty() {
+        let provider = Provider::start(provider_config(cfg))?;
+        let bound =
+            socialweb_provider::serve(provider.clone(), cfg.local_provider.listen, stop.clone())
+                .await?;
+        providers.push(crate::config::ProviderRef {
+            name: "local".into(),
+            url: format!("http://{bound}"),
+        });
+        embedded = Some(provider);
+    }
+    let mut clients = Vec::new();
+    for p in providers {
+        let c =
+            MarketClient::new(&p.url, cfg.market.request_timeout).map_err(anyhow::Error::msg)?;
+        info!(provider = %p.name, url = %p.url, "market provider");
+        clients.push((p.name, c));
+    }
+    Ok((Market::new(clients), embedded))
 }
 
-/// The relay, admitting the live nodes of every cluster and no one else, and the callback
-/// that keeps its allow list (and the live-provisions gauge) up to date.
+/// The front's TLS material: the serving chain and key (the operator's, or from the broker's
+/// own front CA), and that CA when it is the broker's (kubeconfigs and identities carry it).
+struct FrontTls {
+    chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+    key: rustls::pki_types::PrivateKeyDer<'static>,
+    ca_pem: Option<String>,
+}
+
+impl FrontTls {
+    fn load(cfg: &Config) -> Result<FrontTls> {
+        let (chain, key, ca_pem) = crate::front::tls::serving(
+            cfg.front.tls_cert.as_deref(),
+            cfg.front.tls_key.as_deref(),
+            &cfg.state_dir.join("front"),
+            &front_names(cfg),
+        )?;
+        Ok(FrontTls { chain, key, ca_pem })
+    }
+
+    fn ca_der(&self) -> Result<Option<Vec<u8>>> {
+        self.ca_pem
+            .as_deref()
+            .map(|pem| {
+                Ok(socialweb_wire::ca::certificates(pem.as_bytes())
+                    .map_err(anyhow::Error::msg)?
+                    .remove(0)
+                    .der)
+            })
+            .transpose()
+    }
+}
+
+/// The relay (HTTPS with the front's certificate, QUIC address discovery beside it),
+/// admitting the live nodes of every cluster and the broker's tunnel endpoint, and no one
+/// else; returns its URL and its allow list.
 async fn relay(
     cfg: &Config,
-    store: &Store,
-    metrics: &Metrics,
+    tls: &FrontTls,
     stop: &CancellationToken,
-) -> Result<OnChange> {
+) -> Result<(url::Url, Allow)> {
     let allow = Allow::only([]);
     let addr = SocketAddr::new(IpAddr::V4(cfg.service_addr), cfg.relay.port);
-    let server = relay::serve(addr, allow.clone()).await?;
+    let quic = (cfg.relay.quic_port != 0)
+        .then(|| SocketAddr::new(IpAddr::V4(cfg.service_addr), cfg.relay.quic_port));
+    let server_config = crate::front::tls::relay_config(tls.chain.clone(), tls.key.clone_key())?;
+    let server = relay::serve_tls(addr, server_config, quic, allow.clone()).await?;
     let stop = stop.clone();
     tokio::spawn(async move {
         stop.cancelled().await;
         let _ = server.shutdown().await;
     });
+    let url = format!("https://{addr}")
+        .parse()
+        .context("the relay's URL")?;
+    Ok((url, allow))
+}
+
+/// The callback that keeps the relay's allow list, the tunnel's links and the
+/// live-provisions gauge in line with the store whenever a provision changes.
+fn on_change(store: &Store, metrics: &Metrics, allow: Allow, tunnels: Tunnels) -> OnChange {
     let (store, gauge) = (store.clone(), metrics.live_provisions.clone());
     let refresh = move || {
-        let (store, allow, gauge) = (store.clone(), allow.clone(), gauge.clone());
+        let (store, allow, gauge, tunnels) =
+            (store.clone(), allow.clone(), gauge.clone(), tunnels.clone());
         tokio::spawn(async move {
             if let Ok(all) = store.provisions(None).await {
-                let live: Vec<_> = all.iter().filter(|p| p.state.live()).collect();
+                let live: Vec<iroh::EndpointId> = all
+                    .iter()
+                    .filter(|p| p.state.live())
+                    .filter_map(|p| p.endpoint.parse().ok())
+                    .collect();
                 gauge.set(live.len() as i64);
-                allow.set(
-                    live.iter()
-                        .filter_map(|p| p.endpoint.parse::<iroh::EndpointId>().ok()),
-                );
+                allow.set(live.iter().copied().chain([tunnels.id()]));
+                tunnels.retain(&live);
             }
         });
     };
     refresh();
-    Ok(OnChange(Box::new(refresh)))
+    OnChange(Box::new(refresh))
 }
 
 /// The front's serving certificate names: the host of its public URL, the service address,
@@ -171,17 +222,27 @@ fn resolver(cfg: &Config) -> Result<Resolver> {
     Resolver::new(&cfg.front.plc_directory, &roots)
 }
 
-/// The provisioner's settings: the `[market]` and `[node]` sections, the relay's URL, the
-/// clusters' resolvers, the node image.
-fn provision_settings(cfg: &Config) -> Result<Settings> {
-    let relay_url = format!("http://{}:{}", cfg.service_addr, cfg.relay.port)
-        .parse()
-        .context("the relay's URL")?;
+/// The provisioner's settings: the `[market]` and `[node]` sections, the relay and the
+/// tunnel endpoint, the clusters' resolvers, the node image.
+fn provision_settings(
+    cfg: &Config,
+    relay_url: url::Url,
+    relay_ca: Option<String>,
+    tunnels: &Tunnels,
+) -> Result<Settings> {
     Ok(Settings {
         limits: Limits::new(cfg.market.bid_deadline, cfg.market.boot_timeout),
         node: cfg.node,
         image: std::env::var("SOCIALWEB_BROKER_IMAGE").unwrap_or_else(|_| "local".into()),
         relay_url,
+        relay_ca,
+        tunnel: socialweb_wire::BrokerEndpoint {
+            endpoint: *tunnels.id().as_bytes(),
+            addrs: vec![SocketAddr::new(
+                IpAddr::V4(cfg.service_addr),
+                cfg.tunnel.port,
+            )],
+        },
         upstream_resolvers: cfg
             .clusters
             .upstream_resolvers
@@ -196,7 +257,6 @@ fn cluster_settings(cfg: &Config) -> ClusterSettings {
     ClusterSettings {
         dir: cfg.state_dir.join("clusters"),
         kube: cfg.kube_dir.join("kube"),
-        service_addr: cfg.service_addr,
         port_base: cfg.clusters.port_base,
         port_count: cfg.clusters.port_count,
         max_per_did: cfg.front.max_clusters_per_did,
@@ -227,16 +287,28 @@ impl Daemon {
         let metrics = Metrics::default();
         let metrics_addr = metrics.serve(cfg.metrics.listen, stop.clone()).await?;
         info!(%metrics_addr, broker = %id, "metrics at /metrics");
-        let on_change = relay(&cfg, &store, &metrics, &stop).await?;
+        let tls = FrontTls::load(&cfg)?;
+        let (relay_url, allow) = relay(&cfg, &tls, &stop).await?;
+        let tunnels = Tunnels::start(
+            &TunnelSettings {
+                bind: SocketAddr::new(IpAddr::V4(cfg.service_addr), cfg.tunnel.port),
+                relay_url: relay_url.clone(),
+                relay_ca: tls.ca_der()?,
+                key_file: cfg.state_dir.join("tunnel.key"),
+            },
+            store.clone(),
+            stop.clone(),
+        )
+        .await?;
         let provisioner = Arc::new(Provisioner::new(
-            provision_settings(&cfg)?,
+            provision_settings(&cfg, relay_url, tls.ca_pem.clone(), &tunnels)?,
             store.clone(),
             market,
             id,
-            metrics,
-            on_change,
+            metrics.clone(),
+            on_change(&store, &metrics, allow, tunnels.clone()),
         ));
-        let services = Self::way_in(&cfg, &store, provisioner.clone(), &stop).await?;
+        let services = Self::way_in(&cfg, &store, provisioner.clone(), tunnels, tls, &stop).await?;
         sweep(&provisioner).await;
         services.clusters.resume().await?;
         Ok(Arc::new(Daemon {
@@ -253,16 +325,12 @@ impl Daemon {
         cfg: &Config,
         store: &Store,
         provisioner: Arc<Provisioner>,
+        tunnels: Tunnels,
+        tls: FrontTls,
         stop: &CancellationToken,
     ) -> Result<Services> {
         let records = Arc::new(Records::new(store.certificates().await?));
-        let (chain, key, front_ca) = crate::front::tls::serving(
-            cfg.front.tls_cert.as_deref(),
-            cfg.front.tls_key.as_deref(),
-            &cfg.state_dir.join("front"),
-            &front_names(cfg),
-        )?;
-        let tls = crate::front::tls::server_config(chain, key)?;
+        let server_tls = crate::front::tls::server_config(tls.chain, tls.key)?;
         let front = Arc::new(Front::new(records.clone(), cfg.front_url()));
         let access = Arc::new(Access::new(
             store.clone(),
@@ -270,7 +338,7 @@ impl Daemon {
             cfg.state_dir.join("clusters"),
             FrontAddress {
                 public_url: cfg.front_url(),
-                ca_pem: front_ca,
+                ca_pem: tls.ca_pem,
             },
         ));
         let clusters = Arc::new(Clusters::new(
@@ -279,6 +347,7 @@ impl Daemon {
             provisioner.clone(),
             front.clone(),
             access.clone(),
+            tunnels,
             stop.clone(),
         ));
         let services = Services::new(clusters, access, provisioner);
@@ -290,7 +359,7 @@ impl Daemon {
             store: store.clone(),
         });
         let api = crate::api::router(gateway);
-        crate::front::serve(cfg.front.listen, tls, front, api, stop.clone()).await?;
+        crate::front::serve(cfg.front.listen, server_tls, front, api, stop.clone()).await?;
         Ok(services)
     }
 
@@ -316,16 +385,22 @@ impl Daemon {
 /// at the provider, releasing the orphans (leases of clusters deleted while the broker was
 /// down, or of a crash mid-delete). Each cluster's driver reconciles the rest.
 async fn sweep(p: &Provisioner) {
-    let Ok(leases) = p.market().leases("broker", p.broker_id()).await else {
-        warn!("could not list the provider's leases at start; the clusters' own reconcile will");
+    let Ok(listed) = p.market().leases("broker", p.broker_id()).await else {
+        warn!("could not list the providers' leases at start; the clusters' own reconcile will");
         return;
     };
+    let leases: Vec<_> = listed.iter().map(|(_, l)| l.clone()).collect();
     let provisions = p.store().provisions(None).await.unwrap_or_default();
     for fix in reconcile(p.broker_id(), &leases, &provisions) {
         if let Fix::Release { lease, why } = fix {
             warn!(lease = %lease, "{why}; releasing it");
             p.metrics().orphan();
-            let _ = p.release_lease(&lease, &why).await;
+            let provider = listed
+                .iter()
+                .find(|(_, l)| l.id == lease)
+                .map(|(n, _)| n.as_str())
+                .unwrap_or_default();
+            let _ = p.release_lease(provider, &lease, &why).await;
         }
     }
 }

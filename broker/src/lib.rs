@@ -12,7 +12,8 @@
 //!   [`scale`] (the driver that feeds the core's decision), [`provision`] (the executor of
 //!   the core's provisioning transitions), [`market`] (the protocol's HTTP client), [`front`]
 //!   (the certificate front), [`auth`] (service-auth tokens), [`tenant`] (what the broker
-//!   does inside a cluster), [`store`], [`relay`], [`metrics`], [`process`].
+//!   does inside a cluster), [`tunnel`] (the way between nodes and their control plane),
+//!   [`store`], [`relay`], [`metrics`], [`process`].
 //! - [`daemon`]: the composition root: builds each subsystem from its own [`config`]
 //!   section, wires them, and shuts them down.
 
@@ -36,6 +37,7 @@ pub mod scale;
 pub mod services;
 pub mod store;
 pub mod tenant;
+pub mod tunnel;
 
 /// One TLS crypto provider for the process (ring, as kube's); with more than one linked in,
 /// rustls refuses to guess. Every part that makes a TLS client or server calls this first.

@@ -205,6 +205,123 @@ impl MarketClient {
     }
 }
 
+/// Every provider the broker rents from, by the name its configuration gives it: an RFP goes
+/// to each, bids come from all, and each lease is asked of the provider that holds it.
+#[derive(Debug, Clone)]
+pub struct Market {
+    providers: Vec<(String, MarketClient)>,
+}
+
+impl Market {
+    pub fn new(providers: Vec<(String, MarketClient)>) -> Market {
+        Market { providers }
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.providers.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    fn client(&self, provider: &str) -> Result<&MarketClient, MarketError> {
+        self.providers
+            .iter()
+            .find(|(n, _)| n == provider)
+            .map(|(_, c)| c)
+            .ok_or_else(|| MarketError::Refused {
+                call: format!("provider {provider}"),
+                status: 404,
+                code: "not_found".into(),
+                message: format!(
+                    "no provider {provider:?} is configured (market.providers has {:?})",
+                    self.names()
+                ),
+            })
+    }
+
+    /// Sends the RFP to every provider; fine when at least one took it (the others' errors
+    /// are logged), else the last error.
+    pub async fn post_rfp(&self, r: &RfpRequest) -> Result<(), MarketError> {
+        let mut last = None;
+        let mut taken = 0;
+        for (name, c) in &self.providers {
+            match c.post_rfp(r).await {
+                Ok(_) => taken += 1,
+                Err(e) => {
+                    tracing::warn!(provider = %name, "{e}");
+                    last = Some(e);
+                }
+            }
+        }
+        match (taken, last) {
+            (0, Some(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// The bids on RFP `id` from every provider that answers (an error only when none does).
+    /// Each bid's `provider` is the name this broker gives the provider (what it asks for the
+    /// lease by), not the one the provider calls itself.
+    pub async fn bids(&self, id: &str) -> Result<Vec<socialweb_market::Bid>, MarketError> {
+        let mut out = Vec::new();
+        let mut last = None;
+        let mut answered = 0;
+        for (name, c) in &self.providers {
+            match c.rfp(id).await {
+                Ok(r) => {
+                    answered += 1;
+                    out.extend(r.into_iter().flat_map(|r| r.bids).map(|mut bid| {
+                        bid.provider = name.clone();
+                        bid
+                    }));
+                }
+                Err(e) => {
+                    tracing::warn!(provider = %name, "{e}");
+                    last = Some(e);
+                }
+            }
+        }
+        match (answered, last) {
+            (0, Some(e)) => Err(e),
+            _ => Ok(out),
+        }
+    }
+
+    pub async fn accept(
+        &self,
+        provider: &str,
+        bid: &str,
+        a: &Accept,
+    ) -> Result<Lease, MarketError> {
+        self.client(provider)?.accept(bid, a).await
+    }
+
+    pub async fn lease(&self, provider: &str, id: &str) -> Result<Option<Lease>, MarketError> {
+        self.client(provider)?.lease(id).await
+    }
+
+    pub async fn release(&self, provider: &str, id: &str) -> Result<Option<Lease>, MarketError> {
+        self.client(provider)?.release(id).await
+    }
+
+    /// Every lease with tag `key=value`, from every provider, with the provider's name; an
+    /// error when any provider does not answer (a reconcile must see the whole picture).
+    pub async fn leases(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> Result<Vec<(String, Lease)>, MarketError> {
+        let mut out = Vec::new();
+        for (name, c) in &self.providers {
+            out.extend(
+                c.leases(key, value)
+                    .await?
+                    .into_iter()
+                    .map(|l| (name.clone(), l)),
+            );
+        }
+        Ok(out)
+    }
+}
+
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();

@@ -25,7 +25,7 @@ use socialweb_market::{Accept, Bid, Lease, RfpRequest};
 use socialweb_wire::{BootstrapToken, CaTrust, MeshSecretKey, NodeIdentity};
 use tracing::{info, warn};
 
-use crate::market::{MarketClient, MarketError};
+use crate::market::{Market, MarketError};
 use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::tenant;
@@ -34,7 +34,8 @@ use crate::tenant;
 #[derive(Clone)]
 pub struct ClusterCtx {
     pub name: String,
-    /// The apiserver nodes reach.
+    /// The apiserver as nodes reach it: node-local, through the tunnel
+    /// (`https://169.254.20.11:<port>`).
     pub server_url: String,
     pub ca_pin: [u8; 32],
     pub client: kube::Client,
@@ -59,6 +60,10 @@ pub struct Settings {
     pub image: String,
     /// The relay nodes fall back to.
     pub relay_url: url::Url,
+    /// The relay's CA (PEM), for nodes to trust it (the broker's self-made front CA).
+    pub relay_ca: Option<String>,
+    /// The broker's tunnel endpoint nodes reach their control plane through.
+    pub tunnel: socialweb_wire::BrokerEndpoint,
     /// Where node-local DNS forwards (the identity's `upstream_resolvers`).
     pub upstream_resolvers: Vec<SocketAddr>,
     /// Pods at or below this priority do not keep a node from being released.
@@ -79,7 +84,7 @@ impl std::fmt::Debug for OnChange {
 pub struct Provisioner {
     settings: Settings,
     store: Store,
-    market: MarketClient,
+    market: Market,
     /// Tags every RFP and lease, so the broker finds its own leases at the provider.
     broker_id: String,
     metrics: Metrics,
@@ -169,7 +174,7 @@ impl Provisioner {
     pub fn new(
         settings: Settings,
         store: Store,
-        market: MarketClient,
+        market: Market,
         broker_id: String,
         metrics: Metrics,
         on_change: OnChange,
@@ -184,7 +189,7 @@ impl Provisioner {
         }
     }
 
-    pub fn market(&self) -> &MarketClient {
+    pub fn market(&self) -> &Market {
         &self.market
     }
 
@@ -208,6 +213,16 @@ impl Provisioner {
     /// before anything is asked of anyone.
     pub async fn plan(&self, cluster: &str) -> Result<Provision> {
         let node = self.store.next_node_name(cluster).await?;
+        let used: Vec<std::net::IpAddr> = self
+            .store
+            .provisions(Some(cluster))
+            .await?
+            .iter()
+            .filter(|p| !p.state.ended())
+            .filter_map(|p| p.node_ip)
+            .collect();
+        let node_ip = socialweb_broker_core::names::free_node_ip(&used)
+            .context("every node address of the cluster is taken")?;
         let token = crate::control_plane::new_bootstrap_token();
         let secret: [u8; 32] = rand::random();
         let key: String = secret.iter().map(|b| format!("{b:02x}")).collect();
@@ -226,6 +241,7 @@ impl Provisioner {
             token_secret: token.secret,
             mesh_key: key,
             endpoint,
+            node_ip: Some(node_ip.into()),
             reason: None,
             attempts: 0,
             created_at: now,
@@ -268,10 +284,24 @@ impl Provisioner {
         self.set(p, step, Some(reason.to_string())).await
     }
 
-    /// Releases a lease at the provider; releasing a released or unknown lease is fine.
-    pub async fn release_lease(&self, lease_id: &str, why: &str) -> Result<(), MarketError> {
-        info!(lease = %lease_id, "releasing the lease: {why}");
-        self.market.release(lease_id).await.map(|_| ())
+    /// Releases a lease at `provider`; releasing a released or unknown lease is fine.
+    pub async fn release_lease(
+        &self,
+        provider: &str,
+        lease_id: &str,
+        why: &str,
+    ) -> Result<(), MarketError> {
+        info!(lease = %lease_id, provider, "releasing the lease: {why}");
+        self.market.release(provider, lease_id).await.map(|_| ())
+    }
+
+    /// Releases `p`'s lease, at the provider it was accepted from.
+    pub async fn release_own(&self, p: &Provision, why: &str) -> Result<(), MarketError> {
+        match p.provider.as_deref() {
+            Some(provider) => self.release_lease(provider, &p.lease_id, why).await,
+            // Accepted is written with the provider: a provision without one has no lease.
+            None => Ok(()),
+        }
     }
 
     /// The node's identity document (contract 1), from its provision and its cluster.
@@ -287,7 +317,10 @@ impl Provisioner {
                 id: p.token_id.clone(),
                 secret: p.token_secret.clone(),
             },
+            broker: Some(s.tunnel.clone()),
+            node_ip: p.node_ip,
             relay_url: s.relay_url.clone(),
+            relay_ca: s.relay_ca.clone(),
             mesh_secret_key: MeshSecretKey(key),
             cluster_cidr: crate::control_plane::CLUSTER_CIDR.parse()?,
             service_cidr: crate::control_plane::SERVICE_CIDR.parse()?,
@@ -329,7 +362,7 @@ impl Provisioner {
     pub async fn fail(&self, c: &ClusterCtx, p: &mut Provision, reason: String) -> Result<()> {
         warn!(cluster = %c.name, node = %p.node, step = p.state.as_str(), "provision failed: {reason}");
         if p.state.may_hold_lease() {
-            self.release_lease(&p.lease_id, &reason)
+            self.release_own(p, &reason)
                 .await
                 .context("releasing the failed lease")?;
         }
@@ -379,7 +412,7 @@ impl Provisioner {
             Step::Releasing => {
                 // Nothing may land on a node on its way out.
                 tenant::cordon(&c.client, &p.node).await?;
-                self.release_lease(&p.lease_id, "releasing").await?;
+                self.release_own(p, "releasing").await?;
                 tenant::forget_node(&c.client, &p.node, &p.token_id).await
             }
             _ => Ok(()),
@@ -391,12 +424,7 @@ impl Provisioner {
         Ok(match p.state {
             Step::Planned => Sight::TokenWritten,
             Step::RfpSent => {
-                let bids = self
-                    .market
-                    .rfp(&p.rfp_id)
-                    .await?
-                    .map(|r| r.bids)
-                    .unwrap_or_default();
+                let bids = self.market.bids(&p.rfp_id).await?;
                 if bids.len() != w.seen {
                     w.seen = bids.len();
                     w.last_new = Instant::now();
@@ -407,7 +435,13 @@ impl Provisioner {
                     quiet: w.last_new.elapsed(),
                 }
             }
-            Step::Accepted | Step::Booting => Sight::Lease(self.market.lease(&p.lease_id).await?),
+            Step::Accepted | Step::Booting => {
+                let provider = p
+                    .provider
+                    .as_deref()
+                    .context("accepted without a provider")?;
+                Sight::Lease(self.market.lease(provider, &p.lease_id).await?)
+            }
             Step::Running => Sight::Node {
                 ready: Api::<Node>::all(c.client.clone())
                     .get_opt(&p.node)
@@ -449,8 +483,9 @@ impl Provisioner {
         self.fail(c, p, why).await
     }
 
-    /// Accepts `bid` for `p` (idempotent by the lease id).
+    /// Accepts `bid` for `p` at `p.provider` (idempotent by the lease id).
     async fn accept(&self, c: &ClusterCtx, p: &Provision, bid: &str) -> Result<Lease, MarketError> {
+        let provider = p.provider.clone().unwrap_or_default();
         let identity = self.identity(c, p).map_err(|e| MarketError::Refused {
             call: format!("POST /bids/{bid}/accept"),
             status: 400,
@@ -461,7 +496,7 @@ impl Provisioner {
             lease_id: p.lease_id.clone(),
             identity,
         };
-        self.market.accept(bid, &a).await
+        self.market.accept(&provider, bid, &a).await
     }
 
     async fn send_rfp(&self, p: &Provision) -> Result<()> {

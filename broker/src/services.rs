@@ -69,7 +69,16 @@ impl Services {
                     .leases("broker", p.broker_id())
                     .await
                     .map_err(|e| ServiceError::Internal(e.to_string()))?;
-                Ok(Reply::Leases(leases))
+                // The provider each lease is at, as this broker names it.
+                Ok(Reply::Leases(
+                    leases
+                        .into_iter()
+                        .map(|(provider, mut l)| {
+                            l.tags.insert("provider".into(), provider);
+                            l
+                        })
+                        .collect(),
+                ))
             }
             other => Err(ServiceError::Forbidden(format!(
                 "the operator cannot {}: that is a user's (the operator has each cluster's \

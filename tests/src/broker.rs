@@ -1,8 +1,9 @@
-//! The broker as the operator runs it: `socialweb-broker run` in a "host" network namespace
-//! (the operator's machine) with a configuration file, its embedded local provider booting
-//! nodes as machines on this host, or a separate `socialweb-broker provider` process. The
-//! harness only writes the configuration, runs the commands an operator would, and asks the
-//! provider -- not the broker -- what is really leased.
+//! The broker as the operator runs it, on the real topology ([`crate::world`]):
+//! `socialweb-broker run` on the operator's host with a configuration file, renting from its
+//! embedded local provider (nodes behind NAT on the operator's host) or from
+//! `socialweb-broker provider` processes, one per provider machine, across the internet. The
+//! harness only writes the configurations, runs the commands an operator (and a provider)
+//! would, and asks the providers -- not the broker -- what is really leased.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -17,15 +18,18 @@ use crate::k8s::{binaries, test_kubelet_patch, wait_for};
 use crate::netns::Netns;
 use crate::process::Spawned;
 use crate::tmp::TempDir;
-use crate::topology::HOST_SERVICE_ADDR;
+use crate::world::{OPERATOR_ADDR, RESOLVER_ADDR, World};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// The port the front (and the gateway API) listens on in the host namespace.
 pub const FRONT_PORT: u16 = 8443;
 
-/// Where the provider listens inside the host namespace.
+/// Where the embedded provider listens on the operator's host.
 pub const PROVIDER_ADDR: &str = "127.0.0.1:7480";
+
+/// The port a provider machine serves the market protocol on.
+pub const PROVIDER_PORT: u16 = 7480;
 
 /// Knobs a test sets.
 #[derive(Debug, Clone)]
@@ -34,11 +38,14 @@ pub struct BrokerOptions {
     pub pods_per_node: u32,
     pub hold: Duration,
     pub bid_deadline: Duration,
-    /// Run the local provider as its own process (so the broker can be killed alone).
-    pub separate_provider: bool,
+    /// Provider machines to rent from, each running `socialweb-broker provider`; 0: the
+    /// broker's embedded local provider (its nodes behind NAT on the operator's host).
+    pub providers: u8,
+    /// How many nodes each provider runs at most (its bids stop beyond it).
+    pub provider_capacity: u32,
     /// `FAILPOINTS` for the broker process.
     pub broker_failpoints: Option<String>,
-    /// `FAILPOINTS` for the provider process (with `separate_provider`).
+    /// `FAILPOINTS` for the provider processes.
     pub provider_failpoints: Option<String>,
     /// `sqlite` (default) or a `postgres://` URL.
     pub store_url: Option<String>,
@@ -60,7 +67,8 @@ impl Default for BrokerOptions {
             pods_per_node: 1,
             hold: Duration::from_secs(3),
             bid_deadline: Duration::from_secs(2),
-            separate_provider: false,
+            providers: 0,
+            provider_capacity: 8,
             broker_failpoints: None,
             provider_failpoints: None,
             store_url: None,
@@ -74,99 +82,65 @@ impl Default for BrokerOptions {
     }
 }
 
-/// A broker (and maybe a provider) in `host`. Dropping it kills both and destroys every
-/// machine the provider made.
+/// A provider machine's `socialweb-broker provider`.
 #[derive(Debug)]
-pub struct Broker<'h> {
+pub struct ProviderProc {
+    proc: Spawned,
+    /// 1-based, as the world numbers provider machines.
+    pub index: u8,
+    pub config: PathBuf,
+    pub state: PathBuf,
+    /// Prefix of its namespaces and cgroups.
+    pub prefix: String,
+    /// Its market URL, as the broker reaches it.
+    pub url: String,
+}
+
+/// A broker (and its providers) on `world`. Dropping it kills them all and destroys every
+/// machine the providers made.
+#[derive(Debug)]
+pub struct Broker<'w> {
     broker: Spawned,
-    provider: Spawned,
-    pub host: &'h Netns,
+    pub providers: Vec<ProviderProc>,
+    pub world: &'w World,
+    /// The operator's host, where the broker runs.
+    pub host: &'w Netns,
     pub config: PathBuf,
     pub socket: PathBuf,
     pub state: PathBuf,
+    /// Prefix of the embedded provider's namespaces and cgroups.
     pub prefix: String,
     pub opts: BrokerOptions,
     _cni: TempDir,
     dir: TempDir,
 }
 
-impl<'h> Broker<'h> {
-    pub fn start(host: &'h Netns, opts: BrokerOptions) -> Result<Broker<'h>> {
+/// What every node of this broker's providers runs and imports.
+struct NodeSoftware {
+    kube: PathBuf,
+    agent: PathBuf,
+    cni: PathBuf,
+    seeds: String,
+    patch: String,
+    image: String,
+}
+
+impl NodeSoftware {
+    fn new(
+        opts: &BrokerOptions,
+        dir: &std::path::Path,
+        cni: &std::path::Path,
+    ) -> Result<NodeSoftware> {
         let bins = binaries()?;
-        let dir = TempDir::new("broker")?;
-        let d = dir.path();
-        let cni = crate::k8s::cni_bin_dir()?;
-        let seeds = d.join("seeds");
+        let seeds = dir.join("seeds");
         std::fs::create_dir_all(&seeds)?;
         crate::images::write_busybox(&seeds.join("busybox.tar"))?;
-        let prefix = format!(
-            "swt-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        let state = d.join("state");
-        let socket = d.join("broker.sock");
-        let store = match &opts.store_url {
-            Some(u) => format!("url = {u:?}\n"),
-            None => String::new(),
-        };
-        let market = if opts.separate_provider {
-            format!("url = \"http://{PROVIDER_ADDR}\"\n")
-        } else {
-            String::new()
-        };
-        let config = format!(
-            r#"state_dir = {state:?}
-service_addr = "{HOST_SERVICE_ADDR}"
-kube_dir = {kube:?}
-ctl_socket = {socket:?}
-
-[store]
-{store}
-[scale]
-max_nodes = {max}
-pods_per_node = {ppn}
-hold = "{hold}"
-
-[node]
-vcpu = {vcpu}
-memMiB = {mem}
-diskMiB = 20480
-
-[market]
-{market}bid_deadline = "{deadline}"
-boot_timeout = "120s"
-request_timeout = "{timeout}"
-
-[local_provider]
-listen = "{PROVIDER_ADDR}"
-capacity = 8
-prefix = "{prefix}"
-agent = {agent:?}
-cni_bin_dir = {cni:?}
-seed_images = [{seed}]
-kubelet_config_patch = {patch}
-{image}
-[clusters]
-upstream_resolvers = ["{HOST_SERVICE_ADDR}"]
-
-[front]
-listen = "0.0.0.0:{FRONT_PORT}"
-{front}
-"#,
-            front = opts.front_toml,
-            kube = bins.dir,
-            max = opts.max_nodes,
-            ppn = opts.pods_per_node,
-            hold = humantime::format_duration(opts.hold),
-            vcpu = opts.node_vcpu,
-            mem = opts.node_mem_mib,
-            deadline = humantime::format_duration(opts.bid_deadline),
-            timeout = humantime::format_duration(opts.request_timeout),
-            agent = workspace_bin("socialweb-agent"),
-            cni = cni.path(),
+        Ok(NodeSoftware {
+            kube: bins.dir.clone(),
+            agent: workspace_bin("socialweb-agent"),
+            cni: cni.to_path_buf(),
             // A node image brings its own seeds (busybox among the suite image's).
-            seed = if opts.image.is_some() {
+            seeds: if opts.image.is_some() {
                 None
             } else {
                 Some(seeds.join("busybox.tar"))
@@ -176,43 +150,106 @@ listen = "0.0.0.0:{FRONT_PORT}"
             .map(|p| format!("{p:?}"))
             .collect::<Vec<_>>()
             .join(", "),
-            patch = toml_inline(&test_kubelet_patch()),
-            image = match &opts.image {
+            patch: toml_inline(&test_kubelet_patch()),
+            image: match &opts.image {
                 Some(i) => format!("image = {i:?}\n"),
                 None => String::new(),
             },
-        );
+        })
+    }
+
+    /// A `[local_provider]` section listening on `listen` with `prefix`.
+    fn section(&self, listen: &str, prefix: &str, capacity: u32) -> String {
+        format!(
+            "[local_provider]\nlisten = \"{listen}\"\ncapacity = {capacity}\nprefix = \"{prefix}\"\nagent = {agent:?}\ncni_bin_dir = {cni:?}\nseed_images = [{seeds}]\nkubelet_config_patch = {patch}\n{image}",
+            agent = self.agent,
+            cni = self.cni,
+            seeds = self.seeds,
+            patch = self.patch,
+            image = self.image,
+        )
+    }
+}
+
+fn prefix(tag: &str) -> String {
+    format!(
+        "swt-{}-{}{tag}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl<'w> Broker<'w> {
+    pub fn start(world: &'w World, opts: BrokerOptions) -> Result<Broker<'w>> {
+        let dir = TempDir::new("broker")?;
+        let d = dir.path();
+        let cni = crate::k8s::cni_bin_dir()?;
+        let sw = NodeSoftware::new(&opts, d, cni.path())?;
+        let prefix = prefix("");
+        let mut providers = Vec::new();
+        for m in world.providers.iter().take(usize::from(opts.providers)) {
+            let p = prefix_for(&prefix, m.index);
+            let state = d.join(format!("provider-{}", m.index));
+            let config = d.join(format!("provider-{}.toml", m.index));
+            let listen = format!("{}:{PROVIDER_PORT}", m.addr);
+            let capacity = opts.provider_capacity;
+            std::fs::write(
+                &config,
+                format!(
+                    "state_dir = {state:?}\nkube_dir = {kube:?}\n\n[node]\nvcpu = {vcpu}\nmemMiB = {mem}\ndiskMiB = 20480\n\n{section}",
+                    kube = sw.kube,
+                    vcpu = opts.node_vcpu,
+                    mem = opts.node_mem_mib,
+                    section = sw.section(&listen, &p, capacity),
+                ),
+            )?;
+            providers.push(ProviderProc {
+                proc: Spawned::none("provider"),
+                index: m.index,
+                config,
+                state,
+                prefix: p,
+                url: format!("http://{listen}"),
+            });
+        }
+        let config = broker_config(&opts, d, &sw, &prefix, &providers);
         let config_path = d.join("broker.toml");
         std::fs::write(&config_path, config)?;
         let mut b = Broker {
             broker: Spawned::none("broker"),
-            provider: Spawned::none("provider"),
-            host,
+            providers,
+            world,
+            host: &world.operator,
             config: config_path,
-            socket,
-            state,
+            socket: d.join("broker.sock"),
+            state: d.join("state"),
             prefix,
             opts,
             _cni: cni,
             dir,
         };
-        if b.opts.separate_provider {
-            b.start_provider()?;
+        for i in 0..b.providers.len() {
+            b.start_provider(i)?;
         }
         b.start_broker()?;
         Ok(b)
     }
 
-    /// A log of the harness's: `broker` or `provider`.
+    /// A log of the harness's: `broker`, or `provider-<i>`.
     pub fn log(&self, what: &str) -> PathBuf {
         self.dir.path().join(format!("{what}.log"))
     }
 
-    fn command(&self, sub: &str, failpoints: Option<&str>) -> Command {
-        let mut cmd = self
-            .host
-            .command_keeping_mounts(&workspace_bin("socialweb-broker").to_string_lossy());
-        cmd.arg(sub).arg("--config").arg(&self.config).env(
+    fn command(
+        &self,
+        ns: &Netns,
+        sub: &str,
+        config: &std::path::Path,
+        failpoints: Option<&str>,
+    ) -> Command {
+        let mut cmd =
+            ns.command_keeping_mounts(&workspace_bin("socialweb-broker").to_string_lossy());
+        cmd.arg(sub).arg("--config").arg(config).env(
             "SOCIALWEB_LOG",
             "info,socialweb_broker=debug,iroh=warn,sqlx=warn,kube=warn",
         );
@@ -224,7 +261,12 @@ listen = "0.0.0.0:{FRONT_PORT}"
 
     /// Starts (or starts again) the broker daemon and waits for its control socket.
     pub fn start_broker(&mut self) -> Result<()> {
-        let cmd = self.command("run", self.opts.broker_failpoints.as_deref());
+        let cmd = self.command(
+            self.host,
+            "run",
+            &self.config,
+            self.opts.broker_failpoints.as_deref(),
+        );
         self.broker = Spawned::start_logged(cmd, "broker", &self.log("broker"))?;
         let socket = self.socket.clone();
         let broker = &mut self.broker;
@@ -243,16 +285,28 @@ listen = "0.0.0.0:{FRONT_PORT}"
         )
     }
 
-    /// Starts the separate provider and waits until it answers.
-    pub fn start_provider(&mut self) -> Result<()> {
-        let cmd = self.command("provider", self.opts.provider_failpoints.as_deref());
-        self.provider = Spawned::start_logged(cmd, "provider", &self.log("provider"))?;
-        let host = self.host;
-        wait_for("the provider to listen", Duration::from_secs(30), || {
-            Ok(host
-                .run(|| std::net::TcpStream::connect(PROVIDER_ADDR).is_ok())?
+    /// Starts (or starts again) provider `i` on its machine and waits until it answers.
+    pub fn start_provider(&mut self, i: usize) -> Result<()> {
+        let m = &self.world.providers[usize::from(self.providers[i].index) - 1];
+        let cmd = self.command(
+            &m.ns,
+            "provider",
+            &self.providers[i].config,
+            self.opts.provider_failpoints.as_deref(),
+        );
+        let log = self.log(&format!("provider-{}", m.index));
+        self.providers[i].proc = Spawned::start_logged(cmd, "provider", &log)?;
+        let addr = std::net::SocketAddr::new(m.addr.into(), PROVIDER_PORT);
+        wait_for("a provider to listen", Duration::from_secs(30), || {
+            Ok(m.ns
+                .run(|| std::net::TcpStream::connect(addr).is_ok())?
                 .then_some(()))
         })
+    }
+
+    /// SIGKILLs provider `i` (its nodes keep running).
+    pub fn kill_provider(&mut self, i: usize) {
+        self.providers[i].proc.kill_now();
     }
 
     /// Runs the broker with other failpoints from now on (after a crash).
@@ -307,7 +361,7 @@ listen = "0.0.0.0:{FRONT_PORT}"
 
     /// The gateway's URL (the front), as users reach it from the host namespace.
     pub fn front_url(&self) -> String {
-        format!("https://{HOST_SERVICE_ADDR}:{FRONT_PORT}")
+        format!("https://{OPERATOR_ADDR}:{FRONT_PORT}")
     }
 
     /// The front's self-made CA (what kubeconfigs carry).
@@ -315,11 +369,12 @@ listen = "0.0.0.0:{FRONT_PORT}"
         self.state.join("front/ca.crt")
     }
 
-    /// `socialweb-broker api <args>` as a user with `key`, from the host namespace: its
-    /// output (JSON), or its error message.
+    /// `socialweb-broker api <args>` as a user with `key`, from the internet: its output
+    /// (JSON), or its error message.
     pub fn api(&self, key: &std::path::Path, args: &[&str]) -> Result<Value> {
         let out = self
-            .host
+            .world
+            .internet
             .command(&workspace_bin("socialweb-broker").to_string_lossy())
             .arg("api")
             .args(args)
@@ -337,7 +392,7 @@ listen = "0.0.0.0:{FRONT_PORT}"
         Ok(serde_json::from_slice(&out.stdout)?)
     }
 
-    /// kubectl with `kubeconfig` (a user's), from the host namespace; `env` set for it.
+    /// kubectl with `kubeconfig` (a user's), from the internet; `env` set for it.
     pub fn kubectl_as(
         &self,
         kubeconfig: &std::path::Path,
@@ -345,7 +400,7 @@ listen = "0.0.0.0:{FRONT_PORT}"
         args: &[&str],
     ) -> Command {
         let bins = binaries().expect("the Kubernetes binaries");
-        let mut c = self.host.command(&bins.kube().to_string_lossy());
+        let mut c = self.world.internet.command(&bins.kube().to_string_lossy());
         c.arg("kubectl")
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .args(args);
@@ -409,22 +464,30 @@ listen = "0.0.0.0:{FRONT_PORT}"
         crate::k8s::kubectl_apply(self.host, &self.kubeconfig(cluster), manifest).map(|_| ())
     }
 
-    /// The provider's own view: every lease it holds, asked over the market protocol.
+    /// The market URLs of the providers, as the operator's host reaches them.
+    pub fn provider_urls(&self) -> Vec<String> {
+        if self.providers.is_empty() {
+            vec![format!("http://{PROVIDER_ADDR}")]
+        } else {
+            self.providers.iter().map(|p| p.url.clone()).collect()
+        }
+    }
+
+    /// The providers' own view: every lease they hold, asked over the market protocol.
     pub fn provider_leases(&self) -> Result<Vec<Value>> {
-        let out = self
-            .host
-            .exec(
-                "curl",
-                &[
-                    "-sf",
-                    "--max-time",
-                    "5",
-                    &format!("http://{PROVIDER_ADDR}/v1/leases"),
-                ],
-            )
-            .context("asking the provider for its leases")?;
-        let v: Value = serde_json::from_str(&out)?;
-        Ok(v["leases"].as_array().cloned().unwrap_or_default())
+        let mut all = Vec::new();
+        for url in self.provider_urls() {
+            let out = self
+                .host
+                .exec(
+                    "curl",
+                    &["-sf", "--max-time", "5", &format!("{url}/v1/leases")],
+                )
+                .with_context(|| format!("asking the provider at {url} for its leases"))?;
+            let v: Value = serde_json::from_str(&out)?;
+            all.extend(v["leases"].as_array().cloned().unwrap_or_default());
+        }
+        Ok(all)
     }
 
     /// Leases the provider holds live (booting or running).
@@ -478,9 +541,13 @@ listen = "0.0.0.0:{FRONT_PORT}"
 
     /// The scratch directory of a node's machine (its agent's and children's logs).
     pub fn node_dirs(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(self.state.join("local-provider/nodes"))
-            .into_iter()
-            .flatten()
+        std::iter::once(self.state.clone())
+            .chain(self.providers.iter().map(|p| p.state.clone()))
+            .flat_map(|s| {
+                std::fs::read_dir(s.join("local-provider/nodes"))
+                    .into_iter()
+                    .flatten()
+            })
             .filter_map(|e| e.ok().map(|e| e.path()))
             .collect()
     }
@@ -513,13 +580,18 @@ listen = "0.0.0.0:{FRONT_PORT}"
 
     /// Destroys every machine the provider made (their network namespaces and cgroups).
     fn destroy_machines(&self) {
-        for ns in crate::netns::list() {
-            if ns.starts_with(&format!("{}n", self.prefix)) {
-                let _ = crate::netns::remove(&ns);
+        let prefixes: Vec<&str> = std::iter::once(self.prefix.as_str())
+            .chain(self.providers.iter().map(|p| p.prefix.as_str()))
+            .collect();
+        for prefix in prefixes {
+            for cg in socialweb_provider::machine::cgroups_with_prefix(prefix) {
+                socialweb_provider::machine::destroy_cgroup(&cg);
             }
-        }
-        for cg in socialweb_provider::machine::cgroups_with_prefix(&self.prefix) {
-            socialweb_provider::machine::destroy_cgroup(&cg);
+            for ns in crate::netns::list() {
+                if ns.starts_with(&format!("{prefix}n")) || ns.starts_with(&format!("{prefix}g")) {
+                    let _ = crate::netns::remove(&ns);
+                }
+            }
         }
     }
 }
@@ -527,9 +599,84 @@ listen = "0.0.0.0:{FRONT_PORT}"
 impl Drop for Broker<'_> {
     fn drop(&mut self) {
         self.broker.kill_now();
-        self.provider.kill_now();
+        for p in &mut self.providers {
+            p.proc.kill_now();
+        }
         self.destroy_machines();
     }
+}
+
+/// Provider `i`'s prefix beside the broker's own (`<prefix>p<i>`).
+fn prefix_for(prefix: &str, i: u8) -> String {
+    format!("{prefix}p{i}")
+}
+
+/// The broker's configuration file.
+fn broker_config(
+    opts: &BrokerOptions,
+    d: &std::path::Path,
+    sw: &NodeSoftware,
+    prefix: &str,
+    providers: &[ProviderProc],
+) -> String {
+    let store = match &opts.store_url {
+        Some(u) => format!("url = {u:?}\n"),
+        None => String::new(),
+    };
+    let market: String = providers
+        .iter()
+        .map(|p| {
+            format!(
+                "[[market.providers]]\nname = \"p{}\"\nurl = \"{}\"\n",
+                p.index, p.url
+            )
+        })
+        .collect();
+    format!(
+        r#"state_dir = {state:?}
+service_addr = "{OPERATOR_ADDR}"
+kube_dir = {kube:?}
+ctl_socket = {socket:?}
+
+[store]
+{store}
+[scale]
+max_nodes = {max}
+pods_per_node = {ppn}
+hold = "{hold}"
+
+[node]
+vcpu = {vcpu}
+memMiB = {mem}
+diskMiB = 20480
+
+[market]
+bid_deadline = "{deadline}"
+boot_timeout = "120s"
+request_timeout = "{timeout}"
+
+{market}
+{local}
+[clusters]
+upstream_resolvers = ["{RESOLVER_ADDR}"]
+
+[front]
+listen = "0.0.0.0:{FRONT_PORT}"
+{front}
+"#,
+        state = d.join("state"),
+        socket = d.join("broker.sock"),
+        front = opts.front_toml,
+        kube = sw.kube,
+        max = opts.max_nodes,
+        ppn = opts.pods_per_node,
+        hold = humantime::format_duration(opts.hold),
+        vcpu = opts.node_vcpu,
+        mem = opts.node_mem_mib,
+        deadline = humantime::format_duration(opts.bid_deadline),
+        timeout = humantime::format_duration(opts.request_timeout),
+        local = sw.section(PROVIDER_ADDR, prefix, opts.provider_capacity),
+    )
 }
 
 /// A JSON value as a TOML inline value (objects become inline tables).

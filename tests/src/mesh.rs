@@ -192,7 +192,7 @@ impl<'t> MeshCluster<'t> {
         std::fs::write(
             &identity,
             json!({
-                "version": 2, "cluster": "test", "node": name,
+                "version": 3, "cluster": "test", "node": name,
                 "server_url": format!("https://{HOST_SERVICE_ADDR}:6443"),
                 "ca_cert_sha256": format!("sha256:{}", "00".repeat(32)),
                 "join_token": "unused.0000000000000000",

@@ -11,19 +11,17 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use testbed::Netns;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
 use testbed::tmp::TempDir;
+use testbed::world::World;
 
 fn step(t: Instant, what: &str) {
     eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
 }
 
-fn host() -> Netns {
-    let h = Netns::new("ahost").unwrap();
-    testbed::link::sysctl(&h, "net.ipv4.ip_forward", "0").unwrap();
-    h
+fn world() -> World {
+    World::new(0).unwrap()
 }
 
 fn keygen(dir: &Path, name: &str) -> (PathBuf, String) {
@@ -105,8 +103,8 @@ spec:
 #[test]
 fn a_did_reaches_its_cluster_only_through_the_front_and_loses_it_on_revocation() {
     let t = Instant::now();
-    let host = host();
-    let b = Broker::start(&host, BrokerOptions::default()).unwrap();
+    let world = world();
+    let b = Broker::start(&world, BrokerOptions::default()).unwrap();
     let dir = TempDir::new("access").unwrap();
     let (alice, alice_did) = keygen(dir.path(), "alice.key");
     let (mallory, _) = keygen(dir.path(), "mallory.key");
@@ -275,7 +273,7 @@ fn a_did_reaches_its_cluster_only_through_the_front_and_loses_it_on_revocation()
             "a page through port-forward",
             Duration::from_secs(20),
             || {
-                let o = host.output(
+                let o = world.internet.output(
                     "curl",
                     &[
                         "-sS",
@@ -366,7 +364,8 @@ fn a_did_reaches_its_cluster_only_through_the_front_and_loses_it_on_revocation()
     b.api(&mallory, &["delete-cluster", "other"]).unwrap();
 
     // No certificate at all (kubectl would prompt for a password; curl asks plainly).
-    let o = host
+    let o = world
+        .internet
         .output(
             "curl",
             &[
@@ -485,7 +484,8 @@ fn service_auth_tokens_are_checked_against_the_did_and_bad_requests_change_nothi
     use socialweb_broker::auth::token::{SigningKey, sign};
     use std::time::SystemTime;
 
-    let host = host();
+    let world = world();
+    let host = &world.operator;
     // A did:web document on loopback HTTPS, from a CA the broker is told to trust.
     let dir = TempDir::new("didweb").unwrap();
     let web_ca = socialweb_broker::control_plane::pki::Pki::new(&dir.path().join("ca")).unwrap();
@@ -528,7 +528,7 @@ fn service_auth_tokens_are_checked_against_the_did_and_bad_requests_change_nothi
         .unwrap();
 
     let b = Broker::start(
-        &host,
+        &world,
         BrokerOptions {
             front_toml: format!("did_web_roots = [{:?}]\n", web_ca.ca_cert()),
             ..Default::default()

@@ -6,14 +6,12 @@
 
 use std::time::{Duration, Instant};
 
-use testbed::Netns;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
+use testbed::world::World;
 
-fn host() -> Netns {
-    let h = Netns::new("bhost").unwrap();
-    testbed::link::sysctl(&h, "net.ipv4.ip_forward", "0").unwrap();
-    h
+fn world() -> World {
+    World::new(1).unwrap()
 }
 
 fn pod(name: &str, script: &str) -> String {
@@ -57,8 +55,8 @@ fn the_one_node_loop_runs_on_the_node_image() {
 
 fn one_node_loop(opts: BrokerOptions) {
     let t = Instant::now();
-    let host = host();
-    let b = Broker::start(&host, opts).unwrap();
+    let world = world();
+    let b = Broker::start(&world, opts).unwrap();
     let created = b.cli_json(&["cluster", "create", "demo"]).unwrap();
     assert_eq!(created["state"], "ready", "{created}\n{}", b.diagnostics());
     step(t, "cluster created, control plane ready");
@@ -182,11 +180,11 @@ spec:
 #[test]
 fn five_jobs_one_per_node_rent_five_nodes_then_the_cluster_returns_to_zero() {
     let t = Instant::now();
-    let host = host();
+    let world = world();
     // Finished jobs keep no node: the hold must outlast reading the five logs after the
     // last job ends (on a loaded machine 3 s did not: the nodes went, and their logs).
     let b = Broker::start(
-        &host,
+        &world,
         BrokerOptions {
             hold: Duration::from_secs(15),
             ..Default::default()
@@ -314,11 +312,11 @@ fn job_through_a_crash(b: &mut Broker<'_>, cluster: &str, n: u32, step_name: &st
 #[test]
 fn the_broker_killed_after_each_step_of_a_provision_finishes_it_with_no_orphan_and_no_double() {
     let t = Instant::now();
-    let host = host();
+    let world = world();
     let mut b = Broker::start(
-        &host,
+        &world,
         BrokerOptions {
-            separate_provider: true,
+            providers: 1,
             hold: Duration::from_secs(2),
             ..Default::default()
         },
@@ -354,11 +352,11 @@ fn the_broker_killed_after_each_step_of_a_provision_finishes_it_with_no_orphan_a
 
 #[test]
 fn market_faults_are_retried_or_replanned_with_a_reason_and_nothing_leaks() {
-    let host = host();
+    let world = world();
     let b = Broker::start(
-        &host,
+        &world,
         BrokerOptions {
-            separate_provider: true,
+            providers: 1,
             request_timeout: Duration::from_secs(2),
             provider_failpoints: Some(
                 "provider::hang=1*return;provider::garbage=1*return;provider::no_bid=1*return;provider::fail_boot=1*return"
@@ -425,8 +423,8 @@ fn market_faults_are_retried_or_replanned_with_a_reason_and_nothing_leaks() {
 
 #[test]
 fn a_pod_no_node_can_hold_rents_nothing_and_gets_an_event() {
-    let host = host();
-    let b = Broker::start(&host, BrokerOptions::default()).unwrap();
+    let world = world();
+    let b = Broker::start(&world, BrokerOptions::default()).unwrap();
     assert_eq!(
         b.cli_json(&["cluster", "create", "big"]).unwrap()["state"],
         "ready"

@@ -25,6 +25,7 @@ fn provision(cluster: &str, node: &str) -> Provision {
         token_secret: "0123456789abcdef".into(),
         mesh_key: "11".repeat(32),
         endpoint: "e".into(),
+        node_ip: Some("10.41.0.1".parse().unwrap()),
         reason: None,
         attempts: 0,
         created_at: 1,
@@ -173,10 +174,10 @@ fn the_store_keeps_the_same_records_on_sqlite_and_postgresql() {
 
 #[test]
 fn the_daemon_runs_on_postgresql() {
-    let host = Netns::new("bhost").unwrap();
-    let pg = Postgres::start(&host).unwrap();
+    let world = testbed::world::World::new(0).unwrap();
+    let pg = Postgres::start(&world.operator).unwrap();
     let b = Broker::start(
-        &host,
+        &world,
         BrokerOptions {
             store_url: Some(pg.url.clone()),
             ..Default::default()

@@ -1,17 +1,20 @@
 //! Contract 1, the node identity: the small document the broker writes when a lease is
 //! awarded and the node reads, read-only, from its identity disk (a file in tests).
 //!
-//! Version 2, JSON:
+//! Version 3, JSON:
 //!
 //! ```json
 //! {
-//!   "version": 2,
+//!   "version": 3,
 //!   "cluster": "demo",
-//!   "node": "node-1",
-//!   "server_url": "https://172.31.255.1:6443",
+//!   "node": "demo-1",
+//!   "server_url": "https://169.254.20.11:16443",
 //!   "ca_cert_sha256": "sha256:<64 hex digits>",
 //!   "join_token": "abcdef.0123456789abcdef",
-//!   "relay_url": "http://172.31.255.1:3340",
+//!   "broker": {"endpoint": "<64 hex digits>", "addrs": ["203.0.113.1:7443"]},
+//!   "node_ip": "10.41.0.1",
+//!   "relay_url": "https://203.0.113.1:3340",
+//!   "relay_ca_cert": "-----BEGIN CERTIFICATE-----...",
 //!   "mesh_secret_key": "<64 hex digits>",
 //!   "cluster_cidr": "10.42.0.0/16",
 //!   "service_cidr": "10.43.0.0/16",
@@ -21,9 +24,14 @@
 //! }
 //! ```
 //!
-//! Every field is required except `upstream_resolvers` (empty: use the node's resolv.conf)
-//! and `labels`, and exactly one of `ca_cert` (the control plane's CA, PEM) and
-//! `ca_cert_sha256` (a pin of its public key, as kubeadm's `--discovery-token-ca-cert-hash`);
+//! Every field is required except `upstream_resolvers` (empty: use the node's resolv.conf),
+//! `labels`, and these three: `broker`, the broker's tunnel endpoint (contract 9: the node
+//! serves `server_url`, a node-local address, through it; absent: `server_url` is reached
+//! directly, as the test harness's own control plane is), `node_ip`, the node's address,
+//! unique in its cluster and reached over the mesh (absent: the agent's `--node-ip`), and
+//! `relay_ca_cert`, the CA of the relay's TLS certificate when it is not one the node trusts
+//! already. Exactly one of `ca_cert` (the control plane's CA, PEM) and `ca_cert_sha256` (a
+//! pin of its public key, as kubeadm's `--discovery-token-ca-cert-hash`) is required;
 //! unknown fields are refused. A malformed or partial document is an error that names the
 //! field, and the agent refuses to start on it.
 
@@ -36,11 +44,13 @@ use serde_json::{Map, Value};
 use url::Url;
 
 /// The version this code writes and reads.
-pub const VERSION: u64 = 2;
+pub const VERSION: u64 = 3;
 
 /// What changed in each version, for the error an older document gets.
 const CHANGES: &str = "version 2 added the control plane's CA (`ca_cert` or `ca_cert_sha256`) \
-                       and made `join_token` a bootstrap token `<id>.<secret>`";
+                       and made `join_token` a bootstrap token `<id>.<secret>`; version 3 \
+                       added the broker's tunnel endpoint (`broker`), the node's address \
+                       (`node_ip`) and the relay's CA (`relay_ca_cert`)";
 
 /// A validated node identity.
 #[derive(Clone, PartialEq, Eq)]
@@ -51,13 +61,27 @@ pub struct NodeIdentity {
     /// How the node knows it talks to the real control plane.
     pub ca: CaTrust,
     pub join_token: BootstrapToken,
+    /// The broker's tunnel endpoint, through which the node reaches `server_url`.
+    pub broker: Option<BrokerEndpoint>,
+    /// The node's address in its cluster (the kubelet's `--node-ip`), reached over the mesh.
+    pub node_ip: Option<IpAddr>,
     pub relay_url: Url,
+    /// The CA of the relay's certificate (PEM), when the node would not trust it otherwise.
+    pub relay_ca: Option<String>,
     pub mesh_secret_key: MeshSecretKey,
     pub cluster_cidr: IpNet,
     pub service_cidr: IpNet,
     pub cluster_domain: String,
     pub upstream_resolvers: Vec<SocketAddr>,
     pub labels: BTreeMap<String, String>,
+}
+
+/// The broker's tunnel endpoint (contract 9): its endpoint id (64 hex digits) and the UDP
+/// addresses it listens on (the relay is tried too).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerEndpoint {
+    pub endpoint: [u8; 32],
+    pub addrs: Vec<SocketAddr>,
 }
 
 /// The node's mesh secret key (an ed25519 key; its public half is the node's endpoint id).
@@ -147,6 +171,8 @@ impl fmt::Debug for NodeIdentity {
             .field("server_url", &self.server_url.as_str())
             .field("ca", &self.ca)
             .field("join_token", &self.join_token)
+            .field("broker", &self.broker)
+            .field("node_ip", &self.node_ip)
             .field("relay_url", &self.relay_url.as_str())
             .field("mesh_secret_key", &self.mesh_secret_key)
             .field("cluster_cidr", &self.cluster_cidr)
@@ -182,7 +208,10 @@ const FIELDS: &[&str] = &[
     "ca_cert",
     "ca_cert_sha256",
     "join_token",
+    "broker",
+    "node_ip",
     "relay_url",
+    "relay_ca_cert",
     "mesh_secret_key",
     "cluster_cidr",
     "service_cidr",
@@ -320,18 +349,7 @@ impl NodeIdentity {
                     "give either ca_cert or ca_cert_sha256, not both",
                 ));
             }
-            (Some(_), None) => {
-                let pem = string(&doc, "ca_cert")?;
-                if !pem.contains("-----BEGIN CERTIFICATE-----")
-                    || !pem.contains("-----END CERTIFICATE-----")
-                {
-                    return Err(err(
-                        "ca_cert",
-                        "must be a PEM certificate (-----BEGIN CERTIFICATE-----)",
-                    ));
-                }
-                CaTrust::Pem(pem.to_string())
-            }
+            (Some(_), None) => CaTrust::Pem(pem_certificate(&doc, "ca_cert")?),
             (None, Some(_)) => {
                 let s = string(&doc, "ca_cert_sha256")?;
                 CaTrust::Sha256Pin(parse_pin(s).map_err(|p| err("ca_cert_sha256", p))?)
@@ -346,6 +364,22 @@ impl NodeIdentity {
         let join_token =
             BootstrapToken::parse(string(&doc, "join_token")?).map_err(|p| err("join_token", p))?;
         let relay_url = url(&doc, "relay_url", &["http", "https"])?;
+        let relay_ca = match doc.get("relay_ca_cert") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(pem_certificate(&doc, "relay_ca_cert")?),
+        };
+        let broker = broker_endpoint(&doc)?;
+        if broker.is_some()
+            && server_url
+                .host_str()
+                .and_then(|h| h.trim_matches(['[', ']']).parse::<IpAddr>().ok())
+                .is_none()
+        {
+            return Err(err(
+                "server_url",
+                "with a broker tunnel the node serves server_url itself: its host must be an IP address",
+            ));
+        }
         let key_hex = string(&doc, "mesh_secret_key")?;
         let mesh_secret_key = parse_key(key_hex).map_err(|p| err("mesh_secret_key", p))?;
         let cluster_cidr = cidr(&doc, "cluster_cidr")?;
@@ -360,6 +394,27 @@ impl NodeIdentity {
             .trim_end_matches('.')
             .to_string();
         dns_name("cluster_domain", &cluster_domain)?;
+        let node_ip = match doc.get("node_ip") {
+            None | Some(Value::Null) => None,
+            Some(_) => {
+                let s = string(&doc, "node_ip")?;
+                let ip: IpAddr = s
+                    .parse()
+                    .map_err(|_| err("node_ip", format!("{s:?} is not an IP address")))?;
+                if ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() {
+                    return Err(err("node_ip", format!("{ip} cannot be a node's address")));
+                }
+                if cluster_cidr.contains(&ip) || service_cidr.contains(&ip) {
+                    return Err(err(
+                        "node_ip",
+                        format!(
+                            "{ip} is inside cluster_cidr {cluster_cidr} or service_cidr {service_cidr}"
+                        ),
+                    ));
+                }
+                Some(ip)
+            }
+        };
 
         let upstream_resolvers = match doc.get("upstream_resolvers") {
             None | Some(Value::Null) => Vec::new(),
@@ -409,7 +464,10 @@ impl NodeIdentity {
             server_url,
             ca,
             join_token,
+            broker,
+            node_ip,
             relay_url,
+            relay_ca,
             mesh_secret_key,
             cluster_cidr,
             service_cidr,
@@ -439,8 +497,78 @@ impl NodeIdentity {
             CaTrust::Pem(pem) => doc["ca_cert"] = pem.clone().into(),
             CaTrust::Sha256Pin(pin) => doc["ca_cert_sha256"] = CaTrust::pin_text(pin).into(),
         }
+        if let Some(b) = &self.broker {
+            doc["broker"] = serde_json::json!({
+                "endpoint": hex(&b.endpoint),
+                "addrs": b.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+            });
+        }
+        if let Some(ip) = self.node_ip {
+            doc["node_ip"] = ip.to_string().into();
+        }
+        if let Some(ca) = &self.relay_ca {
+            doc["relay_ca_cert"] = ca.clone().into();
+        }
         doc
     }
+}
+
+fn pem_certificate(doc: &Map<String, Value>, field: &str) -> Result<String, IdentityError> {
+    let pem = string(doc, field)?;
+    if !pem.contains("-----BEGIN CERTIFICATE-----") || !pem.contains("-----END CERTIFICATE-----") {
+        return Err(err(
+            field,
+            "must be a PEM certificate (-----BEGIN CERTIFICATE-----)",
+        ));
+    }
+    Ok(pem.to_string())
+}
+
+/// `broker`: `{"endpoint": "<64 hex>", "addrs": ["ip:port", ...]}`, or absent.
+fn broker_endpoint(doc: &Map<String, Value>) -> Result<Option<BrokerEndpoint>, IdentityError> {
+    let b = match doc.get("broker") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(b)) => b,
+        Some(other) => {
+            return Err(err(
+                "broker",
+                format!("must be an object, found {}", kind(other)),
+            ));
+        }
+    };
+    if let Some(k) = b
+        .keys()
+        .find(|k| !matches!(k.as_str(), "endpoint" | "addrs"))
+    {
+        return Err(err(&format!("broker.{k}"), "is not a field of broker"));
+    }
+    let endpoint = string(b, "endpoint")
+        .map_err(|e| err("broker.endpoint", e.problem))
+        .and_then(|s| {
+            parse_key(s)
+                .map(|k| k.0)
+                .map_err(|p| err("broker.endpoint", p))
+        })?;
+    let addrs = match b.get("addrs") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let field = format!("broker.addrs[{i}]");
+                v.as_str()
+                    .and_then(|s| s.parse::<SocketAddr>().ok())
+                    .ok_or_else(|| err(&field, format!("{v} is not an ip:port")))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(err(
+                "broker.addrs",
+                format!("must be an array, found {}", kind(other)),
+            ));
+        }
+    };
+    Ok(Some(BrokerEndpoint { endpoint, addrs }))
 }
 
 fn parse_pin(s: &str) -> Result<[u8; 32], String> {
@@ -548,7 +676,7 @@ mod tests {
 
     fn good() -> Value {
         serde_json::json!({
-            "version": 2,
+            "version": 3,
             "cluster": "demo",
             "node": "node-1",
             "server_url": "https://172.31.255.1:6443",
@@ -591,13 +719,53 @@ mod tests {
     }
 
     #[test]
+    fn the_tunnel_node_address_and_relay_ca_round_trip() {
+        let mut doc = good();
+        doc["server_url"] = "https://169.254.20.11:16443".into();
+        doc["broker"] =
+            serde_json::json!({"endpoint": "cd".repeat(32), "addrs": ["203.0.113.1:7443"]});
+        doc["node_ip"] = "10.41.0.7".into();
+        doc["relay_ca_cert"] =
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into();
+        let id = parse(&doc).unwrap();
+        let b = id.broker.as_ref().unwrap();
+        assert_eq!(b.endpoint, [0xcd; 32]);
+        assert_eq!(b.addrs, ["203.0.113.1:7443".parse::<SocketAddr>().unwrap()]);
+        assert_eq!(id.node_ip, Some("10.41.0.7".parse().unwrap()));
+        assert!(id.relay_ca.is_some());
+        assert_eq!(parse(&id.to_json()).unwrap(), id);
+        let mut named = doc.clone();
+        named["server_url"] = "https://api.example:16443".into();
+        assert_eq!(
+            parse(&named).unwrap_err().field,
+            "server_url",
+            "the node binds it"
+        );
+        for (b, field) in [
+            (serde_json::json!({"endpoint": "zz"}), "broker.endpoint"),
+            (
+                serde_json::json!({"endpoint": "cd".repeat(32), "addrs": ["nope"]}),
+                "broker.addrs[0]",
+            ),
+            (
+                serde_json::json!({"endpoint": "cd".repeat(32), "port": 1}),
+                "broker.port",
+            ),
+        ] {
+            let mut bad = doc.clone();
+            bad["broker"] = b;
+            assert_eq!(parse(&bad).unwrap_err().field, field);
+        }
+    }
+
+    #[test]
     fn an_older_version_is_told_which_version_is_expected() {
         let mut doc = good();
         doc["version"] = 1.into();
         doc.as_object_mut().unwrap().remove("ca_cert_sha256");
         let e = parse(&doc).unwrap_err();
         assert_eq!(e.field, "version");
-        assert!(e.problem.contains("reads version 2"), "{e}");
+        assert!(e.problem.contains("reads version 3"), "{e}");
         assert!(e.problem.contains("ca_cert"), "{e}");
     }
 
@@ -655,7 +823,13 @@ mod tests {
         for field in FIELDS.iter().filter(|f| {
             !matches!(
                 **f,
-                "upstream_resolvers" | "labels" | "ca_cert" | "ca_cert_sha256"
+                "upstream_resolvers"
+                    | "labels"
+                    | "ca_cert"
+                    | "ca_cert_sha256"
+                    | "broker"
+                    | "node_ip"
+                    | "relay_ca_cert"
             )
         }) {
             let mut doc = good();
@@ -669,7 +843,12 @@ mod tests {
     #[test]
     fn bad_values_name_their_field() {
         let cases: &[(&str, Value, &str)] = &[
-            ("version", 3.into(), "not supported"),
+            ("version", 4.into(), "not supported"),
+            ("node_ip", "10.42.0.9".into(), "inside cluster_cidr"),
+            ("node_ip", "127.0.0.1".into(), "cannot be a node's address"),
+            ("node_ip", "node-1".into(), "not an IP address"),
+            ("broker", "x".into(), "must be an object"),
+            ("relay_ca_cert", "not pem".into(), "PEM certificate"),
             ("ca_cert_sha256", "ab".repeat(32).into(), "sha256:"),
             ("ca_cert_sha256", "sha256:abc".into(), "64 hexadecimal"),
             ("node", "Node_1".into(), "DNS label"),

@@ -6,5 +6,8 @@ pub mod ca;
 pub mod identity;
 pub mod mesh;
 pub mod seeds;
+pub mod tunnel;
 
-pub use identity::{BootstrapToken, CaTrust, IdentityError, MeshSecretKey, NodeIdentity};
+pub use identity::{
+    BootstrapToken, BrokerEndpoint, CaTrust, IdentityError, MeshSecretKey, NodeIdentity,
+};

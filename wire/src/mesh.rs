@@ -11,6 +11,11 @@ pub const ENDPOINT_ANNOTATION: &str = "socialweb.computer/mesh-endpoint";
 /// `ip:port` (may be empty: peers then reach it through the relay only).
 pub const ADDRS_ANNOTATION: &str = "socialweb.computer/mesh-addrs";
 
+/// Annotation an agent writes on its own Node when its identity gives it a cluster address
+/// (`node_ip`): peers then route that address to it over the mesh, like its pod CIDR. A node
+/// without it (the test harness's, addressed on its underlay) is reached for pods only.
+pub const NODE_IP_ANNOTATION: &str = "socialweb.computer/mesh-node-ip";
+
 /// Label the agent puts on its Node once node-local DNS serves (contract 5).
 pub const NODE_LOCAL_DNS_LABEL: &str = "socialweb.computer/node-local-dns";
 

@@ -19,6 +19,10 @@ pub struct NodeEntry {
     /// Direct UDP addresses; empty means relay only.
     #[serde(default)]
     pub addrs: Vec<SocketAddr>,
+    /// The node's own address (its Node's InternalIP), reached over the mesh like its pods:
+    /// the kubelet, NodePorts and hostNetwork Pods. `None`: pods only.
+    #[serde(default)]
+    pub node_ip: Option<IpAddr>,
 }
 
 impl NodeEntry {
@@ -26,6 +30,20 @@ impl NodeEntry {
     /// node uses for packets it originates into the mesh.
     pub fn gateway(&self) -> IpAddr {
         first_host(&self.pod_cidr)
+    }
+
+    /// Whether `ip` is one of this node's: inside its pod CIDR, or its node address.
+    pub fn holds(&self, ip: &IpAddr) -> bool {
+        self.pod_cidr.contains(ip) || self.node_ip.as_ref() == Some(ip)
+    }
+
+    /// What the mesh routes to this node: its pod CIDR, and its node address as a host route.
+    pub fn prefixes(&self) -> Vec<IpNet> {
+        let mut out = vec![self.pod_cidr];
+        if let Some(ip) = self.node_ip {
+            out.push(IpNet::from(ip));
+        }
+        out
     }
 }
 
@@ -99,6 +117,17 @@ fn refusal(
             e.pod_cidr, o.pod_cidr
         ));
     }
+    if let Some(ip) = e.node_ip {
+        if cluster_cidr.contains(&ip) {
+            return Some(format!("node address {ip} is inside the cluster CIDR"));
+        }
+        if own.is_some_and(|o| o.node_ip == Some(ip)) {
+            return Some(format!("node address {ip} is this node's"));
+        }
+        if let Some(p) = accepted.values().find(|p| p.node_ip == Some(ip)) {
+            return Some(format!("node address {ip} is also {}'s", p.node));
+        }
+    }
     for p in accepted.values() {
         if overlaps(&p.pod_cidr, &e.pod_cidr) {
             return Some(format!(
@@ -167,7 +196,42 @@ mod tests {
             endpoint: ep.to_string().repeat(64),
             pod_cidr: cidr.parse().unwrap(),
             addrs: vec![],
+            node_ip: None,
         }
+    }
+
+    #[test]
+    fn node_addresses_are_a_nodes_own_and_unique() {
+        let with = |n: &str, ep: char, cidr: &str, ip: &str| NodeEntry {
+            node_ip: Some(ip.parse().unwrap()),
+            ..e(n, ep, cidr)
+        };
+        let entries = [
+            with("a", '1', "10.42.1.0/24", "10.41.0.1"),
+            with("b", '2', "10.42.2.0/24", "10.41.0.2"),
+            with("c", '3', "10.42.3.0/24", "10.41.0.1"), // a's
+            with("d", '4', "10.42.4.0/24", "10.41.0.2"), // b's
+            with("f", '6', "10.42.6.0/24", "10.42.9.9"), // inside the cluster CIDR
+        ];
+        let v = view(&entries, "a", &cluster());
+        assert_eq!(v.peers.keys().collect::<Vec<_>>(), ["b"]);
+        let reasons: BTreeMap<_, _> = v.rejected.into_iter().collect();
+        assert!(reasons["c"].contains("this node's"), "{reasons:?}");
+        assert!(reasons["d"].contains("also b's"), "{reasons:?}");
+        assert!(
+            reasons["f"].contains("inside the cluster CIDR"),
+            "{reasons:?}"
+        );
+        let b = &v.peers["b"];
+        assert!(b.holds(&"10.41.0.2".parse().unwrap()) && b.holds(&"10.42.2.7".parse().unwrap()));
+        assert!(!b.holds(&"10.41.0.1".parse().unwrap()));
+        assert_eq!(
+            b.prefixes()
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>(),
+            ["10.42.2.0/24", "10.41.0.2/32"]
+        );
     }
 
     fn cluster() -> IpNet {

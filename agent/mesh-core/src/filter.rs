@@ -1,7 +1,8 @@
 //! The mesh's packet filter, both directions (contract 3): a datagram is accepted only from a
-//! peer in the directory, with a source inside that peer's pod CIDR and a destination inside
-//! ours; a packet is sent only to the peer whose pod CIDR holds its destination, and only with
-//! a source inside ours. Everything else is dropped and counted by reason. Pure.
+//! peer in the directory, with a source that is the peer's (inside its pod CIDR, or its node
+//! address) and a destination that is ours; a packet is sent only to the peer whose prefixes
+//! hold its destination, and only with a source that is ours. Everything else is dropped and
+//! counted by reason. Pure.
 
 use std::net::IpAddr;
 
@@ -52,17 +53,38 @@ impl DropReason {
     }
 }
 
-/// Checks a datagram that arrived from a peer owning `peer_cidr`, for delivery into our
-/// `own_cidr`.
-pub fn ingress(datagram: &[u8], peer_cidr: &IpNet, own_cidr: &IpNet) -> Result<Header, DropReason> {
+/// Checks a datagram that arrived from `peer`, for delivery to one of `own`'s addresses.
+pub fn ingress(datagram: &[u8], peer: &NodeAddrs, own: &NodeAddrs) -> Result<Header, DropReason> {
     let h = packet::parse(datagram).ok_or(DropReason::Malformed)?;
-    if !peer_cidr.contains(&h.src) {
+    if !peer.holds(&h.src) {
         return Err(DropReason::SpoofedSource);
     }
-    if !own_cidr.contains(&h.dst) {
+    if !own.holds(&h.dst) {
         return Err(DropReason::WrongDestination);
     }
     Ok(h)
+}
+
+/// A node's addresses as the filter sees them: its pod CIDR and, when it has one, its node
+/// address (the kubelet, NodePorts, hostNetwork Pods).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeAddrs {
+    pub pod_cidr: IpNet,
+    pub node_ip: Option<IpAddr>,
+}
+
+impl NodeAddrs {
+    /// Pods only.
+    pub fn pods(pod_cidr: IpNet) -> NodeAddrs {
+        NodeAddrs {
+            pod_cidr,
+            node_ip: None,
+        }
+    }
+
+    pub fn holds(&self, ip: &IpAddr) -> bool {
+        self.pod_cidr.contains(ip) || self.node_ip.as_ref() == Some(ip)
+    }
 }
 
 /// Routes to peers' pod CIDRs, longest prefix first.
@@ -110,11 +132,11 @@ impl<K> Routes<K> {
 /// peer's. Returns the header and the peer's key.
 pub fn egress<'r, K>(
     packet: &[u8],
-    own_cidr: &IpNet,
+    own: &NodeAddrs,
     routes: &'r Routes<K>,
 ) -> Result<(Header, &'r K), DropReason> {
     let h = packet::parse(packet).ok_or(DropReason::Malformed)?;
-    if !own_cidr.contains(&h.src) {
+    if !own.holds(&h.src) {
         return Err(DropReason::SpoofedSource);
     }
     let peer = routes.lookup(h.dst).ok_or(DropReason::NoRoute)?;
@@ -136,7 +158,10 @@ mod tests {
 
     #[test]
     fn ingress_accepts_only_peer_source_and_our_destination() {
-        let (peer, ours) = (net("10.42.1.0/24"), net("10.42.2.0/24"));
+        let (peer, ours) = (
+            NodeAddrs::pods(net("10.42.1.0/24")),
+            NodeAddrs::pods(net("10.42.2.0/24")),
+        );
         assert!(ingress(&udp4(A, B, 10), &peer, &ours).is_ok());
         let spoofed = udp4(Ipv4Addr::new(10, 42, 3, 1), B, 10);
         assert_eq!(
@@ -160,7 +185,7 @@ mod tests {
             (net("10.42.0.0/16"), "wide"),
             (net("10.42.2.0/24"), "node-2"),
         ]);
-        let ours = net("10.42.1.0/24");
+        let ours = NodeAddrs::pods(net("10.42.1.0/24"));
         assert_eq!(
             *egress(&udp4(A, B, 10), &ours, &routes).unwrap().1,
             "node-2"
@@ -181,17 +206,49 @@ mod tests {
         );
     }
 
+    #[test]
+    fn node_addresses_are_sources_and_destinations_like_pods() {
+        let (na, nb) = (Ipv4Addr::new(10, 41, 0, 1), Ipv4Addr::new(10, 41, 0, 2));
+        let peer = NodeAddrs {
+            pod_cidr: net("10.42.1.0/24"),
+            node_ip: Some(IpAddr::V4(na)),
+        };
+        let ours = NodeAddrs {
+            pod_cidr: net("10.42.2.0/24"),
+            node_ip: Some(IpAddr::V4(nb)),
+        };
+        // A hostNetwork client on the peer to our NodePort, and its pod to our kubelet.
+        assert!(ingress(&udp4(na, nb, 10), &peer, &ours).is_ok());
+        assert!(ingress(&udp4(A, nb, 10), &peer, &ours).is_ok());
+        assert!(ingress(&udp4(na, B, 10), &peer, &ours).is_ok());
+        let other = Ipv4Addr::new(10, 41, 0, 3);
+        assert_eq!(
+            ingress(&udp4(other, nb, 10), &peer, &ours),
+            Err(DropReason::SpoofedSource)
+        );
+        assert_eq!(
+            ingress(&udp4(na, other, 10), &peer, &ours),
+            Err(DropReason::WrongDestination)
+        );
+        let routes = Routes::new([(IpNet::from(IpAddr::V4(na)), "peer")]);
+        assert_eq!(
+            *egress(&udp4(nb, na, 10), &ours, &routes).unwrap().1,
+            "peer"
+        );
+    }
+
     proptest::proptest! {
         /// The filter never panics and never accepts what violates the contract.
         #[test]
         fn arbitrary_bytes(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1500)) {
             let (peer, ours) = (net("10.42.1.0/24"), net("10.42.2.0/24"));
-            if let Ok(h) = ingress(&bytes, &peer, &ours) {
+            let (pa, oa) = (NodeAddrs::pods(peer), NodeAddrs::pods(ours));
+            if let Ok(h) = ingress(&bytes, &pa, &oa) {
                 proptest::prop_assert!(peer.contains(&h.src) && ours.contains(&h.dst));
                 proptest::prop_assert!(h.len <= bytes.len());
             }
             let routes = Routes::new([(peer, 1u8)]);
-            if let Ok((h, _)) = egress(&bytes, &ours, &routes) {
+            if let Ok((h, _)) = egress(&bytes, &oa, &routes) {
                 proptest::prop_assert!(ours.contains(&h.src) && peer.contains(&h.dst));
             }
         }
@@ -201,7 +258,7 @@ mod tests {
         fn addresses(src in proptest::prelude::any::<u32>(), dst in proptest::prelude::any::<u32>()) {
             let (peer, ours) = (net("10.42.1.0/24"), net("10.42.2.0/24"));
             let (s, d) = (Ipv4Addr::from(src), Ipv4Addr::from(dst));
-            let ok = ingress(&udp4(s, d, 20), &peer, &ours).is_ok();
+            let ok = ingress(&udp4(s, d, 20), &NodeAddrs::pods(peer), &NodeAddrs::pods(ours)).is_ok();
             proptest::prop_assert_eq!(ok, peer.contains(&IpAddr::V4(s)) && ours.contains(&IpAddr::V4(d)));
         }
     }

@@ -107,6 +107,7 @@ mod tests {
             endpoint: ep.to_string().repeat(64),
             pod_cidr: cidr.parse().unwrap(),
             addrs: vec![],
+            node_ip: None,
         }
     }
 

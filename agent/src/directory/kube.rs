@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Config};
-use socialweb_wire::mesh::{ADDRS_ANNOTATION, ENDPOINT_ANNOTATION};
+use socialweb_wire::mesh::{ADDRS_ANNOTATION, ENDPOINT_ANNOTATION, NODE_IP_ANNOTATION};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -49,27 +49,34 @@ pub fn entry_of(node: &Node, me: &str, own_endpoint: &str) -> Option<NodeEntry> 
                 .collect()
         })
         .unwrap_or_default();
+    // The node's cluster address, when its agent routes it over the mesh.
+    let node_ip = annotations
+        .get(NODE_IP_ANNOTATION)
+        .and_then(|a| a.trim().parse().ok());
     Some(NodeEntry {
         node: name,
         endpoint,
         pod_cidr,
         addrs,
+        node_ip,
     })
 }
 
-/// Writes this node's endpoint id and direct addresses on its Node object (a merge patch of
-/// two annotations, which the node's own credentials may do).
+/// Writes this node's endpoint id, direct addresses and mesh-routed node address on its
+/// Node object (a merge patch of annotations, which the node's own credentials may do).
 pub async fn annotate_own(
     client: &Client,
     me: &str,
     endpoint: &str,
     addrs: &[SocketAddr],
+    node_ip: Option<std::net::IpAddr>,
 ) -> Result<()> {
     let api: Api<Node> = Api::all(client.clone());
     let addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
     let patch = serde_json::json!({"metadata": {"annotations": {
         ENDPOINT_ANNOTATION: endpoint,
         ADDRS_ANNOTATION: addrs.join(","),
+        NODE_IP_ANNOTATION: node_ip.map(|ip| ip.to_string()),
     }}});
     api.patch(me, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -128,6 +135,7 @@ mod tests {
 
     fn node(name: &str, cidr: Option<&str>, endpoint: Option<&str>, addrs: Option<&str>) -> Node {
         let mut annotations = BTreeMap::new();
+        annotations.insert(NODE_IP_ANNOTATION.to_string(), "10.41.0.2".to_string());
         if let Some(e) = endpoint {
             annotations.insert(ENDPOINT_ANNOTATION.to_string(), e.to_string());
         }
@@ -157,6 +165,7 @@ mod tests {
         .unwrap();
         assert_eq!(e.pod_cidr.to_string(), "10.42.2.0/24");
         assert_eq!(e.addrs, vec!["172.31.2.2:7443".parse().unwrap()]);
+        assert_eq!(e.node_ip, Some("10.41.0.2".parse().unwrap()));
         assert!(
             entry_of(&node("n2", None, Some(&ep), None), "n1", "x").is_none(),
             "no CIDR yet"

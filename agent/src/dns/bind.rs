@@ -1,6 +1,7 @@
-//! Where node-local DNS listens: 169.254.20.10 on a dummy interface `socialweb-dns`, as
-//! NodeLocal DNSCache does; where the kernel has no dummy driver, a /32 on `lo` instead (and
-//! the log says so).
+//! The node's own addresses: where node-local DNS listens (169.254.20.10), the node-local
+//! apiserver (169.254.20.11) and the node's cluster address, on a dummy interface
+//! `socialweb-dns`, as NodeLocal DNSCache does; where the kernel has no dummy driver, /32s on
+//! `lo` instead (and the log says so).
 
 use std::net::Ipv4Addr;
 
@@ -36,7 +37,7 @@ pub async fn ensure(h: &Handle, ip: Ipv4Addr) -> Result<Placement> {
     addr::ensure_v4(h, idx, ip, 32)
         .await
         .with_context(|| format!("placing {ip}/32"))?;
-    info!(%ip, ?placement, "node-local DNS address in place");
+    info!(%ip, ?placement, "node address in place");
     Ok(placement)
 }
 

@@ -220,7 +220,7 @@ mod tests {
     fn id() -> NodeIdentity {
         NodeIdentity::from_json(
             json!({
-                "version": 2, "cluster": "demo", "node": "node-1",
+                "version": 3, "cluster": "demo", "node": "node-1",
                 "server_url": "https://172.31.255.1:6443",
                 "ca_cert_sha256": format!("sha256:{}", "ab".repeat(32)),
                 "join_token": "abcdef.0123456789abcdef",

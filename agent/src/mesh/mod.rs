@@ -12,4 +12,4 @@ pub mod stats;
 pub mod transport;
 pub mod tun;
 
-pub use runtime::{Mesh, MeshConfig};
+pub use runtime::{Mesh, MeshConfig, path_of};

@@ -22,7 +22,7 @@ use tun_rs::GROTable;
 use url::Url;
 
 use socialweb_mesh_core::directory::{NodeEntry, View};
-use socialweb_mesh_core::filter::{self, DropReason, Routes};
+use socialweb_mesh_core::filter::{self, DropReason, NodeAddrs, Routes};
 use socialweb_mesh_core::refusals::Refusals;
 use socialweb_mesh_core::{icmp, peers};
 
@@ -46,6 +46,9 @@ pub struct MeshConfig {
     pub endpoint: transport::EndpointConfig,
     pub tun_name: String,
     pub mtu: u16,
+    /// This node's address in the cluster (the identity's `node_ip`), which peers reach over
+    /// the mesh and which is the source of what the node itself sends into it.
+    pub node_ip: Option<IpAddr>,
 }
 
 /// This node's own place in the cluster.
@@ -53,6 +56,29 @@ pub struct MeshConfig {
 struct Own {
     cidr: IpNet,
     gateway: IpAddr,
+    node_ip: Option<IpAddr>,
+}
+
+impl Own {
+    fn addrs(&self) -> NodeAddrs {
+        NodeAddrs {
+            pod_cidr: self.cidr,
+            node_ip: self.node_ip,
+        }
+    }
+
+    /// The source of what this node sends into the mesh itself (hostNetwork, the kubelet,
+    /// kube-proxy's SNAT): its node address when it has one, else its pod gateway.
+    fn source(&self) -> IpAddr {
+        self.node_ip.unwrap_or(self.gateway)
+    }
+}
+
+fn peer_addrs(e: &NodeEntry) -> NodeAddrs {
+    NodeAddrs {
+        pod_cidr: e.pod_cidr,
+        node_ip: e.node_ip,
+    }
 }
 
 /// A peer and its connection.
@@ -168,6 +194,12 @@ impl Mesh {
         self.inner.endpoint.id()
     }
 
+    /// The endpoint, which the tunnel to the broker shares (one identity, one socket, one
+    /// relay connection per node).
+    pub fn endpoint(&self) -> Endpoint {
+        self.inner.endpoint.clone()
+    }
+
     /// The UDP addresses the endpoint is bound to.
     pub fn bound_addrs(&self) -> Vec<std::net::SocketAddr> {
         self.inner.endpoint.bound_sockets()
@@ -227,9 +259,14 @@ impl Mesh {
             own: view.own.as_ref().map(|o| Own {
                 cidr: o.pod_cidr,
                 gateway: o.gateway(),
+                node_ip: self.inner.cfg.node_ip,
             }),
             by_endpoint: by_node.values().map(|s| (s.id, s.clone())).collect(),
-            routes: Routes::new(by_node.values().map(|s| (s.entry.pod_cidr, s.clone()))),
+            routes: Routes::new(
+                by_node
+                    .values()
+                    .flat_map(|s| s.entry.prefixes().into_iter().map(move |p| (p, s.clone()))),
+            ),
             by_node,
             rejected: view.rejected.clone(),
         };
@@ -267,36 +304,32 @@ impl Mesh {
         if let Some(conn) = slot.conn.swap(None) {
             conn.close(0u32.into(), why.as_bytes());
         }
-        if let Err(e) =
-            routes::del(&self.inner.nl, &slot.entry.pod_cidr, self.inner.tun_index).await
-        {
-            warn!("{e:#}");
+        self.withdraw_routes(slot).await;
+    }
+
+    /// Removes the kernel routes to a peer's prefixes.
+    async fn withdraw_routes(&self, slot: &PeerSlot) {
+        for prefix in slot.entry.prefixes() {
+            if let Err(e) = routes::del(&self.inner.nl, &prefix, self.inner.tun_index).await {
+                warn!("{e:#}");
+            }
         }
     }
 
+    /// Routes a peer's prefixes (its pod CIDR, its node address) into the TUN.
     async fn install_route(&self, slot: &PeerSlot) {
-        let src = self.inner.state.load().own.as_ref().map(|o| o.gateway);
-        if let Err(e) = routes::add(
-            &self.inner.nl,
-            &slot.entry.pod_cidr,
-            self.inner.tun_index,
-            src,
-        )
-        .await
-        {
-            // The bridge holding our gateway address may not exist yet: route without a
-            // preferred source rather than not at all.
-            debug!("{e:#}; retrying without a source address");
-            if let Err(e) = routes::add(
-                &self.inner.nl,
-                &slot.entry.pod_cidr,
-                self.inner.tun_index,
-                None,
-            )
-            .await
-            {
-                warn!(node = %slot.entry.node, "{e:#}");
-                slot.set_error(format!("{e:#}"));
+        let src = self.inner.state.load().own.as_ref().map(Own::source);
+        for prefix in slot.entry.prefixes() {
+            if let Err(e) = routes::add(&self.inner.nl, &prefix, self.inner.tun_index, src).await {
+                // The bridge holding our gateway address may not exist yet: route without a
+                // preferred source rather than not at all.
+                debug!("{e:#}; retrying without a source address");
+                if let Err(e) =
+                    routes::add(&self.inner.nl, &prefix, self.inner.tun_index, None).await
+                {
+                    warn!(node = %slot.entry.node, "{e:#}");
+                    slot.set_error(format!("{e:#}"));
+                }
             }
         }
     }
@@ -310,7 +343,17 @@ impl Mesh {
             if slot.gone.is_cancelled() {
                 return;
             }
-            let addr = transport::dial_addr(slot.id, &relay, &slot.entry.addrs);
+            // A direct address the mesh itself routes (inside a peer's pod CIDR or a node
+            // address) would send the mesh's own UDP into its TUN: never dial one.
+            let routed = self.inner.state.load();
+            let direct: Vec<_> = slot
+                .entry
+                .addrs
+                .iter()
+                .filter(|a| routed.routes.lookup(a.ip()).is_none())
+                .copied()
+                .collect();
+            let addr = transport::dial_addr(slot.id, &relay, &direct);
             let attempt = tokio::select! {
                 r = tokio::time::timeout(Duration::from_secs(10), self.inner.endpoint.connect(addr, socialweb_wire::mesh::ALPN)) => r,
                 _ = slot.gone.cancelled() => return,
@@ -385,11 +428,7 @@ impl Mesh {
         if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
             slot.conn.store(None);
             *slot.since.lock().expect("lock") = None;
-            if let Err(e) =
-                routes::del(&self.inner.nl, &slot.entry.pod_cidr, self.inner.tun_index).await
-            {
-                warn!("{e:#}");
-            }
+            self.withdraw_routes(&slot).await;
             info!(node = %slot.entry.node, "peer disconnected; route withdrawn");
         }
     }
@@ -419,7 +458,7 @@ impl Mesh {
             };
             out.clear();
             for datagram in &batch[..n] {
-                match filter::ingress(datagram, &peer.entry.pod_cidr, &own.cidr) {
+                match filter::ingress(datagram, &peer_addrs(&peer.entry), &own.addrs()) {
                     Ok(h) => {
                         slot.rx.add(h.len);
                         out.push(super::tun::with_headroom(&datagram[..h.len]));
@@ -481,7 +520,7 @@ impl Mesh {
             self.inner.drops.count(DropReason::NoRoute);
             return None;
         };
-        let (h, slot) = match filter::egress(packet, &own.cidr, &state.routes) {
+        let (h, slot) = match filter::egress(packet, &own.addrs(), &state.routes) {
             Ok(x) => x,
             Err(reason) => {
                 self.inner.drops.count(reason);
@@ -594,6 +633,7 @@ impl Mesh {
             node: self.inner.cfg.node.clone(),
             endpoint: self.inner.endpoint.id().to_string(),
             pod_cidr: state.own.as_ref().map(|o| o.cidr.to_string()),
+            node_ip: self.inner.cfg.node_ip.map(|ip| ip.to_string()),
             relay_url: self.inner.cfg.endpoint.relay_url.to_string(),
             tun: self.inner.cfg.tun_name.clone(),
             mtu: self.inner.cfg.mtu,
@@ -695,7 +735,7 @@ fn peer_status(s: &PeerSlot) -> PeerStatus {
 }
 
 /// `direct <addr>` or `relay <url>` for the connection's selected path.
-fn path_of(conn: &Connection) -> String {
+pub fn path_of(conn: &Connection) -> String {
     let paths = conn.paths();
     let selected = paths.iter().find(|p| p.is_selected());
     match selected.map(|p| p.remote_addr().clone()) {

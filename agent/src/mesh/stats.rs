@@ -109,6 +109,9 @@ pub struct MeshStatus {
     pub node: String,
     pub endpoint: String,
     pub pod_cidr: Option<String>,
+    /// This node's address in the cluster (reached over the mesh), if it has one.
+    #[serde(default)]
+    pub node_ip: Option<String>,
     pub relay_url: String,
     pub tun: String,
     pub mtu: u16,

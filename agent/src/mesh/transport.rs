@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use iroh::endpoint::{
     AckFrequencyConfig, ControllerFactory, PortmapperConfig, QuicTransportConfig, VarInt, presets,
 };
+use iroh::tls::CaTlsConfig;
 use iroh::{Endpoint, EndpointAddr, EndpointId, RelayMode, RelayUrl, SecretKey};
 use noq_proto::congestion::{Bbr3Config, CubicConfig};
 use socialweb_wire::mesh::ALPN;
@@ -25,6 +26,9 @@ pub struct EndpointConfig {
     /// The pod MTU: the smallest path MTU QUIC may assume is pinned to carry it.
     pub pod_mtu: u16,
     pub tuning: Tuning,
+    /// The relay's TLS CA (DER), trusted beside the usual roots (the identity's
+    /// `relay_ca_cert`: a broker's self-made CA).
+    pub relay_ca: Option<Vec<u8>>,
 }
 
 /// Knobs of the QUIC connections between agents (`socialweb-agent run --help`); the defaults
@@ -140,11 +144,17 @@ pub async fn bind(cfg: &EndpointConfig) -> Result<Endpoint> {
         transport = transport.ack_frequency_config(Some(acks));
     }
     let mut builder = Endpoint::builder(presets::Minimal);
+    if let Some(ca) = &cfg.relay_ca {
+        let root = rustls::pki_types::CertificateDer::from(ca.clone());
+        builder = builder.ca_tls_config(CaTlsConfig::embedded().with_extra_roots([root]));
+    }
     if cfg.tuning.cipher == Cipher::Aes128 {
         builder = builder.crypto_provider(Arc::new(aes128_only()));
     }
     builder
         .secret_key(SecretKey::from_bytes(&cfg.secret_key))
+        // The mesh's ALPN is the only one it accepts; it dials the broker's tunnel with
+        // socialweb_wire::tunnel::ALPN (crate::tunnel).
         .alpns(vec![ALPN.to_vec()])
         .relay_mode(RelayMode::custom([relay]))
         .clear_address_lookup()

@@ -9,10 +9,12 @@
 //! - [`scale`]: contract 7, the scale decision.
 //! - [`provision`]: a provision's steps as a transition function.
 //! - [`bids`]: which bids to take, and when to stop waiting for more.
+//! - [`egress`]: which node an apiserver CONNECT goes to.
 //! - [`reconcile`]: the store's view against the provider's, as a list of fixes.
 //! - [`names`]: cluster names, account hashes and mount paths.
 
 pub mod bids;
+pub mod egress;
 pub mod names;
 pub mod provision;
 pub mod reconcile;

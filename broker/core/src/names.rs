@@ -3,6 +3,8 @@
 //! base36(sha256(did)), and a cluster's mount path `root:<accountHash>:<cluster>:clusters`,
 //! which kubeconfigs carry as `https://<front>/clusters/<mount path>`.
 
+use std::net::{IpAddr, Ipv4Addr};
+
 use num_bigint::BigUint;
 use sha2::{Digest, Sha256};
 
@@ -22,6 +24,20 @@ pub fn valid_cluster_name(name: &str) -> Result<(), String> {
             "cluster name {name:?}: 1-40 characters of a-z, 0-9 and '-', not starting or ending with '-'"
         ))
     }
+}
+
+/// Where nodes' cluster addresses come from (their InternalIP, reached over the mesh): beside
+/// the cluster CIDR (10.42.0.0/16) and the service CIDR (10.43.0.0/16), one /16 per cluster.
+pub const NODE_RANGE: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 41, 0, 0), 16);
+
+/// The lowest address of [`NODE_RANGE`] (past its network address) that no live node of the
+/// cluster has: unique in the cluster, reused only once its node is gone.
+pub fn free_node_ip(used: &[IpAddr]) -> Option<Ipv4Addr> {
+    let base = u32::from(NODE_RANGE.0);
+    let size = 1u32 << (32 - NODE_RANGE.1);
+    (1..size - 1)
+        .map(|i| Ipv4Addr::from(base + i))
+        .find(|ip| !used.contains(&IpAddr::V4(*ip)))
 }
 
 /// The account hash of `did`: sha256 read as a big-endian number, written in base 36
@@ -60,6 +76,20 @@ pub fn split_mount(path: &str) -> Option<(&str, &str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_addresses_are_the_lowest_free_ones() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        assert_eq!(free_node_ip(&[]), Some(Ipv4Addr::new(10, 41, 0, 1)));
+        assert_eq!(
+            free_node_ip(&[ip("10.41.0.1"), ip("10.41.0.3")]),
+            Some(Ipv4Addr::new(10, 41, 0, 2))
+        );
+        let all: Vec<IpAddr> = (1..65535u32)
+            .map(|i| IpAddr::V4(Ipv4Addr::from(u32::from(NODE_RANGE.0) + i)))
+            .collect();
+        assert_eq!(free_node_ip(&all), None);
+    }
 
     #[test]
     fn cluster_names_are_short_dns_labels() {

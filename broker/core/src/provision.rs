@@ -175,6 +175,7 @@ mod tests {
             token_secret: String::new(),
             mesh_key: String::new(),
             endpoint: String::new(),
+            node_ip: None,
             reason: None,
             attempts: 0,
             created_at: 0,

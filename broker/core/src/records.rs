@@ -148,6 +148,10 @@ pub struct Provision {
     #[serde(skip)]
     pub mesh_key: String,
     pub endpoint: String,
+    /// The node's address in its cluster (its InternalIP, reached over the mesh), chosen at
+    /// planning ([`crate::names::free_node_ip`]).
+    #[serde(default)]
+    pub node_ip: Option<std::net::IpAddr>,
     pub reason: Option<String>,
     pub attempts: i64,
     pub created_at: i64,
@@ -244,6 +248,7 @@ mod tests {
             token_secret: "very-secret-token".into(),
             mesh_key: "secret-mesh-key".into(),
             endpoint: "e".into(),
+            node_ip: None,
             reason: None,
             attempts: 0,
             created_at: 0,

@@ -115,6 +115,7 @@ impl Provider {
     /// monitor that boots, watches and restarts agents.
     pub fn start(cfg: ProviderConfig) -> Result<Provider> {
         machine::check_cgroups()?;
+        network::machine_nat(&cfg.prefix, cfg.subnet)?;
         std::fs::create_dir_all(&cfg.dir)
             .with_context(|| format!("creating {}", cfg.dir.display()))?;
         let ledger = Ledger::open(&cfg.dir)?;

@@ -1,141 +1,48 @@
-//! A local node's network, as a guest behind user-mode NAT sees it: a network namespace of its
-//! own with one link to the host, a /24 per node (`<a>.<b>.<i>.0/24`: the host `.1`, the node
-//! `.2`), its default route through the host. The host does not forward between node links,
-//! so a node reaches the host's addresses (the service address with the apiserver and the
-//! relay) and nothing else, which forces the mesh through the relay, as between real guests.
+//! A local node's network, as a rented guest behind user-mode NAT has it (pasta, slirp, a
+//! cloud's NAT gateway): the node's namespace with `eth0` at 10.0.2.15/24 -- the same
+//! address for every node, as slirp guests have -- behind a gateway namespace of its own at
+//! 10.0.2.2 that masquerades it out of one link to the provider's machine
+//! (`<a>.<b>.<i>.2/24` there, the machine `.1`). The gateway drops every new connection that
+//! comes in from the machine's side: a node reaches out (the broker's public endpoints, other
+//! nodes' NAT'd addresses, the internet through the machine), nothing reaches in. The
+//! provider's machine masquerades its guests once more out of its own uplink.
+//!
+//! ```text
+//!   node <prefix>n<i>          gateway <prefix>g<i>                 provider machine
+//!   eth0 10.0.2.15/24 ──── lan 10.0.2.2/24 │ wan <a>.<b>.<i>.2 ──── swh<i> <a>.<b>.<i>.1
+//!                          masquerade out of `wan`; new inbound on `wan` dropped
+//! ```
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
 /// Where `ip netns` keeps its namespaces.
 pub const NETNS_DIR: &str = "/run/netns";
 
+/// The prefix of the machine's ends of its guests' links.
+pub const HOST_LINK: &str = "swh";
+
+/// Every guest's own address, and its gateway's (slirp's defaults).
+pub const GUEST_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
+pub const GUEST_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
+
 /// A node's network.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeNet {
-    /// The namespace's name (`<prefix>n<i>`).
+    /// The node's namespace (`<prefix>n<i>`).
     pub netns: String,
-    /// The host's end of the link (`<prefix>h<i>`).
+    /// Its NAT gateway's namespace (`<prefix>g<i>`).
+    pub gateway: String,
+    /// The machine's end of the gateway's uplink (`swh<i>`: one local provider per machine,
+    /// and interface names are short).
     pub host_link: String,
     pub host_addr: Ipv4Addr,
+    /// The gateway's address on the machine's side: the node as the provider's machine
+    /// sees it (NAT'd).
     pub node_addr: Ipv4Addr,
-}
-
-impl NodeNet {
-    /// The network of node slot `i` (1-254) under `prefix` in `subnet` (a /16's base).
-    pub fn plan(prefix: &str, subnet: Ipv4Addr, i: u8) -> NodeNet {
-        let [a, b, _, _] = subnet.octets();
-        NodeNet {
-            netns: format!("{prefix}n{i}"),
-            host_link: format!("{prefix}h{i}"),
-            host_addr: Ipv4Addr::new(a, b, i, 1),
-            node_addr: Ipv4Addr::new(a, b, i, 2),
-        }
-    }
-
-    pub fn netns_path(&self) -> PathBuf {
-        PathBuf::from(NETNS_DIR).join(&self.netns)
-    }
-
-    /// Creates it (replacing a leftover of the same name).
-    pub fn create(&self) -> Result<()> {
-        if self.host_link.len() > 15 {
-            bail!(
-                "interface name {:?} is longer than 15 characters: use a shorter local_provider.prefix",
-                self.host_link
-            );
-        }
-        self.remove();
-        ip(&["netns", "add", &self.netns])?;
-        let steps: Vec<Vec<String>> = vec![
-            vec![
-                "link".into(),
-                "add".into(),
-                self.host_link.clone(),
-                "type".into(),
-                "veth".into(),
-                "peer".into(),
-                "name".into(),
-                "eth0".into(),
-                "netns".into(),
-                self.netns.clone(),
-            ],
-            vec![
-                "addr".into(),
-                "add".into(),
-                format!("{}/24", self.host_addr),
-                "dev".into(),
-                self.host_link.clone(),
-            ],
-            vec![
-                "link".into(),
-                "set".into(),
-                self.host_link.clone(),
-                "up".into(),
-            ],
-            vec![
-                "-n".into(),
-                self.netns.clone(),
-                "link".into(),
-                "set".into(),
-                "lo".into(),
-                "up".into(),
-            ],
-            vec![
-                "-n".into(),
-                self.netns.clone(),
-                "addr".into(),
-                "add".into(),
-                format!("{}/24", self.node_addr),
-                "dev".into(),
-                "eth0".into(),
-            ],
-            vec![
-                "-n".into(),
-                self.netns.clone(),
-                "link".into(),
-                "set".into(),
-                "eth0".into(),
-                "up".into(),
-            ],
-            vec![
-                "-n".into(),
-                self.netns.clone(),
-                "route".into(),
-                "add".into(),
-                "default".into(),
-                "via".into(),
-                self.host_addr.to_string(),
-            ],
-        ];
-        for s in steps {
-            let args: Vec<&str> = s.iter().map(String::as_str).collect();
-            if let Err(e) = ip(&args) {
-                self.remove();
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
-    /// Removes the namespace (its end of the link goes with it, and the host's end with
-    /// that). Missing is fine.
-    pub fn remove(&self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.netns])
-            .output();
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_link])
-            .output();
-    }
-
-    /// Whether the namespace exists.
-    pub fn exists(&self) -> bool {
-        self.netns_path().exists()
-    }
 }
 
 fn ip(args: &[&str]) -> Result<()> {
@@ -153,16 +60,176 @@ fn ip(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Runs `program args` in namespace `ns`, with `input` on its stdin.
+fn in_netns(ns: &str, program: &str, args: &[&str], input: Option<&str>) -> Result<()> {
+    use std::io::Write;
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, program])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {program} in {ns}"))?;
+    if let Some(text) = input {
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(text.as_bytes())?;
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "{program} {} in {ns}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// The gateway's NAT: masquerade out of `wan`, and nothing new in from it.
+const GATEWAY_NFT: &str = "table ip socialweb-nat {
+  chain postrouting { type nat hook postrouting priority srcnat; policy accept; oifname \"wan\" masquerade; }
+  chain forward { type filter hook forward priority filter; policy accept; iifname \"wan\" ct state new drop; }
+  chain input { type filter hook input priority filter; policy accept; iifname \"wan\" ct state new drop; }
+}
+";
+
+impl NodeNet {
+    /// The network of node slot `i` (1-254) under `prefix` in `subnet` (a /16's base).
+    pub fn plan(prefix: &str, subnet: Ipv4Addr, i: u8) -> NodeNet {
+        let [a, b, _, _] = subnet.octets();
+        NodeNet {
+            netns: format!("{prefix}n{i}"),
+            gateway: format!("{prefix}g{i}"),
+            host_link: format!("{HOST_LINK}{i}"),
+            host_addr: Ipv4Addr::new(a, b, i, 1),
+            node_addr: Ipv4Addr::new(a, b, i, 2),
+        }
+    }
+
+    pub fn netns_path(&self) -> PathBuf {
+        PathBuf::from(NETNS_DIR).join(&self.netns)
+    }
+
+    /// Creates it (replacing a leftover of the same name).
+    pub fn create(&self) -> Result<()> {
+        self.remove();
+        let r = self.build();
+        if r.is_err() {
+            self.remove();
+        }
+        r
+    }
+
+    fn build(&self) -> Result<()> {
+        let (g, n) = (self.gateway.as_str(), self.netns.as_str());
+        ip(&["netns", "add", g])?;
+        ip(&["netns", "add", n])?;
+        let host = format!("{}/24", self.host_addr);
+        let wan = format!("{}/24", self.node_addr);
+        let guest_gw = format!("{GUEST_GATEWAY}/24");
+        let guest = format!("{GUEST_ADDR}/24");
+        let (hg, gw) = (self.host_addr.to_string(), GUEST_GATEWAY.to_string());
+        let h = self.host_link.as_str();
+        let steps: [&[&str]; 14] = [
+            &[
+                "link", "add", h, "type", "veth", "peer", "name", "wan", "netns", g,
+            ],
+            &["addr", "add", &host, "dev", h],
+            &["link", "set", h, "up"],
+            &["-n", g, "link", "set", "lo", "up"],
+            &["-n", g, "addr", "add", &wan, "dev", "wan"],
+            &["-n", g, "link", "set", "wan", "up"],
+            &["-n", g, "route", "add", "default", "via", &hg],
+            &[
+                "-n", g, "link", "add", "lan", "type", "veth", "peer", "name", "eth0", "netns", n,
+            ],
+            &["-n", g, "addr", "add", &guest_gw, "dev", "lan"],
+            &["-n", g, "link", "set", "lan", "up"],
+            &["-n", n, "link", "set", "lo", "up"],
+            &["-n", n, "addr", "add", &guest, "dev", "eth0"],
+            &["-n", n, "link", "set", "eth0", "up"],
+            &["-n", n, "route", "add", "default", "via", &gw],
+        ];
+        for s in steps {
+            ip(s)?;
+        }
+        in_netns(g, "sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"], None)?;
+        in_netns(g, "nft", &["-f", "-"], Some(GATEWAY_NFT)).context("the gateway's NAT")
+    }
+
+    /// Removes both namespaces (their links go with them, the machine's end with those).
+    /// Missing is fine.
+    pub fn remove(&self) {
+        for ns in [&self.netns, &self.gateway] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_link])
+            .output();
+    }
+
+    /// Whether the node's namespace exists.
+    pub fn exists(&self) -> bool {
+        self.netns_path().exists()
+    }
+}
+
+/// The provider machine's side of its guests' NAT: forwarding on, and the guests' uplinks
+/// (`subnet`/16) masqueraded out of every other interface. Idempotent (the table is
+/// replaced).
+pub fn machine_nat(prefix: &str, subnet: Ipv4Addr) -> Result<()> {
+    let links = HOST_LINK;
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+        .context("enabling net.ipv4.ip_forward on the provider's machine")?;
+    let table = format!(
+        "sw_provider_{}",
+        prefix
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect::<String>()
+    );
+    let rules = format!(
+        "table ip {table} {{}}\ndelete table ip {table}\ntable ip {table} {{\n  chain postrouting {{ type nat hook postrouting priority srcnat; policy accept; ip saddr {subnet}/16 oifname != \"{links}*\" masquerade; }}\n}}\n"
+    );
+    use std::io::Write;
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running nft (nftables) for the guests' NAT")?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(rules.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "nft: the guests' NAT: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn slots_get_their_own_slash_24() {
+    fn slots_get_their_own_uplink_and_share_the_guest_address() {
         let n = NodeNet::plan("swn-", Ipv4Addr::new(172, 30, 0, 0), 7);
         assert_eq!(n.netns, "swn-n7");
-        assert_eq!(n.host_link, "swn-h7");
+        assert_eq!(n.gateway, "swn-g7");
+        assert_eq!(n.host_link, "swh7");
         assert_eq!(n.host_addr, Ipv4Addr::new(172, 30, 7, 1));
         assert_eq!(n.node_addr, Ipv4Addr::new(172, 30, 7, 2));
+        assert_eq!(GUEST_ADDR, Ipv4Addr::new(10, 0, 2, 15));
     }
 }

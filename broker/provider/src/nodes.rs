@@ -114,7 +114,7 @@ impl Provider {
             Some(image) => self.image_machine(e, &net, &dir, image)?,
             None => self.host_machine(e, &net, &dir)?,
         };
-        let agent = self.start_agent(&m, &net)?;
+        let agent = self.start_agent(&m)?;
         Ok((m.record, agent))
     }
 
@@ -171,7 +171,7 @@ impl Provider {
     /// The agent's command line: the image's own agent with the image's defaults (its
     /// kubelet, containerd, CNI plugins, identity path), as its systemd unit starts it, or
     /// this host's agent pointed at the machine's files.
-    fn agent_command(&self, m: &Machine, net: &NodeNet) -> std::process::Command {
+    fn agent_command(&self, m: &Machine) -> std::process::Command {
         let cfg = &self.inner.cfg;
         let dir = m.dir();
         let mut cmd = if cfg.image.is_some() {
@@ -193,10 +193,10 @@ impl Provider {
                 .arg(&cfg.cni_bin_dir);
             cmd
         };
+        // (No --node-ip: the identity gives the node its cluster address; the guest's own,
+        // 10.0.2.15 behind NAT, is every guest's.)
         cmd.arg("--cgroup-root")
             .arg(format!("/{}", m.record.cgroup))
-            .arg("--node-ip")
-            .arg(net.node_addr.to_string())
             .args(["--child-log-dir", "/var/log/socialweb"]);
         if let Some(p) = &cfg.kubelet_config_patch {
             cmd.arg("--kubelet-config-patch").arg(p.to_string());
@@ -204,12 +204,12 @@ impl Provider {
         cmd
     }
 
-    fn start_agent(&self, m: &Machine, net: &NodeNet) -> Result<(u32, u64)> {
+    fn start_agent(&self, m: &Machine) -> Result<(u32, u64)> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(m.dir().join("agent.log"))?;
-        let mut cmd = self.agent_command(m, net);
+        let mut cmd = self.agent_command(m);
         cmd.env("SOCIALWEB_LOG", "info")
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone()?)
@@ -276,8 +276,7 @@ impl Provider {
         if !e.agent.is_some_and(|(pid, started)| same(pid, started)) {
             warn!(lease = %id, "local provider: the node's agent is not running; starting it again");
             let p = self.clone();
-            let net = self.net(e.slot);
-            let started = tokio::task::spawn_blocking(move || p.start_agent(&m, &net)).await;
+            let started = tokio::task::spawn_blocking(move || p.start_agent(&m)).await;
             if let Ok(Ok(agent)) = started {
                 self.inner.ledger.update(&id, |x| x.agent = Some(agent));
             }

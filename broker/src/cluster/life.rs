@@ -16,6 +16,8 @@ use crate::control_plane::up::{Progress, bring_up};
 use crate::front::Mount;
 use crate::front::proxy::Upstream;
 use crate::provision::ClusterCtx;
+use crate::scale::driver::Watches;
+use crate::tunnel::egress::Egress;
 
 /// Tells a bring-up's steps through the cluster's state.
 struct Starting<'a>(&'a watch::Sender<ClusterState>);
@@ -52,9 +54,21 @@ impl Clusters {
             return Ok(());
         };
         let files = up.running.files.clone();
+        let watches = Watches::start(&up.client, &stop);
+        crate::tunnel::egress::serve(
+            Egress {
+                cluster: name.to_string(),
+                tunnels: self.tunnels.clone(),
+                store: self.store.clone(),
+                nodes: watches.nodes.clone(),
+                service_cidr: crate::control_plane::SERVICE_CIDR.parse()?,
+            },
+            &up.running.egress_socket,
+            stop.clone(),
+        )?;
         let ctx = ClusterCtx {
             name: name.to_string(),
-            server_url: files.url.clone(),
+            server_url: files.node_url.clone(),
             ca_pin: socialweb_wire::ca::pin(files.ca_pem.as_bytes()).map_err(anyhow::Error::msg)?,
             client: up.client.clone(),
         };
@@ -69,7 +83,14 @@ impl Clusters {
         self.front.mount(mount);
         let _ = state.send(ClusterState::Ready);
         info!(cluster = %name, url = %files.url, kubeconfig = %files.admin_kubeconfig.display(), "cluster ready");
-        crate::scale::driver::run(self.provisioner.clone(), ctx, self.settings.knobs, stop).await;
+        crate::scale::driver::run(
+            self.provisioner.clone(),
+            ctx,
+            self.settings.knobs,
+            watches,
+            stop,
+        )
+        .await;
         up.running.stop().await;
         Ok(())
     }

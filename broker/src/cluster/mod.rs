@@ -25,16 +25,15 @@ use crate::front::Front;
 use crate::provision::Provisioner;
 use crate::store::Store;
 
-/// What the cluster service is told (from `state_dir`, `kube_dir`, `service_addr`, the
-/// `[clusters]` and `[scale]` sections and `front.max_clusters_per_did`).
+/// What the cluster service is told (from `state_dir`, `kube_dir`, the `[clusters]` and
+/// `[scale]` sections and `front.max_clusters_per_did`), and the tunnel it hands each
+/// cluster's egress to.
 #[derive(Debug, Clone)]
 pub struct ClusterSettings {
     /// `<state_dir>/clusters`: one directory per cluster.
     pub dir: PathBuf,
     /// The multicall `kube` binary.
     pub kube: PathBuf,
-    /// Where tenant apiservers listen.
-    pub service_addr: Ipv4Addr,
     /// The port range control planes lease from.
     pub port_base: u16,
     pub port_count: u16,
@@ -60,6 +59,7 @@ pub struct Clusters {
     provisioner: Arc<Provisioner>,
     front: Arc<Front>,
     access: Arc<Access>,
+    tunnels: crate::tunnel::Tunnels,
     running: Mutex<HashMap<String, Handle>>,
     stop: CancellationToken,
 }
@@ -75,6 +75,7 @@ impl Clusters {
         provisioner: Arc<Provisioner>,
         front: Arc<Front>,
         access: Arc<Access>,
+        tunnels: crate::tunnel::Tunnels,
         stop: CancellationToken,
     ) -> Clusters {
         Clusters {
@@ -83,6 +84,7 @@ impl Clusters {
             provisioner,
             front,
             access,
+            tunnels,
             running: Mutex::new(HashMap::new()),
             stop,
         }
@@ -209,15 +211,13 @@ impl Clusters {
             cluster: name.to_string(),
             dir: self.settings.dir.join(name),
             kube: self.settings.kube.clone(),
-            bind: self.settings.service_addr,
             ports,
         }
     }
 
-    /// The cluster's ports, leased once and kept (free on both the service address and
-    /// loopback, where the components listen).
+    /// The cluster's ports, leased once and kept (free on loopback, where the components
+    /// listen).
     async fn ports(&self, name: &str) -> Result<Ports> {
-        let svc = IpAddr::V4(self.settings.service_addr);
         let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let leased = self
             .store
@@ -226,7 +226,7 @@ impl Clusters {
                 &PORT_PURPOSES,
                 self.settings.port_base,
                 self.settings.port_count,
-                |p| crate::process::port_free(svc, p) && crate::process::port_free(lo, p),
+                |p| crate::process::port_free(lo, p),
             )
             .await?;
         Ports::from_leased(&leased)
@@ -268,7 +268,7 @@ impl Clusters {
             }
             if prov.state.may_hold_lease() {
                 self.provisioner
-                    .release_lease(&prov.lease_id, "cluster deleted")
+                    .release_own(&prov, "cluster deleted")
                     .await
                     .with_context(|| {
                         format!("releasing lease {} of {}", prov.lease_id, prov.node)
@@ -327,7 +327,7 @@ impl Clusters {
         Ok(ClusterInfo {
             name: name.to_string(),
             state,
-            server: format!("https://{}:{api}", self.settings.service_addr),
+            server: format!("https://127.0.0.1:{api}"),
             kubeconfig: self.settings.dir.join(name).join("pki/admin.kubeconfig"),
             nodes,
             owner: c.owner,

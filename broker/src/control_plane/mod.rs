@@ -69,6 +69,37 @@ pub struct Apiserver {
     pub port: u16,
     /// `http://127.0.0.1:2379` for the embedded etcd.
     pub etcd_url: String,
+    /// The address the `kubernetes` Service's endpoint names, when it is not `bind`: for a
+    /// broker's cluster, the node-local address every node serves the apiserver on.
+    pub advertise: Option<IpAddr>,
+    /// An EgressSelectorConfiguration file: the apiserver's `cluster` egress through the
+    /// broker's tunnel (contract 9).
+    pub egress_selector: Option<PathBuf>,
+}
+
+/// The EgressSelectorConfiguration of a broker's cluster: everything the apiserver opens
+/// towards nodes and Pods (logs, exec, attach, port-forward, proxy, webhooks and aggregated
+/// APIs named by Service) is HTTP CONNECT over `socket`, which the broker serves; the
+/// control plane's own connections and etcd stay direct.
+pub fn egress_selector(socket: &Path) -> String {
+    format!(
+        "apiVersion: apiserver.k8s.io/v1beta1\n\
+         kind: EgressSelectorConfiguration\n\
+         egressSelections:\n\
+         - name: cluster\n  \
+           connection:\n    \
+             proxyProtocol: HTTPConnect\n    \
+             transport:\n      \
+               uds:\n        \
+                 udsName: {}\n\
+         - name: controlplane\n  \
+           connection:\n    \
+             proxyProtocol: Direct\n\
+         - name: etcd\n  \
+           connection:\n    \
+             proxyProtocol: Direct\n",
+        socket.display()
+    )
 }
 
 fn arg(k: &str, v: impl AsRef<std::ffi::OsStr>) -> OsString {
@@ -78,10 +109,12 @@ fn arg(k: &str, v: impl AsRef<std::ffi::OsStr>) -> OsString {
 }
 
 /// Names and addresses the apiserver's serving certificate must carry: its address, loopback,
-/// and every name in-cluster clients use for `kubernetes.default` (with its ClusterIP).
+/// the node-local address nodes reach it on, and every name in-cluster clients use for
+/// `kubernetes.default` (with its ClusterIP).
 pub fn serving_names(bind: IpAddr) -> Vec<String> {
     let mut names = vec![
         bind.to_string(),
+        socialweb_wire::tunnel::NODE_LOCAL_API_ADDR.to_string(),
         "127.0.0.1".into(),
         "10.43.0.1".into(),
         "localhost".into(),
@@ -90,6 +123,7 @@ pub fn serving_names(bind: IpAddr) -> Vec<String> {
         "kubernetes.default.svc".into(),
         "kubernetes.default.svc.cluster.local".into(),
     ];
+    names.sort();
     names.dedup();
     names
 }
@@ -122,6 +156,18 @@ pub fn apiserver_args(a: &Apiserver, c: &Credentials) -> Vec<OsString> {
         arg("enable-priority-and-fairness", "false"),
         arg("kubelet-preferred-address-types", "InternalIP"),
     ];
+    if let Some(ip) = a.advertise {
+        args.retain(|x| !x.to_string_lossy().starts_with("--advertise-address="));
+        args.push(arg("advertise-address", ip.to_string()));
+    }
+    if let Some(f) = &a.egress_selector {
+        args.extend([
+            arg("egress-selector-config-file", f),
+            // Webhooks and aggregated APIs dial a ready endpoint (a Pod IP the tunnel routes to
+            // its node) instead of the ClusterIP, as k3s does with its egress selector.
+            arg("enable-aggregator-routing", "true"),
+        ]);
+    }
     if let Some(ca) = &c.front_proxy_ca {
         args.extend([
             arg("requestheader-client-ca-file", ca),
@@ -224,6 +270,8 @@ mod tests {
                 bind: "127.0.0.1".parse().unwrap(),
                 port: 6443,
                 etcd_url: "http://127.0.0.1:2379".into(),
+                advertise: Some("169.254.20.11".parse().unwrap()),
+                egress_selector: Some("/run/egress.yaml".into()),
             },
             &creds(),
         );
@@ -236,6 +284,24 @@ mod tests {
             &a,
             "--requestheader-client-ca-file=/pki/front-proxy/ca.crt"
         ));
+        assert!(has(&a, "--advertise-address=169.254.20.11"));
+        assert!(!has(&a, "--advertise-address=127.0.0.1"));
+        assert!(has(&a, "--egress-selector-config-file=/run/egress.yaml"));
+        assert!(has(&a, "--enable-aggregator-routing=true"));
+    }
+
+    #[test]
+    fn the_cluster_egress_goes_to_the_brokers_socket() {
+        let y = egress_selector(Path::new("/state/clusters/c/run/egress.sock"));
+        assert!(
+            y.contains("name: cluster\n  connection:\n    proxyProtocol: HTTPConnect"),
+            "{y}"
+        );
+        assert!(
+            y.contains("udsName: /state/clusters/c/run/egress.sock"),
+            "{y}"
+        );
+        assert_eq!(y.matches("proxyProtocol: Direct").count(), 2, "{y}");
     }
 
     #[test]

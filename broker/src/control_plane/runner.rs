@@ -1,8 +1,9 @@
 //! A tenant control plane, supervised: etcd, kube-apiserver, kube-controller-manager and
 //! kube-scheduler from the Kubernetes we ship, started in order, each restarted with backoff
-//! when it dies, stopped in reverse order. The apiserver listens on the service address nodes
-//! reach; everything else on loopback, on ports the store leased to the cluster. Its files
-//! (PKI, etcd's data, logs) live in the cluster's directory and are removed with the cluster.
+//! when it dies, stopped in reverse order. Everything listens on loopback only, on ports the
+//! store leased to the cluster: nodes reach the apiserver through the broker's tunnel, and
+//! the apiserver reaches them through its egress socket (contract 9). Its files (PKI, etcd's
+//! data, logs) live in the cluster's directory and are removed with the cluster.
 
 use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr};
@@ -64,15 +65,16 @@ pub struct Spec {
     pub dir: PathBuf,
     /// The multicall `kube` binary.
     pub kube: PathBuf,
-    /// Where the apiserver listens (the service address).
-    pub bind: Ipv4Addr,
     pub ports: Ports,
 }
 
 /// The files a control plane's components and its operator use.
 #[derive(Debug, Clone)]
 pub struct Files {
+    /// The apiserver on loopback: the operator's, the front's, the broker's.
     pub url: String,
+    /// The apiserver as nodes reach it: node-local, through the tunnel.
+    pub node_url: String,
     pub admin_kubeconfig: PathBuf,
     pub ca_pem: String,
     /// The front's request-header client certificate (docs/api.md).
@@ -84,7 +86,25 @@ pub struct Files {
 
 impl Spec {
     pub fn url(&self) -> String {
-        format!("https://{}:{}", self.bind, self.ports.api)
+        format!("https://{}:{}", Ipv4Addr::LOCALHOST, self.ports.api)
+    }
+
+    /// The apiserver as nodes reach it (`server_url` in their identity).
+    pub fn node_url(&self) -> String {
+        format!(
+            "https://{}:{}",
+            socialweb_wire::tunnel::NODE_LOCAL_API_ADDR,
+            self.ports.api
+        )
+    }
+
+    /// The Unix socket the broker serves the apiserver's `cluster` egress on.
+    pub fn egress_socket(&self) -> PathBuf {
+        self.dir.join("run").join("egress.sock")
+    }
+
+    fn egress_config(&self) -> PathBuf {
+        self.dir.join("run").join("egress-selector.yaml")
     }
 
     fn pki_dir(&self) -> PathBuf {
@@ -103,7 +123,16 @@ impl Spec {
     pub fn prepare(&self) -> Result<Files> {
         let pki = Pki::open_or_create(&self.pki_dir(), &format!("socialweb {} CA", self.cluster))?;
         let url = self.url();
-        let serving = pki.server("apiserver", &super::serving_names(IpAddr::V4(self.bind)))?;
+        let serving = pki.server(
+            "apiserver",
+            &super::serving_names(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        )?;
+        std::fs::create_dir_all(self.dir.join("run"))?;
+        std::fs::write(
+            self.egress_config(),
+            super::egress_selector(&self.egress_socket()),
+        )
+        .with_context(|| format!("writing {}", self.egress_config().display()))?;
         let kubelet_client = pki.client(
             "apiserver-kubelet-client",
             "kube-apiserver-kubelet-client",
@@ -124,6 +153,7 @@ impl Spec {
             kcm_kubeconfig: pki.kubeconfig("kcm", &url, &kcm)?,
             scheduler_kubeconfig: pki.kubeconfig("scheduler", &url, &sched)?,
             ca_pem: pki.ca_pem().to_string(),
+            node_url: self.node_url(),
             creds: Credentials {
                 ca_cert: pki.ca_cert(),
                 ca_key: pki.ca_key(),
@@ -171,9 +201,11 @@ impl Spec {
                 "apiserver",
                 super::apiserver_args(
                     &Apiserver {
-                        bind: IpAddr::V4(self.bind),
+                        bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
                         port: self.ports.api,
                         etcd_url: format!("http://127.0.0.1:{}", self.ports.etcd_client),
+                        advertise: Some(IpAddr::V4(socialweb_wire::tunnel::NODE_LOCAL_API_ADDR)),
+                        egress_selector: Some(self.egress_config()),
                     },
                     &f.creds,
                 ),
@@ -188,7 +220,7 @@ impl Spec {
         let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
         match component {
             "etcd" => (lo, self.ports.etcd_client, None),
-            "apiserver" => (IpAddr::V4(self.bind), self.ports.api, Some("/readyz")),
+            "apiserver" => (lo, self.ports.api, Some("/readyz")),
             "controller-manager" => (lo, self.ports.controller_manager, Some("/healthz")),
             _ => (lo, self.ports.scheduler, Some("/healthz")),
         }
@@ -209,6 +241,8 @@ pub enum Health {
 pub struct Running {
     pub health: watch::Receiver<Health>,
     pub files: Files,
+    /// Where the broker serves the apiserver's `cluster` egress.
+    pub egress_socket: PathBuf,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -229,12 +263,14 @@ impl Running {
     /// Starts the control plane of `spec`; its health says when it is ready.
     pub fn start(spec: Spec) -> Result<Running> {
         let files = spec.prepare()?;
+        let egress_socket = spec.egress_socket();
         let (tx, rx) = watch::channel(Health::Starting("starting etcd".into()));
         let stop = CancellationToken::new();
         let task = tokio::spawn(supervise(spec, files.clone(), tx, stop.clone()));
         Ok(Running {
             health: rx,
             files,
+            egress_socket,
             stop,
             task,
         })

@@ -56,7 +56,7 @@ pub async fn bring_up(
     // What nodes need to join, and what the agent and kube-proxy read (docs/join.md).
     let mut manifests = vec![
         super::BOOTSTRAP_MANIFEST.to_string(),
-        super::cluster_info(&files.url, &files.ca_pem).to_string(),
+        super::cluster_info(&files.node_url, &files.ca_pem).to_string(),
         super::AGENT_RBAC.to_string(),
     ];
     manifests.extend(extra.iter().cloned());

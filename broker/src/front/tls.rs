@@ -121,6 +121,21 @@ pub fn rustls_pki_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>> {
     PrivateKeyDer::from_pem_slice(pem).context("no PEM private key")
 }
 
+/// The relay's server configuration: the front's certificate, no client authentication
+/// (relay clients prove their endpoint id inside the relay protocol), HTTP/1.1 (a WebSocket
+/// per client).
+pub fn relay_config(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<rustls::ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .context("the relay's serving certificate and key")
+}
+
 /// The front's server configuration: TLS 1.2 and 1.3, HTTP/2 and HTTP/1.1 (kubectl speaks
 /// HTTP/2 for requests and HTTP/1.1 for Upgrades).
 pub fn server_config(

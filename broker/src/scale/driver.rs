@@ -86,19 +86,42 @@ struct Driver {
     next_plan_at: tokio::time::Instant,
 }
 
+/// A cluster's Pods and Nodes, watched: what the driver decides from (and the tunnel's
+/// egress routes by).
+#[derive(Clone)]
+pub struct Watches {
+    pub pods: reflector::Store<Pod>,
+    pub nodes: reflector::Store<Node>,
+    nudge: Arc<Notify>,
+}
+
+impl std::fmt::Debug for Watches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Watches")
+    }
+}
+
+impl Watches {
+    /// Starts watching until `stop`.
+    pub fn start(client: &kube::Client, stop: &CancellationToken) -> Watches {
+        let nudge = Arc::new(Notify::new());
+        Watches {
+            pods: watch_into(Api::all(client.clone()), nudge.clone(), stop.clone()),
+            nodes: watch_into(Api::all(client.clone()), nudge.clone(), stop.clone()),
+            nudge,
+        }
+    }
+}
+
 /// Runs the loop until `stop`; returns when stopped.
-pub async fn run(p: Arc<Provisioner>, c: ClusterCtx, knobs: Knobs, stop: CancellationToken) {
-    let nudge = Arc::new(Notify::new());
-    let pods = watch_into(
-        Api::<Pod>::all(c.client.clone()),
-        nudge.clone(),
-        stop.clone(),
-    );
-    let nodes = watch_into(
-        Api::<Node>::all(c.client.clone()),
-        nudge.clone(),
-        stop.clone(),
-    );
+pub async fn run(
+    p: Arc<Provisioner>,
+    c: ClusterCtx,
+    knobs: Knobs,
+    w: Watches,
+    stop: CancellationToken,
+) {
+    let Watches { pods, nodes, nudge } = w;
     tokio::select! {
         _ = async { let _ = pods.wait_until_ready().await; let _ = nodes.wait_until_ready().await; } => {}
         _ = stop.cancelled() => return,
@@ -176,19 +199,25 @@ impl Driver {
     /// Carries out the core's reconcile of the provider's view with the store's.
     async fn reconcile(&mut self, provisions: &[Provision]) {
         let (p, c) = (&self.p, &self.c);
-        let leases = match p.market().leases("cluster", &c.name).await {
+        let listed = match p.market().leases("cluster", &c.name).await {
             Ok(l) => l,
             Err(e) => {
                 warn!(cluster = %c.name, "reconcile: listing leases: {e}");
                 return;
             }
         };
+        let leases: Vec<_> = listed.iter().map(|(_, l)| l.clone()).collect();
         for fix in reconcile(p.broker_id(), &leases, provisions) {
             match fix {
                 Fix::Release { lease, why } => {
                     warn!(cluster = %c.name, lease = %lease, "reconcile: {why}; releasing it");
                     p.metrics().orphan();
-                    if let Err(e) = p.release_lease(&lease, &why).await {
+                    let provider = listed
+                        .iter()
+                        .find(|(_, l)| l.id == lease)
+                        .map(|(n, _)| n.as_str())
+                        .unwrap_or_default();
+                    if let Err(e) = p.release_lease(provider, &lease, &why).await {
                         warn!(cluster = %c.name, "reconcile: releasing {lease}: {e}");
                     }
                 }

@@ -53,6 +53,11 @@ fn provision_of(r: &AnyRow) -> Result<Provision> {
         token_secret: r.try_get("token_secret")?,
         mesh_key: r.try_get("mesh_key")?,
         endpoint: r.try_get("endpoint")?,
+        node_ip: r
+            .try_get::<Option<String>, _>("node_ip")?
+            .map(|s| s.parse())
+            .transpose()
+            .context("a provision's node_ip")?,
         reason: r.try_get("reason")?,
         attempts: r.try_get("attempts")?,
         created_at: r.try_get("created_at")?,
@@ -265,8 +270,9 @@ impl Store {
     pub async fn insert_provision(&self, p: &Provision) -> Result<()> {
         sqlx::query(
             "INSERT INTO provisions (id, cluster, node, state, rfp_id, bid_id, lease_id, provider, \
-             token_id, token_secret, mesh_key, endpoint, reason, attempts, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+             token_id, token_secret, mesh_key, endpoint, reason, attempts, created_at, updated_at, \
+             node_ip) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
         )
         .bind(&p.id)
         .bind(&p.cluster)
@@ -284,6 +290,7 @@ impl Store {
         .bind(p.attempts)
         .bind(p.created_at)
         .bind(p.updated_at)
+        .bind(p.node_ip.map(|ip| ip.to_string()))
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -21,7 +21,6 @@ use base64::Engine;
 use clap::Parser;
 use serde_json::Value;
 use testbed::broker::{Broker, BrokerOptions};
-use testbed::netns::Netns;
 
 #[derive(Debug, Parser)]
 #[command(about = "GET /api/v1/namespaces straight to the apiserver and through the front")]
@@ -117,8 +116,9 @@ fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
 fn main() -> Result<()> {
     let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let host = Netns::new("fbench")?;
-    let b = Broker::start(&host, BrokerOptions::default())?;
+    let world = testbed::world::World::new(0)?;
+    let host = &world.operator;
+    let b = Broker::start(&world, BrokerOptions::default())?;
     let dir = testbed::tmp::TempDir::new("bench-front")?;
     let key = dir.path().join("user.key");
     let out = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))

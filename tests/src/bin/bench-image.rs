@@ -11,7 +11,6 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use testbed::Netns;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
 use testbed::nodeimage::{self, Spec};
@@ -245,9 +244,9 @@ fn main() -> Result<()> {
     eprintln!("{}", d["seeds"]);
 
     // Boot a node from it; a Pod runs the big image without a pull.
-    let host = Netns::new("bimg")?;
+    let world = testbed::world::World::new(0)?;
     let b = Broker::start(
-        &host,
+        &world,
         BrokerOptions {
             image: Some(w.join("big-image")),
             ..BrokerOptions::default()

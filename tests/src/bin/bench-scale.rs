@@ -19,7 +19,6 @@ use clap::Parser;
 use socialweb_broker_core::scale::NodeSize;
 use socialweb_broker_core::scale::{Knobs, LeaseView, Phase, PodView, decide};
 use testbed::broker::{Broker, BrokerOptions};
-use testbed::netns::Netns;
 
 /// cluster-autoscaler's SLO: unschedulable Pod to scale-up decision.
 const CA_SLO_MS: f64 = 20_000.0;
@@ -207,10 +206,9 @@ fn main() -> Result<()> {
     let args = Args::parse();
     decision_cost();
 
-    let host = Netns::new("bench-scale")?;
-    testbed::link::sysctl(&host, "net.ipv4.ip_forward", "0")?;
+    let world = testbed::world::World::new(0)?;
     let b = Broker::start(
-        &host,
+        &world,
         BrokerOptions {
             max_nodes: 1,
             hold: Duration::from_secs(2),

@@ -1,9 +1,10 @@
 //! `socialweb-conformance` (`./x conformance`): the upstream Kubernetes conformance suite for
 //! networking and DNS against a socialweb cluster made the way users get one.
 //!
-//! A network namespace plays the operator's host; `socialweb-broker run` with its embedded
-//! local provider rents nodes that reach only the host (pod traffic between them crosses the
-//! relay), and `socialweb-broker cluster create` makes the cluster. Two pause pods, one per
+//! The real topology ([`testbed::world`]): the operator's host, where `socialweb-broker run`
+//! runs, and two provider machines, each running `socialweb-broker provider` with its nodes
+//! behind NAT; the control plane reaches nodes and Pods only through the broker's tunnel, and
+//! `socialweb-broker cluster create` makes the cluster. Pause pods, one per
 //! node, keep the nodes rented for the whole run. Every node imports the suite's test images
 //! at boot (built on this machine by `write_conformance_images`; nothing is pulled). Then
 //! `ginkgo` runs `e2e.test` (both from image-builder/conformance/build.sh) from the host with
@@ -19,10 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use testbed::Netns;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
-use testbed::topology::HOST_SERVICE_ADDR;
 
 /// What `./x conformance` runs by default: sig-network's conformance tests (the DNS ones
 /// among them).
@@ -64,10 +63,6 @@ struct Args {
     /// Keep the cluster up after the suite until Ctrl-C, to look around.
     #[arg(long)]
     hold: bool,
-    /// Do not route the nodes' pod CIDRs from the host through the nodes' addresses (without
-    /// these routes the control plane cannot reach a pod: see docs/conformance.md).
-    #[arg(long)]
-    no_pod_routes: bool,
 }
 
 fn step(t: Instant, what: &str) {
@@ -251,22 +246,24 @@ fn main() -> Result<()> {
 
     step(
         t,
-        "the operator's host, socialweb-broker run with its local provider",
+        "the operator's host and two provider machines behind NAT; socialweb-broker run, a provider on each machine",
     );
-    let host = Netns::new("conformance")?;
-    testbed::link::sysctl(&host, "net.ipv4.ip_forward", "0")?;
+    let world = testbed::world::World::new(2)?;
+    let host = &world.operator;
     let b = Broker::start(
-        &host,
+        &world,
         BrokerOptions {
             max_nodes: n,
             pods_per_node: 1,
             // Never back to zero during the run.
             hold: Duration::from_secs(3600),
             extra_seeds: vec![images.clone(), pause.clone()],
+            providers: 2,
+            // The nodes spread over both providers.
+            provider_capacity: n.div_ceil(2),
             ..Default::default()
         },
     )?;
-    let _dns = testbed::resolver::dnsmasq(&host, HOST_SERVICE_ADDR, &[])?;
 
     step(
         t,
@@ -305,27 +302,8 @@ fn main() -> Result<()> {
         )?
     );
 
-    // The control plane on the host reaches nodes but not pods: the apiserver's pods/proxy and
-    // services/proxy (which the DNS tests read their results through) need a route to each
-    // pod CIDR. On this machine the host has a link to every node, so route through it.
-    if !args.no_pod_routes {
-        let v = b.kubectl_json("conformance", &["get", "nodes"])?;
-        for node in v["items"].as_array().into_iter().flatten() {
-            let cidr = node["spec"]["podCIDR"].as_str().unwrap_or_default();
-            let ip = node["status"]["addresses"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|a| a["type"] == "InternalIP")
-                .and_then(|a| a["address"].as_str())
-                .unwrap_or_default();
-            if cidr.is_empty() || ip.is_empty() {
-                bail!("node without a pod CIDR or an InternalIP: {node}");
-            }
-            host.ip(&["route", "replace", cidr, "via", ip])?;
-            println!("host route: {cidr} via {ip}");
-        }
-    }
+    // No route from the host to any node or Pod: the control plane reaches them through the
+    // broker's tunnel only (docs/tunnel.md).
 
     // kubectl for the tests that run it: a link named kubectl to the multicall binary.
     let bin = work.path().join("bin");

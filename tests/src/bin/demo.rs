@@ -1,20 +1,21 @@
 //! `socialweb-demo` (`./x demo`): the product on this machine, end to end.
 //!
-//! A network namespace plays the operator's host. On it runs `socialweb-broker run` with its
-//! embedded local provider, and everything after that is what an operator and a user do: a
-//! cluster created with `socialweb-broker cluster create` (zero nodes), a workload applied
-//! with kubectl, nodes rented, booted and joined by themselves (each a machine on this host
-//! that reaches only the host, so pod traffic crosses the broker's relay), pods reaching each
-//! other and resolving names, the workload deleted and the cluster back at zero.
+//! Network namespaces play the operator's host and two provider machines on an "internet"
+//! (with a public resolver on it). On the host runs `socialweb-broker run`; on each provider
+//! machine `socialweb-broker provider`, whose nodes sit behind NAT inside it. Everything after
+//! that is what an operator and a user do: a cluster created with `socialweb-broker cluster
+//! create` (zero nodes), a workload applied with kubectl, nodes rented from both providers,
+//! booted and joined by themselves through the broker's public endpoints alone, pods reaching
+//! each other across providers and resolving names, the workload deleted and the cluster back
+//! at zero.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use testbed::Netns;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
-use testbed::topology::HOST_SERVICE_ADDR;
+use testbed::world::World;
 
 /// A local socialweb cluster, from zero nodes to a few and back.
 #[derive(Debug, Parser)]
@@ -73,33 +74,36 @@ fn main() -> Result<()> {
 
     step(
         t,
-        "the operator's host (a network namespace) with an upstream DNS resolver (dnsmasq, example.test)",
+        "the operator's host and two provider machines on an internet (network namespaces), a resolver on it answering example.test",
     );
-    let host = Netns::new("demohost")?;
-    testbed::link::sysctl(&host, "net.ipv4.ip_forward", "0")?;
-    println!("host {}", host.name());
+    let world = World::new(2)?;
+    let host = &world.operator;
+    println!(
+        "operator {}, providers {}",
+        host.name(),
+        world
+            .providers
+            .iter()
+            .map(|p| format!("{} ({})", p.ns.name(), p.addr))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
 
     step(
         t,
-        "socialweb-broker run: store, embedded local provider, relay, metrics",
+        "socialweb-broker run on the operator's host: store, relay, tunnel, metrics; socialweb-broker provider on each provider machine",
     );
     let b = Broker::start(
-        &host,
+        &world,
         BrokerOptions {
             max_nodes: n,
             pods_per_node: 1,
             hold: args.scale_hold,
+            providers: 2,
+            // The nodes spread over both providers.
+            provider_capacity: n.div_ceil(2),
             ..Default::default()
         },
-    )?;
-    // The resolver listens on the host's service address, which the broker puts in place.
-    let _dns = testbed::resolver::dnsmasq(
-        &host,
-        HOST_SERVICE_ADDR,
-        &[
-            "--address=/example.test/192.0.2.10",
-            "--address=/example.test/2001:db8::10",
-        ],
     )?;
     println!("config {}", b.config.display());
     print!(
@@ -136,7 +140,7 @@ fn main() -> Result<()> {
 
     step(
         t,
-        "nodes rented from the local provider, booting and joining by themselves",
+        "nodes rented from both providers, booting behind NAT and joining through the broker's public endpoints",
     );
     let mut seen = 0;
     wait_for("every node Ready", Duration::from_secs(300), || {
@@ -166,7 +170,7 @@ fn main() -> Result<()> {
 
     step(
         t,
-        "pod to pod across nodes through the relay: by pod IP, by Service name",
+        "pod to pod across nodes and providers: by pod IP, by Service name",
     );
     for i in 1..=n {
         let to = i % n + 1;

@@ -115,6 +115,9 @@ impl<'a> ControlPlane<'a> {
                     bind: addr.into(),
                     port: API_PORT,
                     etcd_url: "http://127.0.0.1:2379".into(),
+                    // The harness's nodes reach it directly, on the host's address.
+                    advertise: None,
+                    egress_selector: None,
                 },
                 &creds,
             ),

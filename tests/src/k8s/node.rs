@@ -178,7 +178,7 @@ impl KubeNode {
         };
         let token = cp.new_token(&opts.name)?;
         let mut identity = json!({
-            "version": 2, "cluster": "test", "node": opts.name,
+            "version": 3, "cluster": "test", "node": opts.name,
             "server_url": cp.url, "join_token": token.expose(),
             "relay_url": opts.relay_url, "mesh_secret_key": secret,
             "cluster_cidr": super::control_plane::CLUSTER_CIDR,
