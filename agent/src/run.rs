@@ -255,10 +255,6 @@ async fn bring_up(s: Arc<Shared>, stop: CancellationToken) -> Result<()> {
                 node_ip: id.node_ip,
             })
             .await?;
-            // The node's cluster address, which its kubelet serves on and peers route to it.
-            if let Some(IpAddr::V4(ip)) = id.node_ip {
-                crate::dns::bind::ensure(&mesh::routes::handle().await?, ip).await?;
-            }
             let detail = format!(
                 "endpoint {} on {:?}{}",
                 mesh.endpoint_id(),

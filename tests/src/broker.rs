@@ -552,13 +552,87 @@ impl<'w> Broker<'w> {
             .collect()
     }
 
+    /// The network namespace node `node` runs in (as its provider recorded it).
+    pub fn node_netns(&self, node: &str) -> Result<String> {
+        for state in std::iter::once(&self.state).chain(self.providers.iter().map(|p| &p.state)) {
+            let Ok(text) = std::fs::read_to_string(state.join("local-provider/provider.json"))
+            else {
+                continue;
+            };
+            let v: Value = serde_json::from_str(&text)?;
+            for e in v["leases"].as_object().into_iter().flat_map(|m| m.values()) {
+                let live = matches!(e["lease"]["state"].as_str(), Some("booting" | "running"));
+                if live && e["lease"]["tags"]["node"] == node {
+                    let path = e["machine"]["netns"].as_str().unwrap_or_default();
+                    if let Some(name) = path.rsplit('/').next().filter(|n| !n.is_empty()) {
+                        return Ok(name.to_string());
+                    }
+                }
+            }
+        }
+        bail!("no provider runs node {node}")
+    }
+
+    /// The agent's control socket of node `node`.
+    pub fn agent_socket(&self, node: &str) -> Result<PathBuf> {
+        for d in self.node_dirs() {
+            let identity = d.join("identity.json");
+            let id: Value = match std::fs::read(&identity) {
+                Ok(b) => serde_json::from_slice(&b)?,
+                Err(_) => continue,
+            };
+            if id["node"] == node {
+                return Ok(d.join("agent.sock"));
+            }
+        }
+        bail!("no machine of node {node}")
+    }
+
+    /// `program args` inside node `node`'s network namespace (its guest side, behind NAT).
+    pub fn on_node(
+        &self,
+        node: &str,
+        program: &str,
+        args: &[&str],
+    ) -> Result<std::process::Output> {
+        let ns = self.node_netns(node)?;
+        Ok(Command::new("ip")
+            .args(["netns", "exec", &ns, program])
+            .args(args)
+            .output()?)
+    }
+
+    /// `socialweb-agent <args> --ctl-socket <node's>` (`mesh status --json`, say), stdout.
+    pub fn agent_cli(&self, node: &str, args: &[&str]) -> Result<String> {
+        let out = Command::new(workspace_bin("socialweb-agent"))
+            .args(args)
+            .arg("--ctl-socket")
+            .arg(self.agent_socket(node)?)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "socialweb-agent {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// The broker's and provider's log tails, and every node's agent log tail.
     pub fn diagnostics(&self) -> String {
         let mut out = format!(
-            "--- broker ---\n{}\n--- provider ---\n{}\n",
-            crate::k8s::tail_of(&self.log("broker"), 40),
-            crate::k8s::tail_of(&self.log("provider"), 20)
+            "--- broker ---\n{}\n",
+            crate::k8s::tail_of(&self.log("broker"), 40)
         );
+        for p in &self.providers {
+            let log = self.log(&format!("provider-{}", p.index));
+            out.push_str(&format!(
+                "--- provider {} ---\n{}\n",
+                p.index,
+                crate::k8s::tail_of(&log, 20)
+            ));
+        }
         for d in self.node_dirs() {
             out.push_str(&format!(
                 "--- node {} agent ---\n{}\n",

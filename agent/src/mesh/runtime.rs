@@ -160,6 +160,15 @@ impl Mesh {
         socialweb_netlink::link::set_up(&nl, tun_index, &cfg.tun_name)
             .await
             .context("bringing the TUN device up")?;
+        // The node's cluster address lives on the TUN: the kubelet serves on it, and what the
+        // node sends into the mesh from elsewhere (kube-proxy's masquerade of NodePort traffic
+        // to a remote Pod) takes it as its source -- a TUN without an address would lend the
+        // masquerade some other address, which the peer refuses as spoofed.
+        if let Some(IpAddr::V4(ip)) = cfg.node_ip {
+            socialweb_netlink::addr::ensure_v4(&nl, tun_index, ip, 32)
+                .await
+                .with_context(|| format!("putting the node address {ip} on the TUN"))?;
+        }
         // Routes a crashed run left behind point at a device that no longer exists and are
         // gone with it; nothing else to clean.
         routes::enable_forwarding()?;

@@ -1,0 +1,646 @@
+//! Nodes rented from anywhere (docs/tunnel.md), on the real topology: the operator's host and
+//! two provider machines on an internet, each provider's nodes behind NAT (they reach out,
+//! nothing reaches in). The operator's host offers nodes nothing but its public listeners,
+//! and everything -- the join, logs, exec, proxy, webhooks, NodePorts across providers --
+//! goes through the broker's tunnel and the mesh.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use testbed::broker::{Broker, BrokerOptions};
+use testbed::k8s::wait_for;
+use testbed::tmp::TempDir;
+use testbed::world::{OPERATOR_ADDR, World};
+
+fn step(t: Instant, what: &str) {
+    eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Two web pods, one per node (so one per provider: each provider runs one node), a Service
+/// each, and a NodePort Service in front of web-1. Each prints a tick a second.
+fn workload() -> String {
+    let mut m = String::new();
+    for i in 1..=2 {
+        m.push_str(&format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: web-{i}, namespace: default, labels: {{app: web, instance: web-{i}}}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  affinity:
+    podAntiAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+      - topologyKey: kubernetes.io/hostname
+        labelSelector: {{matchLabels: {{app: web}}}}
+  containers:
+  - name: web
+    image: socialweb.local/busybox:1
+    imagePullPolicy: Never
+    stdin: true
+    command: ["sh", "-c", "mkdir -p /www && echo \"hello from web-{i}\" > /www/index.html && httpd -p 8080 -h /www && i=0; while true; do i=$((i+1)); echo tick $i; sleep 1; done"]
+    resources: {{requests: {{cpu: 100m, memory: 32Mi}}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web-{i}, namespace: default}}
+spec:
+  selector: {{instance: web-{i}}}
+  ports: [{{name: http, port: 80, targetPort: 8080}}]
+---
+"#
+        ));
+    }
+    m.push_str(
+        r#"apiVersion: v1
+kind: Service
+metadata: {name: web-1-nodeport, namespace: default}
+spec:
+  type: NodePort
+  selector: {instance: web-1}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+"#,
+    );
+    m
+}
+
+/// A user with a DID and a kubeconfig for cluster `name` (owned by that DID).
+struct User {
+    kubeconfig: PathBuf,
+}
+
+fn user(b: &Broker<'_>, dir: &Path, cluster: &str) -> User {
+    let key = dir.join("user.key");
+    let o = Command::new(testbed::cni::workspace_bin("socialweb-broker"))
+        .args(["api", "keygen", "--out"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let did = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let created = b
+        .cli_json(&["cluster", "create", cluster, "--owner", &did])
+        .unwrap();
+    assert_eq!(created["state"], "ready", "{created}\n{}", b.diagnostics());
+    let kubeconfig = dir.join("user.kubeconfig");
+    b.api(
+        &key,
+        &[
+            "kubeconfig",
+            cluster,
+            "--lifetime",
+            "2h",
+            "--out",
+            kubeconfig.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    User { kubeconfig }
+}
+
+impl User {
+    /// kubectl through the front, from the internet: stdout, or panics with everything.
+    fn ok(&self, b: &Broker<'_>, args: &[&str]) -> String {
+        let o = b.kubectl_as(&self.kubeconfig, &[], args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "kubectl {}: {}\n{}",
+            args.join(" "),
+            text(&o),
+            b.diagnostics()
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn json(&self, b: &Broker<'_>, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(b, &a)).unwrap()
+    }
+
+    fn exec(&self, b: &Broker<'_>, pod: &str, cmd: &[&str]) -> Output {
+        let mut args = vec!["exec", pod, "--"];
+        args.extend_from_slice(cmd);
+        b.kubectl_as(&self.kubeconfig, &[], &args).output().unwrap()
+    }
+}
+
+/// Each Node's name with its InternalIP.
+fn node_ips(u: &User, b: &Broker<'_>) -> BTreeMap<String, String> {
+    u.json(b, &["get", "nodes"])["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            let ip = n["status"]["addresses"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["type"] == "InternalIP")
+                .unwrap()["address"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            (n["metadata"]["name"].as_str().unwrap().to_string(), ip)
+        })
+        .collect()
+}
+
+/// Brings up the world, a broker renting from both providers (one node each), a user's
+/// cluster and the workload, Running.
+fn up(world: &World) -> (Broker<'_>, TempDir, User) {
+    let b = Broker::start(
+        world,
+        BrokerOptions {
+            providers: 2,
+            provider_capacity: 1,
+            max_nodes: 2,
+            hold: Duration::from_secs(600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let dir = TempDir::new("anywhere").unwrap();
+    let u = user(&b, dir.path(), "any");
+    let manifest = dir.path().join("web.yaml");
+    std::fs::write(&manifest, workload()).unwrap();
+    u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
+    for pod in ["web-1", "web-2"] {
+        u.ok(
+            &b,
+            &[
+                "wait",
+                "--for=condition=Ready",
+                &format!("pod/{pod}"),
+                "--timeout=240s",
+            ],
+        );
+    }
+    (b, dir, u)
+}
+
+#[test]
+fn nodes_of_two_providers_behind_nat_join_and_serve_through_the_brokers_endpoints_alone() {
+    let t = Instant::now();
+    let world = World::new(2).unwrap();
+    let (b, dir, u) = up(&world);
+    step(
+        t,
+        "two nodes rented, one from each provider, the pods Running",
+    );
+
+    // One node at each provider, each seen from the provider's own view.
+    for p in &b.providers {
+        let out = b
+            .host
+            .exec(
+                "curl",
+                &["-sf", "--max-time", "5", &format!("{}/v1/leases", p.url)],
+            )
+            .unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let live = v["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["state"] == "running")
+            .count();
+        assert_eq!(live, 1, "provider {} runs one node: {v}", p.index);
+    }
+    let pods = u.json(&b, &["get", "pods", "-l", "app=web"]);
+    let ip_of = |name: &str| -> String {
+        pods["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["metadata"]["name"] == name)
+            .unwrap()["status"]["podIP"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let node_of = |name: &str| -> String {
+        pods["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["metadata"]["name"] == name)
+            .unwrap()["spec"]["nodeName"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_ne!(node_of("web-1"), node_of("web-2"));
+
+    // From their first packet: one ping, no retry; then by Service name.
+    let o = u.exec(
+        &b,
+        "web-1",
+        &["ping", "-c", "1", "-W", "3", &ip_of("web-2")],
+    );
+    assert!(
+        o.status.success(),
+        "the first ping across providers: {}",
+        text(&o)
+    );
+    // A Service answers once its endpoint is published and programmed (the endpoint slice
+    // controller, then each node's kube-proxy: Kubernetes' own delay after Ready, not the
+    // mesh's), so this one waits.
+    wait_for(
+        "web-1's Service from web-2",
+        Duration::from_secs(20),
+        || {
+            let o = u.exec(&b, "web-2", &["probe", "get", "http://web-1/"]);
+            Ok(text(&o).contains("hello from web-1").then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    step(
+        t,
+        "pod to pod across providers by IP (first packet) and by Service name",
+    );
+
+    // The mesh says how each pair is connected.
+    for node in [node_of("web-1"), node_of("web-2")] {
+        let st: Value =
+            serde_json::from_str(&b.agent_cli(&node, &["mesh", "status", "--json"]).unwrap())
+                .unwrap();
+        let peer = &st["peers"][0];
+        assert_eq!(peer["connected"], true, "{st}");
+        let path = peer["path"].as_str().unwrap();
+        assert!(
+            path.starts_with("direct ") || path.starts_with("relay "),
+            "{path}"
+        );
+        eprintln!("{node} -> {}: {path}", peer["node"]);
+    }
+
+    streams_and_proxies(&b, &u);
+    step(
+        t,
+        "logs -f, pods/proxy and services/proxy through the front",
+    );
+    webhook(&b, &u, dir.path());
+    step(
+        t,
+        "an admission webhook served by a Pod admits one object and refuses another",
+    );
+
+    // NodePort: web-1's Service answers on every node's InternalIP, from a Pod on the other
+    // provider.
+    let port = u.json(&b, &["get", "service", "web-1-nodeport"])["spec"]["ports"][0]["nodePort"]
+        .as_u64()
+        .unwrap();
+    for (node, ip) in node_ips(&u, &b) {
+        let o = u.exec(
+            &b,
+            "web-2",
+            &["probe", "get", &format!("http://{ip}:{port}/")],
+        );
+        if !text(&o).contains("hello from web-1") {
+            for n in node_ips(&u, &b).keys() {
+                let sh =
+                    |p: &str, a: &[&str]| b.on_node(n, p, a).map(|o| text(&o)).unwrap_or_default();
+                eprintln!("== {n} routes\n{}", sh("ip", &["route"]));
+                eprintln!("== {n} addr\n{}", sh("ip", &["-br", "addr"]));
+                eprintln!(
+                    "== {n} mesh\n{}",
+                    b.agent_cli(n, &["mesh", "status", "--json"])
+                        .unwrap_or_default()
+                );
+                eprintln!("== {n} nft\n{}", sh("nft", &["list", "ruleset"]));
+            }
+        }
+        assert!(
+            text(&o).contains("hello from web-1"),
+            "NodePort {port} on {node} ({ip}) from web-2: {}",
+            text(&o)
+        );
+    }
+    step(
+        t,
+        "a NodePort answers on every node's InternalIP from the other provider",
+    );
+
+    isolation(&b, &u, &ip_of("web-1"));
+    step(
+        t,
+        "the operator's host reaches no node or Pod, a node reaches only public listeners",
+    );
+}
+
+/// `logs -f` streams, and the apiserver's pods/proxy and services/proxy reach the Pod.
+fn streams_and_proxies(b: &Broker<'_>, u: &User) {
+    let mut logs = b
+        .kubectl_as(&u.kubeconfig, &[], &["logs", "-f", "web-1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(logs.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let second = lines.next().unwrap().unwrap();
+    assert!(
+        first.starts_with("tick ") && second.starts_with("tick "),
+        "{first} / {second}"
+    );
+    let _ = logs.kill();
+    let _ = logs.wait();
+    let via_pod = u.ok(
+        b,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/pods/web-1:8080/proxy/",
+        ],
+    );
+    assert_eq!(via_pod.trim(), "hello from web-1");
+    let via_service = u.ok(
+        b,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/services/web-2:http/proxy/",
+        ],
+    );
+    assert_eq!(via_service.trim(), "hello from web-2");
+}
+
+/// A validating admission webhook served by a Pod behind a Service: one ConfigMap admitted,
+/// another refused with the webhook's message.
+fn webhook(b: &Broker<'_>, u: &User, dir: &Path) {
+    let pki =
+        socialweb_broker::control_plane::pki::Pki::open_or_create(&dir.join("hook"), "hook CA")
+            .unwrap();
+    let pair = pki
+        .server("hook", &["probe-hook.default.svc".to_string()])
+        .unwrap();
+    u.ok(
+        b,
+        &[
+            "create",
+            "secret",
+            "tls",
+            "hook-tls",
+            "--cert",
+            pair.cert.to_str().unwrap(),
+            "--key",
+            pair.key.to_str().unwrap(),
+        ],
+    );
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(pki.ca_pem());
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: probe-hook, namespace: default, labels: {{app: probe-hook}}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: hook
+    image: socialweb.local/busybox:1
+    imagePullPolicy: Never
+    command: ["probe", "webhook", "--cert", "/tls/tls.crt", "--key", "/tls/tls.key", "--deny", "refused-cm"]
+    readinessProbe: {{tcpSocket: {{port: 8443}}, periodSeconds: 1}}
+    volumeMounts: [{{name: tls, mountPath: /tls}}]
+  volumes: [{{name: tls, secret: {{secretName: hook-tls}}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: probe-hook, namespace: default}}
+spec:
+  selector: {{app: probe-hook}}
+  ports: [{{port: 443, targetPort: 8443}}]
+---
+apiVersion: v1
+kind: Namespace
+metadata: {{name: hooked, labels: {{webhook-test: "true"}}}}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata: {{name: probe-hook}}
+webhooks:
+- name: probe-hook.socialweb.test
+  clientConfig:
+    service: {{name: probe-hook, namespace: default, path: /validate}}
+    caBundle: {ca}
+  rules: [{{apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [configmaps]}}]
+  namespaceSelector: {{matchLabels: {{webhook-test: "true"}}}}
+  failurePolicy: Fail
+  sideEffects: None
+  admissionReviewVersions: [v1]
+  timeoutSeconds: 10
+"#
+    );
+    let f = dir.join("hook.yaml");
+    std::fs::write(&f, manifest).unwrap();
+    u.ok(b, &["apply", "-f", f.to_str().unwrap()]);
+    u.ok(
+        b,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/probe-hook",
+            "--timeout=120s",
+        ],
+    );
+    // The endpoint takes a moment to be published after the Pod is Ready.
+    wait_for("the webhook to admit", Duration::from_secs(30), || {
+        let o = b
+            .kubectl_as(
+                &u.kubeconfig,
+                &[],
+                &["create", "configmap", "allowed-cm", "-n", "hooked"],
+            )
+            .output()?;
+        Ok(o.status.success().then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let o = b
+        .kubectl_as(
+            &u.kubeconfig,
+            &[],
+            &["create", "configmap", "refused-cm", "-n", "hooked"],
+        )
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "the webhook refuses refused-cm");
+    assert!(
+        text(&o).contains("probe webhook refuses refused-cm"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// The operator's host reaches no node address and no Pod; a node reaches the operator's
+/// host on its public listeners only.
+fn isolation(b: &Broker<'_>, u: &User, pod_ip: &str) {
+    for (node, ip) in node_ips(u, b) {
+        let o = b
+            .host
+            .output(
+                "curl",
+                &[
+                    "-sk",
+                    "--max-time",
+                    "3",
+                    &format!("https://{ip}:10250/healthz"),
+                ],
+            )
+            .unwrap();
+        assert!(
+            !o.status.success(),
+            "the operator's host reached {node}'s kubelet at {ip}"
+        );
+    }
+    let o = b
+        .host
+        .output(
+            "curl",
+            &["-s", "--max-time", "3", &format!("http://{pod_ip}:8080/")],
+        )
+        .unwrap();
+    assert!(
+        !o.status.success(),
+        "the operator's host reached a Pod at {pod_ip}"
+    );
+    // Every TCP port the operator's host listens on, tried from a node.
+    let listening = b.host.exec("ss", &["-Hltn"]).unwrap();
+    let ports: std::collections::BTreeSet<u16> = listening
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .filter_map(|a| a.rsplit(':').next()?.parse().ok())
+        .collect();
+    let node = node_ips(u, b).into_keys().next().unwrap();
+    let mut reached = Vec::new();
+    for port in &ports {
+        // A TCP handshake with bash's /dev/tcp, from the node's own network.
+        let o = b
+            .on_node(
+                &node,
+                "timeout",
+                &[
+                    "3",
+                    "bash",
+                    "-c",
+                    &format!("exec 3<>/dev/tcp/{OPERATOR_ADDR}/{port}"),
+                ],
+            )
+            .unwrap();
+        if o.status.success() {
+            reached.push(*port);
+        }
+    }
+    assert_eq!(
+        reached,
+        [3340, testbed::broker::FRONT_PORT],
+        "a node reaches only the relay and the front among {ports:?}"
+    );
+}
+
+#[test]
+fn nodes_come_back_after_the_broker_restarts_and_after_a_minute_cut_off() {
+    let t = Instant::now();
+    let world = World::new(2).unwrap();
+    let (mut b, _dir, u) = up(&world);
+    let restarts = |b: &Broker<'_>| -> Vec<i64> {
+        u.json(b, &["get", "pods", "-l", "app=web"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                p["status"]["containerStatuses"][0]["restartCount"]
+                    .as_i64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let uids = |b: &Broker<'_>| -> Vec<String> {
+        u.json(b, &["get", "pods", "-l", "app=web"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["metadata"]["uid"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let before = uids(&b);
+    step(t, "two nodes, the pods Running");
+
+    b.kill_broker();
+    std::thread::sleep(Duration::from_secs(3));
+    b.start_broker().unwrap();
+    // Each node dials the broker again by itself (within its 5 s backoff).
+    wait_for(
+        "exec to work again on both nodes",
+        Duration::from_secs(60),
+        || {
+            let both = ["web-1", "web-2"]
+                .iter()
+                .all(|p| u.exec(&b, p, &["cat", "/www/index.html"]).status.success());
+            Ok(both.then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let o = b
+        .kubectl_as(&u.kubeconfig, &[], &["logs", "--tail=1", "web-2"])
+        .output()
+        .unwrap();
+    assert!(text(&o).starts_with("tick "), "{}", text(&o));
+    assert_eq!(uids(&b), before, "the pods never stopped");
+    assert_eq!(restarts(&b), [0, 0], "nor restarted");
+    step(
+        t,
+        "the broker killed and started again: the tunnels came back, exec and logs work",
+    );
+
+    // Cut one node from the broker for a minute: its NAT gateway drops what goes to the
+    // operator's host.
+    let pods = u.json(&b, &["get", "pod", "web-1"]);
+    let node = pods["spec"]["nodeName"].as_str().unwrap().to_string();
+    // The node is `<prefix>n<slot>`, its NAT gateway `<prefix>g<slot>`.
+    let ns = b.node_netns(&node).unwrap();
+    let (prefix, slot) = ns.rsplit_once('n').unwrap();
+    let gw = format!("{prefix}g{slot}");
+    let nft = |rules: &str| {
+        let o = Command::new("ip")
+            .args(["netns", "exec", &gw, "nft", rules])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "nft {rules}: {}", text(&o));
+    };
+    nft(&format!(
+        "add table ip cut; add chain ip cut block {{ type filter hook forward priority -10; }}; add rule ip cut block ip daddr {OPERATOR_ADDR} drop"
+    ));
+    std::thread::sleep(Duration::from_secs(60));
+    nft("delete table ip cut");
+    wait_for(
+        "the node Ready again and exec working",
+        Duration::from_secs(90),
+        || {
+            let ready = b.ready_nodes("any").unwrap_or_default().contains(&node);
+            let exec = u
+                .exec(&b, "web-1", &["cat", "/www/index.html"])
+                .status
+                .success();
+            Ok((ready && exec).then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    assert_eq!(uids(&b), before, "the pods survived the cut");
+    assert_eq!(restarts(&b), [0, 0]);
+    step(
+        t,
+        "a node cut from the broker for a minute recovered; its pods kept running",
+    );
+}
