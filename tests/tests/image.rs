@@ -192,7 +192,7 @@ fn the_image_boots_under_qemu_into_an_agent_that_reports_its_status() {
     let (secret, _endpoint) = testbed::k8s::mesh_keygen().unwrap();
     // 10.0.2.2 is qemu's user-mode gateway: nothing listens on 6443 there.
     let identity = serde_json::json!({
-        "version": 2, "cluster": "boot", "node": "boot-1",
+        "version": 3, "cluster": "boot", "node": "boot-1",
         "server_url": "https://10.0.2.2:6443",
         "ca_cert_sha256": format!("sha256:{}", "ab".repeat(32)),
         "join_token": "abcdef.0123456789abcdef",
