@@ -447,7 +447,7 @@ async fn bring_up(s: Arc<Shared>, stop: CancellationToken) -> Result<()> {
             Ok(((), Some(format!("endpoint {endpoint}"))))
         })
         .await;
-    paths_to_every_peer(&s, &mesh, &client).await;
+    paths_to_every_peer(&s, &mesh, &client, &m.kubelet_cert_dir()).await;
 
     let mode = proxy_mode::resolve(opts.proxy).await;
     s.steps
@@ -562,12 +562,36 @@ fn api_listen_addr(server: &url::Url) -> Result<SocketAddr> {
 /// Keeps the Node unschedulable (`NetworkUnavailable`) until the mesh has a live connection
 /// to every peer in the directory, so that a Pod placed on it reaches every other node's Pods
 /// from its first packet (the convention CNIs follow; the node lifecycle controller taints
-/// and untaints the Node from the condition).
-async fn paths_to_every_peer(s: &Arc<Shared>, mesh: &Mesh, client: &kube::Client) {
+/// and untaints the Node from the condition), and until the kubelet has its serving
+/// certificate (the broker approves it; until then the apiserver, which verifies kubelets,
+/// could not exec, attach or read logs on this node -- GitLab Runner's
+/// FF_WAIT_FOR_POD_TO_BE_REACHABLE is the symptom elsewhere).
+async fn paths_to_every_peer(
+    s: &Arc<Shared>,
+    mesh: &Mesh,
+    client: &kube::Client,
+    cert_dir: &std::path::Path,
+) {
+    let serving = cert_dir.join("kubelet-server-current.pem");
     s.steps
         .until_done("mesh-paths", retry(), || async {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
             loop {
+                if !serving.exists() {
+                    s.steps.detail(
+                        "mesh-paths",
+                        "waiting for the kubelet's serving certificate (the broker approves it)"
+                            .into(),
+                    );
+                    if tokio::time::Instant::now() > deadline {
+                        bail!(
+                            "no kubelet serving certificate after 60 s: {} is missing",
+                            serving.display()
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
                 let st = mesh.status();
                 let waiting: Vec<&str> = st
                     .peers

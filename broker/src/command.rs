@@ -32,6 +32,9 @@ pub enum Command {
         #[serde(default)]
         owner: Option<String>,
         wait_secs: u64,
+        /// A user's invite code, redeemed when registration is by invite.
+        #[serde(default)]
+        invite: Option<String>,
     },
     DeleteCluster {
         name: String,
@@ -59,6 +62,16 @@ pub enum Command {
     RevokeCertificate {
         serial: String,
     },
+    /// A new invite (the operator's), good for `expires_secs`.
+    CreateInvite {
+        expires_secs: u64,
+        #[serde(default)]
+        note: String,
+    },
+    ListInvites,
+    RevokeInvite {
+        id: String,
+    },
 }
 
 impl Command {
@@ -73,6 +86,9 @@ impl Command {
             Command::GetKubeconfig { .. } => "get a kubeconfig",
             Command::ListCertificates { .. } => "list certificates",
             Command::RevokeCertificate { .. } => "revoke a certificate",
+            Command::CreateInvite { .. } => "create an invite",
+            Command::ListInvites => "list invites",
+            Command::RevokeInvite { .. } => "revoke an invite",
         }
     }
 }
@@ -124,6 +140,14 @@ pub struct IssuedKubeconfig {
     pub mount_path: String,
 }
 
+/// An invite made: its code is shown this once (only its hash is kept).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IssuedInvite {
+    pub code: String,
+    #[serde(flatten)]
+    pub invite: crate::store::Invite,
+}
+
 /// What a command answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -136,6 +160,9 @@ pub enum Reply {
     Kubeconfig(Box<IssuedKubeconfig>),
     Certificates(Vec<CertRecord>),
     Certificate(CertRecord),
+    Invite(Box<IssuedInvite>),
+    Invites(Vec<crate::store::Invite>),
+    InviteRevoked(crate::store::Invite),
 }
 
 /// Why a command was refused, by kind (each door maps kinds to its own statuses); the
@@ -157,9 +184,29 @@ pub enum ServiceError {
 }
 
 impl ServiceError {
-    /// An error from below the services (the store, the market, a file): internal.
+    /// An error from below the services (the store, the market, a file): internal, with an
+    /// id the log has it under. The operator's door shows it whole; the gateway API only
+    /// the id ([`ServiceError::public`]): no paths, SQL or provider's words to strangers.
     pub fn internal(e: anyhow::Error) -> ServiceError {
-        tracing::error!("{e:#}");
-        ServiceError::Internal(format!("{e:#}"))
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let id = &id[..12];
+        tracing::error!(error_id = %id, "{e:#}");
+        ServiceError::Internal(format!("internal error {id}: {e:#}"))
+    }
+
+    /// The message a user may see: an internal error's id, never its cause.
+    pub fn public(&self) -> String {
+        match self {
+            ServiceError::Internal(m) => {
+                let id = m
+                    .strip_prefix("internal error ")
+                    .and_then(|r| r.split(':').next())
+                    .unwrap_or("?");
+                format!(
+                    "internal error {id}; the broker's log has its cause (quote the id to its operator)"
+                )
+            }
+            other => other.to_string(),
+        }
     }
 }

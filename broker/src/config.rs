@@ -54,6 +54,7 @@ pub struct Config {
     pub metrics: Metrics,
     pub clusters: ClusterDefaults,
     pub front: Front,
+    pub access: Access,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -92,6 +93,10 @@ pub struct Market {
     /// Per-request timeout of the market client.
     #[serde(with = "humantime_serde_compat")]
     pub request_timeout: Duration,
+    /// The nodes this broker rents: `namespace` (network namespaces on the provider's
+    /// host, for trusted tenants only: see `access.tenants_trusted`) or `vm`. RFPs ask for
+    /// at least this; a provider with less does not bid.
+    pub isolation: socialweb_market::Isolation,
 }
 
 /// A provider of the market, as `[[market.providers]]` names it.
@@ -179,8 +184,82 @@ pub struct Front {
     pub plc_directory: String,
     /// PEM CA certificates trusted for fetching `did:web` documents, besides the system's.
     pub did_web_roots: Vec<PathBuf>,
+    /// Nameservers (`ip:port`) did:web hosts are looked up at; empty: the system's resolver.
+    /// Either way only public addresses are fetched from (docs/security.md).
+    pub did_web_nameservers: Vec<SocketAddr>,
+    /// Connections open at once, in all (kept under 80% of the open-file limit).
+    pub max_connections: usize,
+    /// Connections open at once from one address.
+    pub max_connections_per_source: usize,
+    /// The TLS handshake must be done within this.
+    #[serde(with = "humantime_serde_compat")]
+    pub handshake_timeout: Duration,
+    /// Each request's headers must be in within this (HTTP/1.1: also the longest wait for
+    /// the next request on a kept-alive connection).
+    #[serde(with = "humantime_serde_compat")]
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    #[serde(with = "humantime_serde_compat")]
+    pub idle_timeout: Duration,
+}
+
+/// Who may have a cluster, and how much of the broker a user may take (docs/security.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Access {
+    /// Who may create clusters through the gateway API besides `allowed_dids`: `closed`
+    /// (no one else; the default), `invite` (a DID that redeemed an invite of
+    /// `socialweb-broker invite create`), or `open` (any DID).
+    pub registration: Registration,
+    /// DIDs that may always create clusters.
+    pub allowed_dids: Vec<String>,
+    /// Namespace nodes share their provider host's kernel and root (docs/security.md): the
+    /// gateway API serves users only when the operator says they are trusted.
+    pub tenants_trusted: bool,
     /// How many clusters one DID may have.
     pub max_clusters_per_did: u32,
+    /// How many clusters all users together may have.
+    pub max_clusters: u32,
+    /// Gateway API requests one address may make a minute (before authentication).
+    pub requests_per_minute_per_source: u32,
+    /// Gateway API requests one DID may make a minute.
+    pub requests_per_minute_per_did: u32,
+    /// createCluster calls one DID may make an hour.
+    pub creates_per_hour_per_did: u32,
+}
+
+/// How DIDs are admitted to have clusters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Registration {
+    Closed,
+    Invite,
+    Open,
+}
+
+impl Registration {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Registration::Closed => "closed",
+            Registration::Invite => "invite",
+            Registration::Open => "open",
+        }
+    }
+}
+
+impl Default for Access {
+    fn default() -> Access {
+        Access {
+            registration: Registration::Closed,
+            allowed_dids: Vec::new(),
+            tenants_trusted: false,
+            max_clusters_per_did: 5,
+            max_clusters: 50,
+            requests_per_minute_per_source: 300,
+            requests_per_minute_per_did: 120,
+            creates_per_hour_per_did: 20,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -211,6 +290,7 @@ impl Default for Config {
             metrics: Metrics::default(),
             clusters: ClusterDefaults::default(),
             front: Front::default(),
+            access: Access::default(),
         }
     }
 }
@@ -226,7 +306,12 @@ impl Default for Front {
             names: Vec::new(),
             plc_directory: "https://plc.directory".into(),
             did_web_roots: Vec::new(),
-            max_clusters_per_did: 5,
+            did_web_nameservers: Vec::new(),
+            max_connections: 10_000,
+            max_connections_per_source: 64,
+            handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(90),
         }
     }
 }
@@ -250,6 +335,7 @@ impl Default for Market {
             bid_deadline: Duration::from_secs(5),
             boot_timeout: Duration::from_secs(300),
             request_timeout: Duration::from_secs(10),
+            isolation: socialweb_market::Isolation::Namespace,
         }
     }
 }
@@ -435,7 +521,42 @@ impl Config {
         let o = |k: &str| Self::origin(k, env);
         self.validate_sizes(&o)?;
         self.validate_addresses(&o)?;
-        self.validate_front()
+        self.validate_front()?;
+        self.validate_access()
+    }
+
+    /// Who may have clusters, and the limits: none zero, every allowed DID a DID.
+    fn validate_access(&self) -> Result<(), ConfigError> {
+        let a = &self.access;
+        for (key, n) in [
+            ("access.max_clusters_per_did", a.max_clusters_per_did),
+            ("access.max_clusters", a.max_clusters),
+            (
+                "access.requests_per_minute_per_source",
+                a.requests_per_minute_per_source,
+            ),
+            (
+                "access.requests_per_minute_per_did",
+                a.requests_per_minute_per_did,
+            ),
+            (
+                "access.creates_per_hour_per_did",
+                a.creates_per_hour_per_did,
+            ),
+        ] {
+            if n == 0 {
+                return Err(err(key, "must be at least 1"));
+            }
+        }
+        if let Some(d) = a.allowed_dids.iter().find(|d| {
+            !(d.starts_with("did:key:") || d.starts_with("did:web:") || d.starts_with("did:plc:"))
+        }) {
+            return Err(err(
+                "access.allowed_dids",
+                format!("{d:?} is not a did:key, did:web or did:plc"),
+            ));
+        }
+        Ok(())
     }
 
     /// The scale knobs and the node size.
@@ -569,6 +690,35 @@ impl Config {
             return Err(err(
                 "front.tls_cert",
                 "give front.tls_cert and front.tls_key together, or neither",
+            ));
+        }
+        self.validate_front_limits()
+    }
+
+    /// The front's bounds: none may be zero (a zero would refuse everything or time out at once).
+    fn validate_front_limits(&self) -> Result<(), ConfigError> {
+        let f = &self.front;
+        for (key, zero) in [
+            ("front.max_connections", f.max_connections == 0),
+            (
+                "front.max_connections_per_source",
+                f.max_connections_per_source == 0,
+            ),
+            ("front.handshake_timeout", f.handshake_timeout.is_zero()),
+            ("front.header_read_timeout", f.header_read_timeout.is_zero()),
+            ("front.idle_timeout", f.idle_timeout.is_zero()),
+        ] {
+            if zero {
+                return Err(err(key, "must be more than zero"));
+            }
+        }
+        if f.max_connections_per_source > f.max_connections {
+            return Err(err(
+                "front.max_connections_per_source",
+                format!(
+                    "{} is more than front.max_connections ({})",
+                    f.max_connections_per_source, f.max_connections
+                ),
             ));
         }
         Ok(())

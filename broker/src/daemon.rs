@@ -7,6 +7,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use socialweb_broker_core::provision::Limits;
@@ -46,7 +47,7 @@ fn broker_id(state_dir: &std::path::Path) -> Result<String> {
         return Ok(id.trim().to_string());
     }
     let id = uuid::Uuid::new_v4().to_string();
-    std::fs::write(&path, format!("{id}\n"))
+    socialweb_proc::owner_only::write_atomic(&path, format!("{id}\n").as_bytes())
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(id)
 }
@@ -219,7 +220,11 @@ fn resolver(cfg: &Config) -> Result<Resolver> {
                 .with_context(|| format!("front.did_web_roots[{i}]: reading {}", p.display()))?,
         );
     }
-    Resolver::new(&cfg.front.plc_directory, &roots)
+    Resolver::new(
+        &cfg.front.plc_directory,
+        &roots,
+        &cfg.front.did_web_nameservers,
+    )
 }
 
 /// The provisioner's settings: the `[market]` and `[node]` sections, the relay and the
@@ -250,7 +255,21 @@ fn provision_settings(
             .filter_map(|r| socialweb_wire::identity::parse_resolver(r))
             .collect(),
         expendable_cutoff: cfg.scale.expendable_priority_cutoff,
+        isolation: cfg.market.isolation,
     })
+}
+
+/// The front listener's bounds, from `[front]`.
+fn front_limits(cfg: &Config) -> crate::front::listener::Limits {
+    let f = &cfg.front;
+    crate::front::listener::Limits {
+        max_connections: f.max_connections,
+        max_per_source: f.max_connections_per_source,
+        handshake_timeout: f.handshake_timeout,
+        header_read_timeout: f.header_read_timeout,
+        idle_timeout: f.idle_timeout,
+        h2_keepalive: Duration::from_secs(30),
+    }
 }
 
 fn cluster_settings(cfg: &Config) -> ClusterSettings {
@@ -259,7 +278,9 @@ fn cluster_settings(cfg: &Config) -> ClusterSettings {
         kube: cfg.kube_dir.join("kube"),
         port_base: cfg.clusters.port_base,
         port_count: cfg.clusters.port_count,
-        max_per_did: cfg.front.max_clusters_per_did,
+        max_per_did: cfg.access.max_clusters_per_did,
+        max_total: cfg.access.max_clusters,
+        namespace_nodes: cfg.market.isolation == socialweb_market::Isolation::Namespace,
         knobs: Knobs {
             max_nodes: cfg.scale.max_nodes,
             pods_per_node: cfg.scale.pods_per_node,
@@ -274,8 +295,12 @@ impl Daemon {
     /// Starts everything but the control socket.
     pub async fn start(cfg: Config) -> Result<Arc<Daemon>> {
         crate::crypto_provider();
-        std::fs::create_dir_all(&cfg.state_dir)
-            .with_context(|| format!("creating the state directory {}", cfg.state_dir.display()))?;
+        socialweb_proc::owner_only::dir(&cfg.state_dir).with_context(|| {
+            format!(
+                "creating the state directory {} (owner-only)",
+                cfg.state_dir.display()
+            )
+        })?;
         check_kube_dir(&cfg)?;
         let store = Store::open(&cfg.store_url()).await?;
         info!(backend = store.backend(), "store open");
@@ -335,7 +360,6 @@ impl Daemon {
         let access = Arc::new(Access::new(
             store.clone(),
             records,
-            cfg.state_dir.join("clusters"),
             FrontAddress {
                 public_url: cfg.front_url(),
                 ca_pem: tls.ca_pem,
@@ -350,16 +374,40 @@ impl Daemon {
             tunnels,
             stop.clone(),
         ));
-        let services = Services::new(clusters, access, provisioner);
+        let policy = Arc::new(crate::access::registration::Policy {
+            registration: cfg.access.registration,
+            allowed: cfg.access.allowed_dids.iter().cloned().collect(),
+            tenants_trusted: cfg.access.tenants_trusted,
+            isolation: cfg.market.isolation,
+            store: store.clone(),
+        });
+        if let Err(e) = policy.serving() {
+            warn!("the gateway API refuses users: {e}");
+        }
+        let services = Services::new(clusters, access, policy, provisioner);
         let gateway = Arc::new(Gateway {
             services: services.clone(),
             service_did: cfg.service_did(),
             public_url: cfg.front_url(),
             resolver: resolver(cfg)?,
             store: store.clone(),
+            rates: crate::api::limits::Rates::new(crate::api::limits::RateSettings {
+                per_source_per_minute: cfg.access.requests_per_minute_per_source,
+                per_did_per_minute: cfg.access.requests_per_minute_per_did,
+                creates_per_did_per_hour: cfg.access.creates_per_hour_per_did,
+            }),
         });
+        spawn_sweeps(gateway.clone(), stop.clone());
         let api = crate::api::router(gateway);
-        crate::front::serve(cfg.front.listen, server_tls, front, api, stop.clone()).await?;
+        crate::front::serve(
+            cfg.front.listen,
+            server_tls,
+            front_limits(cfg),
+            front,
+            api,
+            stop.clone(),
+        )
+        .await?;
         Ok(services)
     }
 
@@ -379,6 +427,32 @@ impl Daemon {
         self.store.close().await;
         info!("broker stopped");
     }
+}
+
+/// Every minute: spent nonces of expired tokens, records of certificates expired a day ago
+/// (the front refuses them by their expiry anyway), idle rate-limit keys.
+fn spawn_sweeps(g: Arc<Gateway>, stop: CancellationToken) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            let now = socialweb_broker_core::millis(std::time::SystemTime::now());
+            match g.store.sweep(now, now - 24 * 3600 * 1000).await {
+                Ok((n, c)) if n + c > 0 => {
+                    tracing::debug!(nonces = n, certificates = c, "swept");
+                    if c > 0 {
+                        g.services.access.purge_expired(now - 24 * 3600 * 1000);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => warn!("sweeping nonces and expired certificates: {e:#}"),
+            }
+            g.rates.sweep();
+        }
+    });
 }
 
 /// At start, before any cluster runs: the core's reconcile over every lease this broker has

@@ -13,12 +13,15 @@
 //!   the core's provisioning transitions), [`market`] (the protocol's HTTP client), [`front`]
 //!   (the certificate front), [`auth`] (service-auth tokens), [`tenant`] (what the broker
 //!   does inside a cluster), [`tunnel`] (the way between nodes and their control plane),
+//!   [`guard`] (the authorization webhook that keeps tenants from undoing node isolation),
+//!   [`approver`] (nodes' certificate requests),
 //!   [`store`], [`relay`], [`metrics`], [`process`].
 //! - [`daemon`]: the composition root: builds each subsystem from its own [`config`]
 //!   section, wires them, and shuts them down.
 
 pub mod access;
 pub mod api;
+pub mod approver;
 pub mod auth;
 pub mod cluster;
 pub mod command;
@@ -27,6 +30,7 @@ pub mod control_plane;
 pub mod ctl;
 pub mod daemon;
 pub mod front;
+pub mod guard;
 pub mod host;
 pub mod market;
 pub mod metrics;

@@ -55,6 +55,17 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Make, list or revoke invites: with `access.registration = "invite"`, a DID that
+    /// redeems one (createCluster's `invite`) may have clusters (docs/operations.md).
+    ///
+    /// Start here:  socialweb-broker invite create --expires 7d --note "alice, CI"
+    #[command(verbatim_doc_comment)]
+    Invite {
+        #[command(subcommand)]
+        command: InviteCommand,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// What the provider itself says this broker leases (the market's view, not the store's).
     Leases {
         #[command(flatten)]
@@ -120,6 +131,9 @@ enum ApiCommand {
         /// Wait this long for its control plane (at most 5m).
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
         wait: Duration,
+        /// The invite code the broker's operator sent you (when registration is by invite).
+        #[arg(long, env = "SOCIALWEB_INVITE")]
+        invite: Option<String>,
     },
     /// Your clusters.
     ListClusters,
@@ -159,6 +173,23 @@ struct ClientArgs {
     /// Print JSON.
     #[arg(long, global = true)]
     json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum InviteCommand {
+    /// A new invite; its code is printed this once (the broker keeps only its hash).
+    Create {
+        /// How long it may be redeemed: up to 90 days.
+        #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+        expires: Duration,
+        /// Whom it is for, for `invite list`.
+        #[arg(long, default_value = "")]
+        note: String,
+    },
+    /// Every invite: unused, used (and by whom), revoked or expired.
+    List,
+    /// Revoke an unused invite.
+    Revoke { id: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -279,6 +310,7 @@ async fn dispatch(command: Command) -> Result<()> {
         }
         Command::Relay(a) => relay(a).await,
         Command::Leases { client } => leases(client).await,
+        Command::Invite { command, client } => invite(command, client).await,
         Command::Cluster { command, client } => cluster(command, client).await,
         Command::Api { command, caller } => api(command, caller).await,
     }
@@ -345,6 +377,68 @@ async fn leases(client: ClientArgs) -> Result<()> {
     Ok(())
 }
 
+async fn invite(command: InviteCommand, c: ClientArgs) -> Result<()> {
+    let req = match &command {
+        InviteCommand::Create { expires, note } => Request::CreateInvite {
+            expires_secs: expires.as_secs(),
+            note: note.clone(),
+        },
+        InviteCommand::List => Request::ListInvites,
+        InviteCommand::Revoke { id } => Request::RevokeInvite { id: id.clone() },
+    };
+    let reply = ctl::call(&c.ctl_socket, &req, Duration::from_secs(30)).await?;
+    let when = |ms: i64| {
+        humantime::format_rfc3339_seconds(socialweb_broker_core::from_millis(ms)).to_string()
+    };
+    match reply {
+        Reply::Invite(i) if c.json => println!("{}", serde_json::to_string_pretty(&i)?),
+        Reply::Invite(i) => {
+            println!(
+                "invite {} (good until {})",
+                i.invite.id,
+                when(i.invite.expires_at)
+            );
+            println!("code   {}", i.code);
+            println!(
+                "Send the code to its user: `socialweb-broker api create-cluster NAME --invite CODE`."
+            );
+            println!("It is shown only now; it admits the first DID that redeems it.");
+        }
+        Reply::Invites(is) if c.json => println!("{}", serde_json::to_string_pretty(&is)?),
+        Reply::Invites(is) => {
+            println!(
+                "{:<10} {:<8} {:<22} {:<30} NOTE",
+                "ID", "STATE", "EXPIRES", "USED BY"
+            );
+            let now = socialweb_broker_core::millis(std::time::SystemTime::now());
+            for i in &is {
+                let state = if i.used_by.is_some() {
+                    "used"
+                } else if i.revoked_at.is_some() {
+                    "revoked"
+                } else if i.expires_at <= now {
+                    "expired"
+                } else {
+                    "unused"
+                };
+                let by = i.used_by.as_deref().unwrap_or("-");
+                println!(
+                    "{:<10} {:<8} {:<22} {:<30} {}",
+                    i.id,
+                    state,
+                    when(i.expires_at),
+                    by,
+                    i.note
+                );
+            }
+        }
+        Reply::InviteRevoked(i) if c.json => println!("{}", serde_json::to_string_pretty(&i)?),
+        Reply::InviteRevoked(i) => println!("invite {} revoked", i.id),
+        other => anyhow::bail!("the broker answered {other:?}"),
+    }
+    Ok(())
+}
+
 async fn api(command: ApiCommand, a: CallerArgs) -> Result<()> {
     use socialweb_broker::api::client;
     use socialweb_broker::auth::token::SigningKey;
@@ -400,8 +494,11 @@ async fn api_call(
     use socialweb_broker::api::{self as gw, client};
     Ok(match command {
         ApiCommand::Keygen { .. } | ApiCommand::Whoami => unreachable!("answered before"),
-        ApiCommand::CreateCluster { name, wait } => {
-            let input = json!({"name": name, "waitSeconds": wait.as_secs()});
+        ApiCommand::CreateCluster { name, wait, invite } => {
+            let mut input = json!({"name": name, "waitSeconds": wait.as_secs()});
+            if let Some(code) = invite {
+                input["invite"] = code.into();
+            }
             c.procedure(gw::CREATE_CLUSTER, &input).await?
         }
         ApiCommand::ListClusters => c.query(gw::LIST_CLUSTERS, &[]).await?,
@@ -452,6 +549,7 @@ async fn cluster(command: ClusterCommand, c: ClientArgs) -> Result<()> {
                 name: name.clone(),
                 wait_secs: wait.as_secs(),
                 owner: owner.clone(),
+                invite: None,
             },
             *wait + Duration::from_secs(30),
         ),

@@ -68,6 +68,8 @@ pub struct Settings {
     pub upstream_resolvers: Vec<SocketAddr>,
     /// Pods at or below this priority do not keep a node from being released.
     pub expendable_cutoff: i32,
+    /// The least isolation RFPs ask for (`market.isolation`).
+    pub isolation: socialweb_market::Isolation,
 }
 
 /// A callback, for [`Provisioner::new`]'s `on_change`.
@@ -378,7 +380,15 @@ impl Provisioner {
         loop {
             let sight = self.look(c, p, &mut bids).await?;
             match next(p, sight.seen(), entered.elapsed(), &self.settings.limits) {
-                Next::Advance(step) => return self.set(p, step, None).await,
+                Next::Advance(step) => {
+                    self.set(p, step, None).await?;
+                    if step == Step::Joined {
+                        // A crash before this leaves the token to its expiry (the
+                        // controller-manager's token cleaner deletes it then).
+                        tenant::delete_token(&c.client, &p.token_id).await?;
+                    }
+                    return Ok(());
+                }
                 Next::PollAfter(d) => tokio::time::sleep(d).await,
                 Next::Accept(bids) => return self.accept_bids(c, p, bids).await,
                 Next::Reaccept => {
@@ -446,7 +456,7 @@ impl Provisioner {
                 ready: Api::<Node>::all(c.client.clone())
                     .get_opt(&p.node)
                     .await?
-                    .is_some_and(|n| tenant::node_ready(&n)),
+                    .is_some_and(|n| tenant::node_joined(&n)),
             },
             Step::Releasing => Sight::Released,
             Step::Joined | Step::Released | Step::Failed => {
@@ -512,6 +522,7 @@ impl Provisioner {
                 image: self.settings.image.clone(),
                 tags,
                 bid_deadline_ms: self.settings.limits.bid_deadline.as_millis() as u64,
+                isolation: self.settings.isolation,
             })
             .await?;
         Ok(())

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::access::certs::Lifetime;
+use crate::access::registration::Policy;
 use crate::access::service::Access;
 use crate::cluster::Clusters;
 use crate::command::{Caller, Command, Reply, ServiceError};
@@ -19,6 +20,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(300);
 pub struct Services {
     pub clusters: Arc<Clusters>,
     pub access: Arc<Access>,
+    pub policy: Arc<Policy>,
     provisioner: Arc<Provisioner>,
 }
 
@@ -26,11 +28,13 @@ impl Services {
     pub fn new(
         clusters: Arc<Clusters>,
         access: Arc<Access>,
+        policy: Arc<Policy>,
         provisioner: Arc<Provisioner>,
     ) -> Services {
         Services {
             clusters,
             access,
+            policy,
             provisioner,
         }
     }
@@ -50,10 +54,11 @@ impl Services {
                 name,
                 owner,
                 wait_secs,
+                ..
             } => {
                 let wait = Duration::from_secs(wait_secs);
                 Ok(Reply::Cluster(
-                    c.create(&name, owner.as_deref(), wait).await?,
+                    c.create(&name, owner.as_deref(), false, wait).await?,
                 ))
             }
             Command::DeleteCluster { name } => {
@@ -68,7 +73,7 @@ impl Services {
                     .market()
                     .leases("broker", p.broker_id())
                     .await
-                    .map_err(|e| ServiceError::Internal(e.to_string()))?;
+                    .map_err(|e| ServiceError::internal(anyhow::anyhow!(e)))?;
                 // The provider each lease is at, as this broker names it.
                 Ok(Reply::Leases(
                     leases
@@ -80,6 +85,15 @@ impl Services {
                         .collect(),
                 ))
             }
+            Command::CreateInvite { expires_secs, note } => Ok(Reply::Invite(Box::new(
+                self.policy
+                    .create_invite(Duration::from_secs(expires_secs), &note)
+                    .await?,
+            ))),
+            Command::ListInvites => Ok(Reply::Invites(self.policy.invites().await?)),
+            Command::RevokeInvite { id } => {
+                Ok(Reply::InviteRevoked(self.policy.revoke_invite(&id).await?))
+            }
             other => Err(ServiceError::Forbidden(format!(
                 "the operator cannot {}: that is a user's (the operator has each cluster's \
                  admin kubeconfig, which `cluster create` names)",
@@ -89,10 +103,14 @@ impl Services {
     }
 
     async fn user(&self, did: &str, cmd: Command) -> Result<Reply, ServiceError> {
+        self.policy.serving()?;
         let c = &self.clusters;
         match cmd {
             Command::CreateCluster {
-                name, wait_secs, ..
+                name,
+                wait_secs,
+                invite,
+                ..
             } => {
                 if Duration::from_secs(wait_secs) > MAX_WAIT {
                     return Err(ServiceError::Invalid(format!(
@@ -100,9 +118,14 @@ impl Services {
                         MAX_WAIT.as_secs()
                     )));
                 }
+                self.policy
+                    .may_have_clusters(did, invite.as_deref())
+                    .await?;
                 c.may_create(did, &name).await?;
                 let wait = Duration::from_secs(wait_secs);
-                Ok(Reply::Cluster(c.create(&name, Some(did), wait).await?))
+                Ok(Reply::Cluster(
+                    c.create(&name, Some(did), true, wait).await?,
+                ))
             }
             Command::DeleteCluster { name } => {
                 c.owned_by(did, &name).await?;
@@ -117,8 +140,7 @@ impl Services {
             } => {
                 let lifetime = Lifetime::from_request(lifetime_seconds, no_expiry)
                     .map_err(|e| ServiceError::Invalid(e.to_string()))?;
-                c.owned_by(did, &name).await?;
-                let kc = self.access.kubeconfig(did, &name, lifetime).await?;
+                let kc = c.kubeconfig(did, &name, lifetime).await?;
                 Ok(Reply::Kubeconfig(Box::new(kc)))
             }
             Command::ListCertificates { cluster } => Ok(Reply::Certificates(
@@ -127,9 +149,14 @@ impl Services {
             Command::RevokeCertificate { serial } => {
                 Ok(Reply::Certificate(self.access.revoke(did, &serial).await?))
             }
-            other @ (Command::ShowCluster { .. } | Command::Leases) => Err(
-                ServiceError::Forbidden(format!("only the operator can {}", other.name())),
-            ),
+            other @ (Command::ShowCluster { .. }
+            | Command::Leases
+            | Command::CreateInvite { .. }
+            | Command::ListInvites
+            | Command::RevokeInvite { .. }) => Err(ServiceError::Forbidden(format!(
+                "only the operator can {}",
+                other.name()
+            ))),
         }
     }
 }

@@ -130,10 +130,37 @@ pub async fn forget_node(c: &Client, node: &str, token_id: &str) -> Result<()> {
 
 /// Whether Node `name` exists and is Ready.
 pub fn node_ready(n: &Node) -> bool {
+    condition(n, "Ready", "True")
+}
+
+fn condition(n: &Node, kind: &str, status: &str) -> bool {
     n.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == kind && c.status == status))
+}
+
+/// Whether a node has joined: Ready, and its agent has made it schedulable
+/// (`NetworkUnavailable` False: the mesh reaches every peer and the kubelet has its serving
+/// certificate, so exec, attach and logs work from its first Pod).
+pub fn node_joined(n: &Node) -> bool {
+    node_ready(n) && condition(n, "NetworkUnavailable", "False")
+}
+
+/// Deletes a joined node's bootstrap token: its kubelet has its own certificate, and the
+/// token must not outlive the join (what is gone already is fine).
+pub async fn delete_token(c: &Client, token_id: &str) -> Result<()> {
+    match Api::<Secret>::namespaced(c.clone(), "kube-system")
+        .delete(
+            &format!("bootstrap-token-{token_id}"),
+            &DeleteParams::default(),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("deleting bootstrap token {token_id}")),
+    }
 }
 
 /// Tells a Pod why no node will be rented for it (a Warning Event, as the scheduler does).

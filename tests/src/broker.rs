@@ -56,6 +56,10 @@ pub struct BrokerOptions {
     pub image: Option<PathBuf>,
     /// Lines for the configuration's `[front]` section.
     pub front_toml: String,
+    /// Lines for the `[access]` section. Default: registration open and the tenants trusted
+    /// (the tests are the tenants); the product's default is closed and untrusted, which
+    /// `tests/tests/hostile.rs` runs with `String::new()`.
+    pub access_toml: String,
     /// More seed image archives every node imports at boot (the conformance suite's images).
     pub extra_seeds: Vec<PathBuf>,
 }
@@ -77,6 +81,7 @@ impl Default for BrokerOptions {
             node_mem_mib: 2048,
             image: None,
             front_toml: String::new(),
+            access_toml: "registration = \"open\"\ntenants_trusted = true\n".into(),
             extra_seeds: Vec::new(),
         }
     }
@@ -410,12 +415,27 @@ impl<'w> Broker<'w> {
         c
     }
 
+    /// A cluster's directory: `<state>/clusters/<name>-<8 hex>` (each cluster of a name has
+    /// its own), or `<state>/clusters/<name>`, which does not exist, when there is none.
+    pub fn cluster_dir(&self, cluster: &str) -> PathBuf {
+        let base = self.state.join("clusters");
+        let ours = |n: &str| {
+            n.strip_prefix(cluster)
+                .and_then(|r| r.strip_prefix('-'))
+                .is_some_and(|h| h.len() == 8 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        };
+        std::fs::read_dir(&base)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| ours(&e.file_name().to_string_lossy()))
+            .map(|e| e.path())
+            .unwrap_or_else(|| base.join(cluster))
+    }
+
     /// The admin kubeconfig of a cluster.
     pub fn kubeconfig(&self, cluster: &str) -> PathBuf {
-        self.state
-            .join("clusters")
-            .join(cluster)
-            .join("pki/admin.kubeconfig")
+        self.cluster_dir(cluster).join("pki/admin.kubeconfig")
     }
 
     /// kubectl as the cluster's admin, from the host namespace.
@@ -736,11 +756,15 @@ upstream_resolvers = ["{RESOLVER_ADDR}"]
 
 [front]
 listen = "0.0.0.0:{FRONT_PORT}"
+did_web_nameservers = ["{RESOLVER_ADDR}:53"]
 {front}
+[access]
+{access}
 "#,
         state = d.join("state"),
         socket = d.join("broker.sock"),
         front = opts.front_toml,
+        access = opts.access_toml,
         kube = sw.kube,
         max = opts.max_nodes,
         ppn = opts.pods_per_node,

@@ -25,6 +25,14 @@ use crate::process::Spawned;
 pub const OPERATOR_ADDR: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
 /// The internet's resolver (dnsmasq, answering `example.test`).
 pub const RESOLVER_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 53);
+/// Where users' own servers are on the internet (a did:web document host): the resolver
+/// answers `users.example.test` and every name under it with this.
+pub const USERS_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 80);
+pub const USERS_DOMAIN: &str = "users.example.test";
+/// Names the resolver answers with addresses no DID document may be fetched from.
+pub const LOOPBACK_NAME: &str = "loopback.example.test";
+pub const PRIVATE_NAME: &str = "private.example.test";
+
 /// What the resolver answers for `example.test`.
 pub const EXAMPLE_A: &str = "192.0.2.10";
 pub const EXAMPLE_AAAA: &str = "2001:db8::10";
@@ -58,6 +66,7 @@ impl World {
         let internet = Netns::new("internet")?;
         link::sysctl(&internet, "net.ipv4.ip_forward", "1")?;
         link::addr(&internet, "lo", &format!("{RESOLVER_ADDR}/32"))?;
+        link::addr(&internet, "lo", &format!("{USERS_ADDR}/32"))?;
         let operator = Netns::new("operator")?;
         link::veth(&internet, "op", &operator, "eth0")?;
         link::addr(&internet, "op", "203.0.113.254/24")?;
@@ -81,6 +90,9 @@ impl World {
             &[
                 &format!("--address=/example.test/{EXAMPLE_A}"),
                 &format!("--address=/example.test/{EXAMPLE_AAAA}"),
+                &format!("--address=/{USERS_DOMAIN}/{USERS_ADDR}"),
+                &format!("--address=/{LOOPBACK_NAME}/127.0.0.1"),
+                &format!("--address=/{PRIVATE_NAME}/10.1.2.3"),
             ],
         )?;
         Ok(World {

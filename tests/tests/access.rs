@@ -24,6 +24,52 @@ fn world() -> World {
     World::new(0).unwrap()
 }
 
+/// A user's did:web document for `did`, naming `key` as #atproto, served over HTTPS on
+/// port 8444 at the users' address on the internet (openssl s_server); its CA and the server.
+fn did_web_server(
+    world: &World,
+    dir: &Path,
+    did: &str,
+    key: &socialweb_broker::auth::token::SigningKey,
+) -> (
+    socialweb_broker::control_plane::pki::Pki,
+    std::process::Child,
+) {
+    let web_ca = socialweb_broker::control_plane::pki::Pki::new(&dir.join("ca")).unwrap();
+    let pair = web_ca
+        .server("did", &[testbed::world::USERS_DOMAIN.into()])
+        .unwrap();
+    let multibase = key.did().strip_prefix("did:key:").unwrap().to_string();
+    let docs = dir.join("www");
+    std::fs::create_dir_all(docs.join(".well-known")).unwrap();
+    std::fs::write(
+        docs.join(".well-known/did.json"),
+        serde_json::json!({
+            "@context": ["https://www.w3.org/ns/did/v1", "https://w3id.org/security/multikey/v1"],
+            "id": did,
+            "verificationMethod": [{"id": format!("{did}#atproto"), "type": "Multikey",
+                                    "controller": did, "publicKeyMultibase": multibase}],
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let server = world
+        .internet
+        .command("openssl")
+        .args(["s_server", "-quiet", "-WWW", "-accept"])
+        .arg(format!("{}:8444", testbed::world::USERS_ADDR))
+        .arg("-cert")
+        .arg(&pair.cert)
+        .arg("-key")
+        .arg(&pair.key)
+        .current_dir(&docs)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    (web_ca, server)
+}
+
 fn keygen(dir: &Path, name: &str) -> (PathBuf, String) {
     let path = dir.join(name);
     let out = Command::new(testbed::cni::workspace_bin("socialweb-broker"))
@@ -359,8 +405,61 @@ fn a_did_reaches_its_cluster_only_through_the_front_and_loses_it_on_revocation()
     let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&mkc).unwrap()).unwrap();
     v["clusters"][0]["cluster"]["server"] = server.clone().into();
     std::fs::write(&forged, v.to_string()).unwrap();
+    // The same answer as a path with no cluster mounted: a stranger's certificate learns
+    // nothing of which clusters exist.
     let m = refused(&b, &forged, &["get", "ns"]);
-    assert!(m.contains("was not issued by cluster ci's CA"), "{m}");
+    assert!(
+        m.contains("no cluster it was issued for is mounted here"),
+        "{m}"
+    );
+    {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let user = &v["users"][0]["user"];
+        let (cert, key) = (dir.path().join("m.crt"), dir.path().join("m.key"));
+        std::fs::write(
+            &cert,
+            b64.decode(user["client-certificate-data"].as_str().unwrap())
+                .unwrap(),
+        )
+        .unwrap();
+        std::fs::write(
+            &key,
+            b64.decode(user["client-key-data"].as_str().unwrap())
+                .unwrap(),
+        )
+        .unwrap();
+        let answer = |url: &str| {
+            world
+                .internet
+                .exec(
+                    "curl",
+                    &[
+                        "-s",
+                        "-w",
+                        " %{http_code}",
+                        "--cacert",
+                        b.front_ca().to_str().unwrap(),
+                        "--cert",
+                        cert.to_str().unwrap(),
+                        "--key",
+                        key.to_str().unwrap(),
+                        url,
+                    ],
+                )
+                .unwrap()
+        };
+        let here = answer(&format!("{server}/api"));
+        let nowhere = answer(&format!(
+            "{}/api",
+            server.replace(":ci:", ":no-such-cluster:")
+        ));
+        assert!(here.ends_with(" 401"), "{here}");
+        assert_eq!(
+            here, nowhere,
+            "an unmounted path answers as another cluster's does"
+        );
+    }
     b.api(&mallory, &["delete-cluster", "other"]).unwrap();
 
     // No certificate at all (kubectl would prompt for a password; curl asks plainly).
@@ -429,7 +528,7 @@ fn a_did_reaches_its_cluster_only_through_the_front_and_loses_it_on_revocation()
 
     // An expired certificate of this cluster's CA (signed here with a clock two minutes
     // behind: the API will not issue one shorter than 60 s, and waiting for one is a minute).
-    let ca = socialweb_broker::access::certs::users_ca(&b.state.join("clusters/ci"), "ci").unwrap();
+    let ca = socialweb_broker::access::certs::open_users_ca(&b.cluster_dir("ci")).unwrap();
     let old = socialweb_broker::access::certs::issue(
         &ca,
         &alice_did,
@@ -485,47 +584,12 @@ fn service_auth_tokens_are_checked_against_the_did_and_bad_requests_change_nothi
     use std::time::SystemTime;
 
     let world = world();
-    let host = &world.operator;
-    // A did:web document on loopback HTTPS, from a CA the broker is told to trust.
+    // A did:web document on a user's own HTTPS server on the internet, from a CA the broker
+    // is told to trust.
     let dir = TempDir::new("didweb").unwrap();
-    let web_ca = socialweb_broker::control_plane::pki::Pki::new(&dir.path().join("ca")).unwrap();
-    let pair = web_ca
-        .server("did", &["localhost".into(), "127.0.0.1".into()])
-        .unwrap();
     let key = SigningKey::generate(atrium_crypto::Algorithm::Secp256k1);
-    let did_web = "did:web:localhost%3A8444";
-    let multibase = key.did().strip_prefix("did:key:").unwrap().to_string();
-    let docs = dir.path().join("www");
-    std::fs::create_dir_all(docs.join(".well-known")).unwrap();
-    std::fs::write(
-        docs.join(".well-known/did.json"),
-        serde_json::json!({
-            "@context": ["https://www.w3.org/ns/did/v1", "https://w3id.org/security/multikey/v1"],
-            "id": did_web,
-            "verificationMethod": [{"id": format!("{did_web}#atproto"), "type": "Multikey",
-                                    "controller": did_web, "publicKeyMultibase": multibase}],
-        })
-        .to_string(),
-    )
-    .unwrap();
-    let mut server = host
-        .command("openssl")
-        .args([
-            "s_server",
-            "-quiet",
-            "-WWW",
-            "-accept",
-            "127.0.0.1:8444",
-            "-cert",
-        ])
-        .arg(&pair.cert)
-        .arg("-key")
-        .arg(&pair.key)
-        .current_dir(&docs)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let did_web = format!("did:web:{}%3A8444", testbed::world::USERS_DOMAIN);
+    let (web_ca, mut server) = did_web_server(&world, dir.path(), &did_web, &key);
 
     let b = Broker::start(
         &world,
@@ -563,7 +627,7 @@ fn service_auth_tokens_are_checked_against_the_did_and_bad_requests_change_nothi
     let (code, v) = xrpc(
         &b,
         LIST_CLUSTERS,
-        &sign(&key, did_web, &aud, LIST_CLUSTERS, 60, now),
+        &sign(&key, &did_web, &aud, LIST_CLUSTERS, 60, now),
         None,
     );
     assert_eq!(code, 200, "did:web: {v}\n{}", b.diagnostics());
@@ -609,7 +673,7 @@ fn service_auth_tokens_are_checked_against_the_did_and_bad_requests_change_nothi
         ),
         (
             "did:web signed by another key",
-            sign(&other, did_web, &aud, LIST_CLUSTERS, 60, now),
+            sign(&other, &did_web, &aud, LIST_CLUSTERS, 60, now),
             "does not verify",
         ),
         ("replayed", replayed.clone(), "used already"),

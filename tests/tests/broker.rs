@@ -144,7 +144,7 @@ fn one_node_loop(opts: BrokerOptions) {
         serde_json::json!([])
     );
     assert!(
-        !b.state.join("clusters/demo").exists(),
+        !b.cluster_dir("demo").exists(),
         "the cluster's data removed"
     );
 }

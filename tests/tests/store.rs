@@ -4,12 +4,22 @@
 
 use std::time::{Duration, SystemTime};
 
-use socialweb_broker::store::Store;
+use socialweb_broker::store::{NewCluster, Store};
 use socialweb_broker_core::{CertRecord, DecisionRow, Provision, Step, millis};
 use testbed::Netns;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::postgres::Postgres;
 use testbed::tmp::TempDir;
+
+/// An operator's cluster (counted, never refused).
+fn op(name: &str) -> NewCluster<'_> {
+    NewCluster {
+        name,
+        owner: None,
+        dir: name,
+        limits: None,
+    }
+}
 
 fn provision(cluster: &str, node: &str) -> Provision {
     Provision {
@@ -37,9 +47,10 @@ fn provision(cluster: &str, node: &str) -> Provision {
 async fn exercise(url: &str) {
     let s = Store::open(url).await.unwrap();
     let now = SystemTime::now();
-    let c = s.create_cluster("demo", None, now).await.unwrap();
+    let c = s.create_cluster(&op("demo"), now).await.unwrap();
     assert_eq!((c.state.as_str(), c.next_node), ("active", 1));
-    let e = s.create_cluster("demo", None, now).await.unwrap_err();
+    assert_eq!(c.dir.as_deref(), Some("demo"));
+    let e = s.create_cluster(&op("demo"), now).await.unwrap_err();
     assert!(e.to_string().contains("exists already"), "{e}");
     assert_eq!(s.next_node_name("demo").await.unwrap(), "demo-1");
     assert_eq!(s.next_node_name("demo").await.unwrap(), "demo-2");
@@ -49,7 +60,7 @@ async fn exercise(url: &str) {
         .unwrap();
     assert_eq!(ports.len(), 2);
     assert_ne!(ports[0].1, ports[1].1);
-    s.create_cluster("other", None, now).await.unwrap();
+    s.create_cluster(&op("other"), now).await.unwrap();
     let other = s
         .lease_ports("other", &["api"], 20000, 10, |p| p != 20002)
         .await
@@ -79,9 +90,11 @@ async fn exercise(url: &str) {
     s.set_last_intent("demo", now + Duration::from_secs(5))
         .await
         .unwrap();
-    s.create_cluster("owned", Some("did:key:zDnae"), now)
-        .await
-        .unwrap();
+    let owned = NewCluster {
+        owner: Some("did:key:zDnae"),
+        ..op("owned")
+    };
+    s.create_cluster(&owned, now).await.unwrap();
     let cert = CertRecord {
         serial: "0a1b".into(),
         cluster: "demo".into(),
@@ -89,11 +102,12 @@ async fn exercise(url: &str) {
         not_after: None,
         created_at: millis(now),
         revoked_at: None,
+        ca_sha256: Some("ab".repeat(32)),
     };
     s.insert_certificate(&cert).await.unwrap();
-    assert!(s.use_nonce("did:key:zDnae n1", 10, 5).await.unwrap());
+    assert!(s.use_nonce("did:key:zDnae n1", 10).await.unwrap());
     assert!(
-        !s.use_nonce("did:key:zDnae n1", 10, 6).await.unwrap(),
+        !s.use_nonce("did:key:zDnae n1", 10).await.unwrap(),
         "a nonce is accepted once"
     );
     s.close().await;
@@ -132,13 +146,15 @@ async fn exercise(url: &str) {
     );
     assert!(s.revoke_certificate("ffff", 9).await.unwrap().is_none());
     assert!(
-        !s.use_nonce("did:key:zDnae n1", 10, 8).await.unwrap(),
+        !s.use_nonce("did:key:zDnae n1", 10).await.unwrap(),
         "nonces survive a restart"
     );
-    assert!(
-        s.use_nonce("did:key:zDnae n1", 20, 11).await.unwrap(),
+    assert_eq!(
+        s.sweep(11, 0).await.unwrap(),
+        (1, 0),
         "an expired nonce is swept"
     );
+    assert!(s.use_nonce("did:key:zDnae n1", 20).await.unwrap());
     s.delete_cluster("owned").await.unwrap();
     s.delete_cluster("demo").await.unwrap();
     assert!(s.cluster("demo").await.unwrap().is_none());
@@ -152,6 +168,90 @@ async fn exercise(url: &str) {
     s.close().await;
 }
 
+/// The attack on the per-DID and global limits: many createCluster calls at once, on the
+/// store's own connections (PostgreSQL: five, each its own transaction). Exactly the limit
+/// get in; a delete gives its place back.
+async fn concurrent_creates(url: &str) {
+    let s = Store::open(url).await.unwrap();
+    let now = SystemTime::now();
+    let names: Vec<String> = (0..20).map(|i| format!("race-{i}")).collect();
+    let tries = names.iter().map(|n| {
+        let s = s.clone();
+        async move {
+            let c = NewCluster {
+                name: n,
+                owner: Some("did:key:zMallory"),
+                dir: n,
+                limits: Some((3, 100)),
+            };
+            s.create_cluster(&c, now).await
+        }
+    });
+    let got = futures_util::future::join_all(tries).await;
+    let made: Vec<_> = got.iter().filter(|r| r.is_ok()).collect();
+    assert_eq!(made.len(), 3, "the per-DID limit of 3 held: {got:?}");
+    for e in got.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(
+            e.to_string()
+                .contains("the most this broker allows one DID"),
+            "{e}"
+        );
+    }
+    // The global cap across DIDs: 3 from mallory are in; 2 more of anyone's fit under 5.
+    let others = (0..10).map(|i| {
+        let s = s.clone();
+        async move {
+            let (name, did) = (format!("g-{i}"), format!("did:key:zSybil{i}"));
+            let c = NewCluster {
+                name: &name,
+                owner: Some(&did),
+                dir: &name,
+                limits: Some((3, 5)),
+            };
+            s.create_cluster(&c, now).await.map(|_| ())
+        }
+    });
+    let got = futures_util::future::join_all(others).await;
+    assert_eq!(got.iter().filter(|r| r.is_ok()).count(), 2, "{got:?}");
+    assert_eq!(s.user_clusters().await.unwrap(), 5);
+    let first = made[0].as_ref().unwrap().name.clone();
+    s.delete_cluster(&first).await.unwrap();
+    assert_eq!(
+        s.user_clusters().await.unwrap(),
+        4,
+        "a delete gives its place back"
+    );
+    let again = NewCluster {
+        name: "race-again",
+        owner: Some("did:key:zMallory"),
+        dir: "race-again",
+        limits: Some((3, 5)),
+    };
+    s.create_cluster(&again, now).await.unwrap();
+
+    // One invite, redeemed by ten DIDs at once: one is admitted.
+    let secret = "f".repeat(64);
+    s.create_invite("0a1b2c3d", &secret, "for one", millis(now) + 60_000, now)
+        .await
+        .unwrap();
+    let redeem = (0..10).map(|i| {
+        let (s, secret) = (s.clone(), secret.clone());
+        async move {
+            let did = format!("did:key:zGuest{i}");
+            s.redeem_invite(&did, "0a1b2c3d", &secret, now)
+                .await
+                .unwrap()
+        }
+    });
+    let won = futures_util::future::join_all(redeem).await;
+    assert_eq!(won.iter().filter(|w| **w).count(), 1, "{won:?}");
+    let used = s.invite("0a1b2c3d").await.unwrap().unwrap();
+    assert!(used.used_by.is_some());
+    assert!(s.admitted(used.used_by.as_deref().unwrap()).await.unwrap());
+    assert!(!s.admitted("did:key:zMallory").await.unwrap());
+    s.close().await;
+}
+
 #[test]
 fn the_store_keeps_the_same_records_on_sqlite_and_postgresql() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -160,14 +260,18 @@ fn the_store_keeps_the_same_records_on_sqlite_and_postgresql() {
         "sqlite://{}?mode=rwc",
         dir.path().join("b.db").display()
     )));
+    rt.block_on(concurrent_creates(&format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("race.db").display()
+    )));
 
     let ns = Netns::new("pg").unwrap();
     let pg = Postgres::start(&ns).unwrap();
     // The store client runs in the namespace where PostgreSQL listens on loopback.
     ns.run(|| {
-        tokio::runtime::Runtime::new()
-            .unwrap()
-            .block_on(exercise(&pg.url));
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(exercise(&pg.url));
+        rt.block_on(concurrent_creates(&pg.url));
     })
     .unwrap();
 }

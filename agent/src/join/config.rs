@@ -94,6 +94,9 @@ pub fn kubelet_config(
         "clusterDomain": id.cluster_domain,
         "resolvConf": m.resolv_conf().to_string_lossy(),
         "rotateCertificates": true,
+        // The serving certificate from the cluster CA, by CSR (the broker approves it for the
+        // node's own name and address only), so that the apiserver can verify the kubelet.
+        "serverTLSBootstrap": true,
         "serializeImagePulls": false,
         "staticPodPath": "",
     });

@@ -9,12 +9,16 @@
 //! - [`scale`]: contract 7, the scale decision.
 //! - [`provision`]: a provision's steps as a transition function.
 //! - [`bids`]: which bids to take, and when to stop waiting for more.
+//! - [`csr`]: which node certificate requests the broker approves.
 //! - [`egress`]: which node an apiserver CONNECT goes to.
+//! - [`guard`]: what a tenant's admins may never do on namespace nodes.
 //! - [`reconcile`]: the store's view against the provider's, as a list of fixes.
 //! - [`names`]: cluster names, account hashes and mount paths.
 
 pub mod bids;
+pub mod csr;
 pub mod egress;
+pub mod guard;
 pub mod names;
 pub mod provision;
 pub mod reconcile;

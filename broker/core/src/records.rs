@@ -52,6 +52,16 @@ pub struct Cluster {
     pub next_node: i64,
     /// The DID the cluster belongs to (`None`: the operator's, reachable by no user).
     pub owner: Option<String>,
+    /// Its directory under `<state_dir>/clusters` (`None`: made before directories were
+    /// unique, at its name).
+    pub dir: Option<String>,
+}
+
+impl Cluster {
+    /// Its directory's name under `<state_dir>/clusters`.
+    pub fn dir_name(&self) -> &str {
+        self.dir.as_deref().unwrap_or(&self.name)
+    }
 }
 
 /// Where a provision is. Forward only, except `failed` and `released`, which end it.
@@ -197,6 +207,11 @@ pub struct CertRecord {
     pub not_after: Option<i64>,
     pub created_at: i64,
     pub revoked_at: Option<i64>,
+    /// The SHA-256 (hex) of the users CA certificate that signed it: the front admits it
+    /// only at the cluster whose CA that is (a later cluster of the same name has another).
+    /// `None`: issued before this was kept.
+    #[serde(default)]
+    pub ca_sha256: Option<String>,
 }
 
 #[cfg(test)]

@@ -39,6 +39,33 @@ pub struct RfpRequest {
     pub tags: BTreeMap<String, String>,
     /// How long the client waits for bids, in milliseconds.
     pub bid_deadline_ms: u64,
+    /// The least isolation the node must have from its provider's host and other guests;
+    /// a provider whose nodes have less does not bid (docs/security.md).
+    #[serde(default)]
+    pub isolation: Isolation,
+}
+
+/// How a node is kept apart from its provider's host and other guests, least first.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// Network namespaces on the provider's host: its kernel, its root, its filesystem.
+    /// For tenants the provider trusts.
+    #[default]
+    Namespace,
+    /// A virtual machine: its own kernel.
+    Vm,
+}
+
+impl Isolation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Namespace => "namespace",
+            Isolation::Vm => "vm",
+        }
+    }
 }
 
 /// An offer to run a node for an RFP.

@@ -1,7 +1,10 @@
 //! Processes that outlive who started them. A pid alone can be reused once its process is
 //! gone; a pid with its kernel start time cannot, so that pair is what the broker (its
 //! control-plane components) and the provider (its machines and their agents) write down
-//! and, after a restart, adopt only if it still names the same process.
+//! and, after a restart, adopt only if it still names the same process. And their state
+//! on disk, owner-only ([`owner_only`]).
+
+pub mod owner_only;
 
 use std::path::Path;
 

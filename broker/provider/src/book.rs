@@ -107,8 +107,10 @@ impl Book {
             && req.spec.mem_mib <= max.mem_mib
             && req.spec.disk_mib <= max.disk_mib;
         let live = self.live().count() as u32;
+        // This provider's nodes are namespaces: no bid on an RFP that needs more.
+        let isolated = req.isolation <= socialweb_market::Isolation::Namespace;
         let mut bids = Vec::new();
-        if fits && live < offer.capacity && bid {
+        if fits && isolated && live < offer.capacity && bid {
             let expires = SystemTime::now()
                 + Duration::from_millis(req.bid_deadline_ms)
                 + Duration::from_secs(60);
@@ -229,6 +231,10 @@ impl Ledger {
     /// Reads `<dir>/provider.json` (none yet: an empty book).
     pub fn open(dir: &Path) -> Result<Ledger> {
         let path = dir.join("provider.json");
+        if path.exists() {
+            socialweb_proc::owner_only::file(&path)
+                .with_context(|| format!("making {} owner-only", path.display()))?;
+        }
         let book = match std::fs::read(&path) {
             Ok(b) => {
                 serde_json::from_slice(&b).with_context(|| format!("reading {}", path.display()))?
@@ -271,11 +277,15 @@ impl Ledger {
     }
 
     fn save(&self, b: &Book) {
-        let tmp = self.path.with_extension("json.tmp");
+        // It holds every lease's identity document (bootstrap-token secret, mesh key):
+        // owner-only, written whole.
         let res = serde_json::to_vec_pretty(b)
             .map_err(anyhow::Error::from)
-            .and_then(|bytes| Ok(std::fs::write(&tmp, bytes)?))
-            .and_then(|()| Ok(std::fs::rename(&tmp, &self.path)?));
+            .and_then(|bytes| {
+                Ok(socialweb_proc::owner_only::write_atomic(
+                    &self.path, &bytes,
+                )?)
+            });
         if let Err(e) = res {
             warn!("local provider: saving {}: {e:#}", self.path.display());
         }
@@ -310,6 +320,7 @@ mod tests {
             image: "local".into(),
             tags: BTreeMap::from([("broker".to_string(), "b1".to_string())]),
             bid_deadline_ms: 1000,
+            isolation: socialweb_market::Isolation::Namespace,
         }
     }
 

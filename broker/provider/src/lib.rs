@@ -116,8 +116,8 @@ impl Provider {
     pub fn start(cfg: ProviderConfig) -> Result<Provider> {
         machine::check_cgroups()?;
         network::machine_nat(&cfg.prefix, cfg.subnet)?;
-        std::fs::create_dir_all(&cfg.dir)
-            .with_context(|| format!("creating {}", cfg.dir.display()))?;
+        socialweb_proc::owner_only::dir(&cfg.dir)
+            .with_context(|| format!("creating {} (owner-only)", cfg.dir.display()))?;
         let ledger = Ledger::open(&cfg.dir)?;
         let p = Provider {
             inner: Arc::new(Inner {

@@ -77,6 +77,17 @@ pub fn users_ca(cluster_dir: &std::path::Path, cluster: &str) -> Result<Pki> {
     )
 }
 
+/// The users CA of the cluster in `cluster_dir`, which must exist.
+pub fn open_users_ca(cluster_dir: &std::path::Path) -> Result<Pki> {
+    let dir = cluster_dir.join("users");
+    anyhow::ensure!(
+        dir.join("ca.key").exists(),
+        "the cluster has no users CA at {} (deleted?)",
+        dir.display()
+    );
+    Pki::open_or_create(&dir, "unused")
+}
+
 fn offset(t: SystemTime) -> Result<time::OffsetDateTime> {
     let secs = t
         .duration_since(UNIX_EPOCH)
@@ -122,6 +133,12 @@ pub fn issue(ca: &Pki, did: &str, lifetime: Lifetime, now: SystemTime) -> Result
 /// Lowercase hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The SHA-256 of `bytes`, lowercase hex (a CA certificate's fingerprint, from its DER).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex(&sha2::Sha256::digest(bytes))
 }
 
 #[cfg(test)]

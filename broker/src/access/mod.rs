@@ -5,6 +5,7 @@
 //! - [`service`]: the access service the front doors call.
 //! - [`certs`]: lifetimes, issuing a client certificate from a cluster's users CA.
 //! - [`kubeconfig`]: the file a user gets.
+//! - [`registration`]: who may have a cluster (the operator's policy) and invites.
 //! - [`records`]: the in-memory view of the certificate records the front checks on every
 //!   request, and the signal that cuts connections when one is revoked.
 //! - [`names`]: a DID's account hash and a cluster's mount path (the core's).
@@ -12,6 +13,7 @@
 pub mod certs;
 pub mod kubeconfig;
 pub mod records;
+pub mod registration;
 pub mod service;
 
 pub use socialweb_broker_core::names;

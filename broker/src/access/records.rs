@@ -50,6 +50,15 @@ impl Records {
         self.revocations.send_modify(|g| *g += 1);
     }
 
+    /// Forgets the records of certificates that expired before `before` (Unix ms).
+    pub fn purge_expired(&self, before: i64) {
+        self.by_serial
+            .write()
+            .expect("lock")
+            .retain(|_, c| c.not_after.is_none_or(|na| na >= before));
+        self.revocations.send_modify(|g| *g += 1);
+    }
+
     /// Changes whenever a certificate may have stopped being good.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.revocations.subscribe()

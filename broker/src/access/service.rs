@@ -3,7 +3,7 @@
 //! is the only writer of the certificate records (the store first, then the front's
 //! in-memory view), whichever door the command came through.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -15,7 +15,6 @@ use super::certs::{self, Lifetime};
 use super::kubeconfig;
 use super::records::Records;
 use crate::command::{IssuedKubeconfig, ServiceError};
-use crate::control_plane::pki::Pki;
 use crate::store::Store;
 
 /// Where kubeconfigs point: the front's URL, and its self-made CA if it has one.
@@ -30,34 +29,26 @@ pub struct FrontAddress {
 pub struct Access {
     store: Store,
     records: Arc<Records>,
-    /// `<state_dir>/clusters`: each cluster's users CA is in `<name>/users`.
-    clusters_dir: PathBuf,
     front: FrontAddress,
 }
 
 impl Access {
-    pub fn new(
-        store: Store,
-        records: Arc<Records>,
-        clusters_dir: PathBuf,
-        front: FrontAddress,
-    ) -> Access {
+    pub fn new(store: Store, records: Arc<Records>, front: FrontAddress) -> Access {
         Access {
             store,
             records,
-            clusters_dir,
             front,
         }
     }
 
-    /// A cluster's users CA (made on first use).
-    pub fn users_ca(&self, cluster: &str) -> Result<Pki> {
-        certs::users_ca(&self.clusters_dir.join(cluster), cluster)
+    /// Makes the users CA of a new cluster, in its directory `dir`.
+    pub fn create_users_ca(&self, dir: &Path, cluster: &str) -> Result<()> {
+        certs::users_ca(dir, cluster).map(|_| ())
     }
 
-    /// The users CA's certificate (DER), for the front's admission.
-    pub fn users_ca_der(&self, cluster: &str) -> Result<Vec<u8>> {
-        let ca = self.users_ca(cluster)?;
+    /// The users CA's certificate (DER) of the cluster in `dir`, for the front's admission.
+    pub fn users_ca_der(&self, dir: &Path) -> Result<Vec<u8>> {
+        let ca = certs::open_users_ca(dir)?;
         Ok(socialweb_wire::ca::certificates(ca.ca_pem().as_bytes())
             .map_err(anyhow::Error::msg)?
             .remove(0)
@@ -69,14 +60,18 @@ impl Access {
         format!("{}{}", self.front.public_url, mount_prefix(did, cluster))
     }
 
-    /// A kubeconfig for `did` on `cluster` (which the caller has checked is theirs).
+    /// A kubeconfig for `did` on `cluster`, whose directory is `dir` (the caller holds the
+    /// cluster's lock and has checked that it is `did`'s and active). The users CA is only
+    /// opened, never made here: a cluster being deleted has none to sign with.
     pub async fn kubeconfig(
         &self,
         did: &str,
         cluster: &str,
+        dir: &Path,
         lifetime: Lifetime,
     ) -> Result<IssuedKubeconfig, ServiceError> {
-        let ca = self.users_ca(cluster).map_err(ServiceError::internal)?;
+        let ca = certs::open_users_ca(dir).map_err(ServiceError::internal)?;
+        let ca_der = self.users_ca_der(dir).map_err(ServiceError::internal)?;
         let now = SystemTime::now();
         let issued = certs::issue(&ca, did, lifetime, now).map_err(ServiceError::internal)?;
         let record = CertRecord {
@@ -86,6 +81,7 @@ impl Access {
             not_after: issued.not_after,
             created_at: millis(now),
             revoked_at: None,
+            ca_sha256: Some(certs::sha256_hex(&ca_der)),
         };
         // Recorded before it is handed out: a certificate the store does not know is never
         // admitted, so a crash here loses nothing but this answer.
@@ -127,6 +123,12 @@ impl Access {
             .ok_or_else(not_yours)?;
         self.records.revoked(r.clone());
         Ok(r)
+    }
+
+    /// Forgets the records of certificates expired before `before` (Unix ms): the store
+    /// has purged them.
+    pub fn purge_expired(&self, before: i64) {
+        self.records.purge_expired(before);
     }
 
     /// Forgets a deleted cluster's certificates; their connections are cut.

@@ -35,6 +35,9 @@ struct CreateCluster {
     /// Answer once the cluster is ready, or after this many seconds (at most 300).
     #[serde(default)]
     wait_seconds: u64,
+    /// An invite code, when registration is by invite.
+    #[serde(default)]
+    invite: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -67,6 +70,7 @@ pub fn command(method: &str, input: Value) -> Result<Command, ApiError> {
                 name: i.name,
                 owner: None,
                 wait_secs: i.wait_seconds,
+                invite: i.invite,
             }
         }
         DELETE_CLUSTER => Command::DeleteCluster {
@@ -140,6 +144,10 @@ pub fn answer(g: &Gateway, did: &str, reply: Reply) -> Value {
         }
         Reply::Certificate(c) => cert_view(&c),
         // The services refuse these to users.
-        Reply::Detail(_) | Reply::Leases(_) => json!({}),
+        Reply::Detail(_)
+        | Reply::Leases(_)
+        | Reply::Invite(_)
+        | Reply::Invites(_)
+        | Reply::InviteRevoked(_) => json!({}),
     }
 }

@@ -6,9 +6,11 @@
 //! - this file: routing, authentication, errors.
 //! - [`methods`]: each method's input turned into a [`Command`], and its [`Reply`] into the
 //!   method's JSON. The API knows the command vocabulary, never what carries it out.
+//! - [`limits`]: request rates per source address and per DID.
 //! - [`client`]: the user side, for `socialweb-broker api ...`.
 
 pub mod client;
+pub mod limits;
 pub mod methods;
 
 use std::collections::HashMap;
@@ -55,17 +57,40 @@ pub struct ApiError {
     pub status: StatusCode,
     pub error: &'static str,
     pub message: String,
+    /// `Retry-After`, for a rate limit.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl ApiError {
-    pub fn invalid(message: impl Into<String>) -> ApiError {
+    pub fn new(status: StatusCode, error: &'static str, message: impl Into<String>) -> ApiError {
         ApiError {
-            status: StatusCode::BAD_REQUEST,
-            error: "InvalidRequest",
+            status,
+            error,
             message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "InvalidRequest", message)
+    }
+}
+
+impl From<limits::Exceeded> for ApiError {
+    fn from(e: limits::Exceeded) -> ApiError {
+        let secs = e.retry_after.as_secs().max(1);
+        ApiError {
+            retry_after: Some(std::time::Duration::from_secs(secs)),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "RateLimitExceeded",
+                format!("too many {}; try again in {secs} s", e.what),
+            )
         }
     }
 }
+
+pub use crate::front::Peer;
 
 impl From<ServiceError> for ApiError {
     fn from(e: ServiceError) -> ApiError {
@@ -76,35 +101,33 @@ impl From<ServiceError> for ApiError {
             ServiceError::Forbidden(_) => (StatusCode::FORBIDDEN, "Forbidden"),
             ServiceError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError"),
         };
-        ApiError {
-            status,
-            error,
-            message: e.to_string(),
-        }
+        ApiError::new(status, error, e.public())
     }
 }
 
 impl From<AuthError> for ApiError {
     fn from(e: AuthError) -> ApiError {
-        ApiError {
-            status: StatusCode::UNAUTHORIZED,
-            error: match e {
-                AuthError::Missing => "AuthMissing",
-                AuthError::Expired(_) => "ExpiredToken",
-                _ => "InvalidToken",
-            },
-            message: e.to_string(),
-        }
+        let error = match e {
+            AuthError::Missing => "AuthMissing",
+            AuthError::Expired(_) => "ExpiredToken",
+            _ => "InvalidToken",
+        };
+        ApiError::new(StatusCode::UNAUTHORIZED, error, e.to_string())
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let mut r = (
             self.status,
             axum::Json(serde_json::json!({"error": self.error, "message": self.message})),
         )
-            .into_response()
+            .into_response();
+        if let Some(d) = self.retry_after {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, d.as_secs().into());
+        }
+        r
     }
 }
 
@@ -119,6 +142,7 @@ pub struct Gateway {
     pub resolver: Resolver,
     /// Where spent nonces are kept.
     pub store: Store,
+    pub rates: limits::Rates,
 }
 
 impl Gateway {
@@ -151,7 +175,7 @@ async fn authenticate(g: &Gateway, headers: &HeaderMap, method: &str) -> Result<
         crate::auth::token::verify(token.trim(), &g.service_did, method, &g.resolver, now).await?;
     let fresh = g
         .store
-        .use_nonce(&v.nonce, v.exp * 1000, socialweb_broker_core::millis(now))
+        .use_nonce(&v.nonce, v.exp * 1000)
         .await
         .map_err(|e| ApiError::from(ServiceError::internal(e)))?;
     if !fresh {
@@ -163,11 +187,18 @@ async fn authenticate(g: &Gateway, headers: &HeaderMap, method: &str) -> Result<
 async fn call(
     State(g): State<Arc<Gateway>>,
     Path(method): Path<String>,
+    peer: Option<axum::Extension<Peer>>,
     http_method: Method,
     headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> Response {
+    // Before anything costs: the token's DID is resolved and its signature checked next.
+    if let Some(axum::Extension(Peer(addr))) = peer
+        && let Err(e) = g.rates.source(addr.ip())
+    {
+        return ApiError::from(e).into_response();
+    }
     match dispatch(&g, &method, &http_method, &headers, params, &body).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => e.into_response(),
@@ -183,18 +214,19 @@ async fn dispatch(
     body: &[u8],
 ) -> Result<Value, ApiError> {
     let Some((_, query)) = METHODS.iter().find(|(m, _)| *m == method) else {
-        return Err(ApiError {
-            status: StatusCode::NOT_IMPLEMENTED,
-            error: "MethodNotImplemented",
-            message: format!(
-                "no method {method:?}; the methods are {}",
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "MethodNotImplemented",
+            format!(
+                "no method {:?}; the methods are {}",
+                method.chars().take(100).collect::<String>(),
                 METHODS
                     .iter()
                     .map(|(m, _)| *m)
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
-        });
+        ));
     };
     let want = if *query { Method::GET } else { Method::POST };
     if *http_method != want {
@@ -207,6 +239,10 @@ async fn dispatch(
         return Ok(methods::describe_server(g));
     }
     let did = authenticate(g, headers, method).await?;
+    g.rates.did(&did)?;
+    if method == CREATE_CLUSTER {
+        g.rates.create(&did)?;
+    }
     let input = || -> Result<Value, ApiError> {
         if body.is_empty() {
             return Ok(Value::Object(Default::default()));

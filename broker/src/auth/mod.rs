@@ -4,10 +4,12 @@
 //!
 //! - [`did`]: a DID's ATProto signing key: `did:key` offline, `did:web` and `did:plc` from
 //!   their documents over HTTPS.
+//! - [`public_dns`]: did:web hosts resolved to public addresses only.
 //! - [`token`]: the JWT, through `jwt-compact`, with the curves and low-S rule of
 //!   `atrium-crypto`.
 
 pub mod did;
+pub mod public_dns;
 pub mod token;
 
 /// Why a caller is refused; each names what was wrong, for the caller to fix.

@@ -305,7 +305,7 @@ mod tests {
 
     fn resolver() -> Resolver {
         crate::crypto_provider();
-        Resolver::new("https://plc.invalid", &[]).unwrap()
+        Resolver::new("https://plc.invalid", &[], &[]).unwrap()
     }
 
     async fn check(token: &str, now: SystemTime) -> Result<Verified, AuthError> {

@@ -31,6 +31,28 @@ impl Progress for Starting<'_> {
 }
 
 impl Clusters {
+    /// Starts the cluster's guard (before the apiserver: it asks the guard from its first
+    /// request on); the manifests the cluster gets besides the join configuration.
+    async fn guarded(
+        &self,
+        spec: &crate::control_plane::runner::Spec,
+        stop: &CancellationToken,
+    ) -> Result<Vec<String>> {
+        let files = spec.prepare()?;
+        crate::guard::serve(
+            files.guard_addr,
+            &files.guard.cert,
+            &files.guard.key,
+            stop.clone(),
+        )
+        .await?;
+        let mut extra = vec![crate::access::ACCESS_MANIFEST.to_string()];
+        if self.settings.namespace_nodes {
+            extra.push(crate::control_plane::NODE_ISOLATION_MANIFEST.to_string());
+        }
+        Ok(extra)
+    }
+
     /// Runs the life of cluster `name` until `stop`.
     pub(super) async fn live(
         self: &Arc<Self>,
@@ -38,22 +60,33 @@ impl Clusters {
         state: &watch::Sender<ClusterState>,
         stop: CancellationToken,
     ) -> Result<()> {
-        let owner = self.store.cluster(name).await?.and_then(|c| c.owner);
+        let record = self
+            .store
+            .cluster(name)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("no cluster {name:?} in the store"))?;
         let mut mount = Mount {
             cluster: name.to_string(),
-            account_hash: owner
+            account_hash: record
+                .owner
                 .as_deref()
                 .map(socialweb_broker_core::names::account_hash),
-            users_ca: self.access.users_ca_der(name)?,
+            users_ca: self.access.users_ca_der(&self.dir_of(&record))?,
             upstream: None,
         };
         self.front.mount(mount.clone());
-        let spec = self.spec(name, self.ports(name).await?);
-        let extra = [crate::access::ACCESS_MANIFEST.to_string()];
+        let spec = self.spec(&record, self.ports(name).await?);
+        let extra = self.guarded(&spec, &stop).await?;
         let Some(up) = bring_up(spec, &extra, &Starting(state), &stop).await? else {
             return Ok(());
         };
         let files = up.running.files.clone();
+        tokio::spawn(crate::approver::run(
+            up.client.clone(),
+            name.to_string(),
+            self.store.clone(),
+            stop.clone(),
+        ));
         let watches = Watches::start(&up.client, &stop);
         crate::tunnel::egress::serve(
             Egress {

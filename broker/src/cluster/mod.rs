@@ -39,8 +39,13 @@ pub struct ClusterSettings {
     pub port_count: u16,
     /// How many clusters one DID may have.
     pub max_per_did: u32,
+    /// How many clusters all users together may have.
+    pub max_total: u32,
     /// The scale decision's knobs, for every cluster's driver.
     pub knobs: Knobs,
+    /// The nodes are network namespaces on their provider's host (`market.isolation`):
+    /// every cluster gets the node isolation policy and no privileged containers.
+    pub namespace_nodes: bool,
 }
 
 #[derive(Debug)]
@@ -61,6 +66,9 @@ pub struct Clusters {
     access: Arc<Access>,
     tunnels: crate::tunnel::Tunnels,
     running: Mutex<HashMap<String, Handle>>,
+    /// One lock per cluster name: a create, a delete and a kubeconfig of one cluster run
+    /// one at a time (docs/security.md).
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     stop: CancellationToken,
 }
 
@@ -86,8 +94,43 @@ impl Clusters {
             access,
             tunnels,
             running: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
             stop,
         }
+    }
+
+    /// Cluster `name`'s lock, held until the guard drops.
+    async fn lock(&self, name: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let m = self
+            .locks
+            .lock()
+            .expect("lock")
+            .entry(name.to_string())
+            .or_default()
+            .clone();
+        m.lock_owned().await
+    }
+
+    /// Drops `name`'s lock from the map when no one else holds or waits for it.
+    fn unlock_gone(&self, name: &str) {
+        let mut locks = self.locks.lock().expect("lock");
+        if locks.get(name).is_some_and(|m| Arc::strong_count(m) == 1) {
+            locks.remove(name);
+        }
+    }
+
+    /// The directory of a cluster's record.
+    pub fn dir_of(&self, c: &socialweb_broker_core::Cluster) -> PathBuf {
+        self.settings.dir.join(c.dir_name())
+    }
+
+    /// The record of cluster `name`.
+    async fn record(&self, name: &str) -> Result<socialweb_broker_core::Cluster, ServiceError> {
+        self.store
+            .cluster(name)
+            .await
+            .map_err(ServiceError::internal)?
+            .ok_or_else(|| not_found(name))
     }
 
     /// Runs every cluster of the store: the live ones' lives, the deletions a crash cut
@@ -122,7 +165,8 @@ impl Clusters {
             .collect())
     }
 
-    /// Checks that `did` may create `name`: the name is free, and the DID under its limit.
+    /// Checks that `did` may create `name`: a valid name, not taken (the limits are taken
+    /// with the record, atomically).
     pub async fn may_create(&self, did: &str, name: &str) -> Result<(), ServiceError> {
         valid_cluster_name(name).map_err(|e| ServiceError::Invalid(format!("name: {e}")))?;
         if let Some(c) = self
@@ -137,13 +181,6 @@ impl Clusters {
                 format!("name: the cluster name {name:?} is taken; choose another")
             }));
         }
-        let mine = self.names_of(Some(did)).await?.len();
-        let max = self.settings.max_per_did as usize;
-        if mine >= max {
-            return Err(ServiceError::Conflict(format!(
-                "you have {mine} clusters, the most this broker allows one DID; delete one first"
-            )));
-        }
         Ok(())
     }
 
@@ -153,19 +190,40 @@ impl Clusters {
         self: &Arc<Self>,
         name: &str,
         owner: Option<&str>,
+        user: bool,
         wait: Duration,
     ) -> Result<ClusterInfo, ServiceError> {
         valid_cluster_name(name).map_err(|e| ServiceError::Invalid(format!("name: {e}")))?;
-        self.store
-            .create_cluster(name, owner, SystemTime::now())
+        let lock = self.lock(name).await;
+        // Never a directory an earlier cluster of this name had: its CA keys are not this
+        // cluster's.
+        let dir = format!("{name}-{:08x}", rand::random::<u32>());
+        let limits = user.then_some((self.settings.max_per_did, self.settings.max_total));
+        let new = crate::store::NewCluster {
+            name,
+            owner,
+            dir: &dir,
+            limits,
+        };
+        let record = self
+            .store
+            .create_cluster(&new, SystemTime::now())
             .await
-            .map_err(|e| match e.downcast_ref::<crate::store::Exists>() {
-                Some(x) => ServiceError::Conflict(x.to_string()),
-                None => ServiceError::internal(e),
+            .map_err(|e| {
+                if let Some(x) = e.downcast_ref::<crate::store::Exists>() {
+                    ServiceError::Conflict(format!("name: {x}"))
+                } else if let Some(l) = e.downcast_ref::<crate::store::Limit>() {
+                    ServiceError::Conflict(l.to_string())
+                } else {
+                    ServiceError::internal(e)
+                }
             })?;
-        self.access.users_ca(name).map_err(ServiceError::internal)?;
-        info!(cluster = %name, "cluster created");
+        self.access
+            .create_users_ca(&self.dir_of(&record), name)
+            .map_err(ServiceError::internal)?;
+        info!(cluster = %name, dir = %dir, "cluster created");
         self.spawn(name);
+        drop(lock);
         let rx = self
             .running
             .lock()
@@ -180,6 +238,31 @@ impl Clusters {
             .await;
         }
         self.info(name).await
+    }
+
+    /// A kubeconfig for `did` on its cluster `name`: under the cluster's lock, only while
+    /// the cluster is active (never while it is being deleted).
+    pub async fn kubeconfig(
+        &self,
+        did: &str,
+        name: &str,
+        lifetime: crate::access::certs::Lifetime,
+    ) -> Result<crate::command::IssuedKubeconfig, ServiceError> {
+        let _lock = self.lock(name).await;
+        let c = self.record(name).await?;
+        if c.owner.as_deref() != Some(did) {
+            return Err(ServiceError::NotFound(format!(
+                "name: you have no cluster {name:?}"
+            )));
+        }
+        if c.state != ClusterPhase::Active {
+            return Err(ServiceError::Conflict(format!(
+                "name: cluster {name:?} is being deleted"
+            )));
+        }
+        self.access
+            .kubeconfig(did, name, &self.dir_of(&c), lifetime)
+            .await
     }
 
     fn spawn(self: &Arc<Self>, name: &str) {
@@ -206,12 +289,13 @@ impl Clusters {
         );
     }
 
-    fn spec(&self, name: &str, ports: Ports) -> Spec {
+    fn spec(&self, c: &socialweb_broker_core::Cluster, ports: Ports) -> Spec {
         Spec {
-            cluster: name.to_string(),
-            dir: self.settings.dir.join(name),
+            cluster: c.name.clone(),
+            dir: self.dir_of(c),
             kube: self.settings.kube.clone(),
             ports,
+            namespace_nodes: self.settings.namespace_nodes,
         }
     }
 
@@ -234,15 +318,8 @@ impl Clusters {
 
     /// Deletes a cluster: its life stops, every lease is released, its files and records go.
     pub async fn delete(&self, name: &str) -> Result<(), ServiceError> {
-        if self
-            .store
-            .cluster(name)
-            .await
-            .map_err(ServiceError::internal)?
-            .is_none()
-        {
-            return Err(not_found(name));
-        }
+        let lock = self.lock(name).await;
+        self.record(name).await?;
         self.store
             .set_cluster_state(name, ClusterPhase::Deleting)
             .await
@@ -254,9 +331,13 @@ impl Clusters {
             h.stop.cancel();
             let _ = h.task.await;
         }
-        self.finish_delete(name)
+        let done = self
+            .finish_delete(name)
             .await
-            .map_err(ServiceError::internal)
+            .map_err(ServiceError::internal);
+        drop(lock);
+        self.unlock_gone(name);
+        done
     }
 
     /// The rest of a deletion (also after a crash): every provision ended, its lease released
@@ -278,7 +359,10 @@ impl Clusters {
                 .end(&mut prov, Step::Released, "cluster deleted")
                 .await?;
         }
-        let dir = self.settings.dir.join(name);
+        let Some(c) = self.store.cluster(name).await? else {
+            return Ok(());
+        };
+        let dir = self.dir_of(&c);
         if dir.exists() {
             std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
         }
@@ -328,7 +412,7 @@ impl Clusters {
             name: name.to_string(),
             state,
             server: format!("https://127.0.0.1:{api}"),
-            kubeconfig: self.settings.dir.join(name).join("pki/admin.kubeconfig"),
+            kubeconfig: self.dir_of(&c).join("pki/admin.kubeconfig"),
             nodes,
             owner: c.owner,
         })

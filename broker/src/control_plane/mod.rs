@@ -36,6 +36,18 @@ pub const BOOTSTRAP_MANIFEST: &str = include_str!("../../deploy/bootstrap.yaml")
 /// manifest, applied by whoever creates a cluster).
 pub const AGENT_RBAC: &str = include_str!("../../../agent/deploy/rbac.yaml");
 
+/// The admission policy every cluster on namespace nodes gets (docs/security.md).
+pub const NODE_ISOLATION_MANIFEST: &str = include_str!("../../deploy/node-isolation.yaml");
+
+/// How the apiserver reaches etcd: TLS, with a client certificate of etcd's own CA (not
+/// the cluster CA, whose node certificates must not open the datastore).
+#[derive(Debug, Clone)]
+pub struct EtcdClient {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 /// Where a control plane's credentials are (all PEM files).
 #[derive(Debug, Clone)]
 pub struct Credentials {
@@ -75,6 +87,62 @@ pub struct Apiserver {
     /// An EgressSelectorConfiguration file: the apiserver's `cluster` egress through the
     /// broker's tunnel (contract 9).
     pub egress_selector: Option<PathBuf>,
+    /// The broker's hardening (docs/security.md); `None` for a plain control plane.
+    pub hardening: Option<Hardening>,
+}
+
+/// What a broker's control plane adds to a plain one.
+#[derive(Debug, Clone)]
+pub struct Hardening {
+    /// An AuthorizationConfiguration: the guard webhook, then Node and RBAC.
+    pub authorization_config: PathBuf,
+    /// Whether privileged containers are allowed at all (not on namespace nodes).
+    pub allow_privileged: bool,
+    pub etcd: EtcdClient,
+    /// Kubelets' serving certificates are verified against this CA (CIS 1.2.5).
+    pub kubelet_ca: PathBuf,
+}
+
+/// The apiserver's AuthorizationConfiguration: the broker's guard first, asked only for the
+/// requests [`socialweb_broker_core::guard::match_conditions`] select and denying them when
+/// it cannot be asked; then the Node authorizer and RBAC, as `--authorization-mode=Node,RBAC`.
+pub fn authorization_config(guard_kubeconfig: &Path) -> String {
+    let config = serde_json::json!({
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AuthorizationConfiguration",
+        "authorizers": [
+            {"type": "Webhook", "name": "socialweb-guard", "webhook": {
+                "timeout": "3s",
+                "authorizedTTL": "10s",
+                "unauthorizedTTL": "10s",
+                "subjectAccessReviewVersion": "v1",
+                "matchConditionSubjectAccessReviewVersion": "v1",
+                "failurePolicy": "Deny",
+                "connectionInfo": {"type": "KubeConfigFile", "kubeConfigFile": guard_kubeconfig},
+                "matchConditions": socialweb_broker_core::guard::match_conditions()
+                    .into_iter()
+                    .map(|e| serde_json::json!({"expression": e}))
+                    .collect::<Vec<_>>(),
+            }},
+            {"type": "Node", "name": "node"},
+            {"type": "RBAC", "name": "rbac"},
+        ],
+    });
+    serde_json::to_string_pretty(&config).expect("JSON")
+}
+
+/// The kubeconfig the apiserver calls the guard with: its loopback HTTPS, its serving
+/// certificate's CA. No credentials: the guard only ever refuses, so a caller gains nothing.
+pub fn guard_kubeconfig(url: &str, ca: &Path) -> String {
+    let kc = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "guard", "cluster": {"server": url, "certificate-authority": ca}}],
+        "users": [{"name": "apiserver", "user": {}}],
+        "contexts": [{"name": "guard", "context": {"cluster": "guard", "user": "apiserver"}}],
+        "current-context": "guard",
+    });
+    serde_json::to_string_pretty(&kc).expect("JSON")
 }
 
 /// The EgressSelectorConfiguration of a broker's cluster: everything the apiserver opens
@@ -168,6 +236,20 @@ pub fn apiserver_args(a: &Apiserver, c: &Credentials) -> Vec<OsString> {
             arg("enable-aggregator-routing", "true"),
         ]);
     }
+    if let Some(h) = &a.hardening {
+        args.retain(|x| {
+            let x = x.to_string_lossy();
+            !x.starts_with("--authorization-mode=") && !x.starts_with("--allow-privileged=")
+        });
+        args.extend([
+            arg("authorization-config", &h.authorization_config),
+            arg("allow-privileged", h.allow_privileged.to_string()),
+            arg("etcd-cafile", &h.etcd.ca),
+            arg("etcd-certfile", &h.etcd.cert),
+            arg("etcd-keyfile", &h.etcd.key),
+            arg("kubelet-certificate-authority", &h.kubelet_ca),
+        ]);
+    }
     if let Some(ca) = &c.front_proxy_ca {
         args.extend([
             arg("requestheader-client-ca-file", ca),
@@ -188,9 +270,12 @@ pub fn controller_manager_args(kubeconfig: &Path, c: &Credentials) -> Vec<OsStri
         arg("authorization-kubeconfig", kubeconfig),
         arg("bind-address", "127.0.0.1"),
         arg("leader-elect", "false"),
-        // The default controllers (csrapproving and csrsigning among them) plus the token
-        // cleaner, which deletes bootstrap tokens once they expire.
-        arg("controllers", "*,tokencleaner"),
+        // The default controllers and the token cleaner (it deletes bootstrap tokens once
+        // they expire), without the CSR approver: it would sign system:node:<any name> for
+        // any bootstrap token. The broker approves nodes' requests (docs/security.md); a
+        // plain control plane's operator approves them.
+        arg("controllers", "*,tokencleaner,-csrapproving"),
+        arg("cluster-signing-duration", "24h"),
         arg("allocate-node-cidrs", "true"),
         arg("cluster-cidr", CLUSTER_CIDR),
         arg("node-cidr-mask-size", NODE_CIDR_MASK.to_string()),
@@ -272,6 +357,7 @@ mod tests {
                 etcd_url: "http://127.0.0.1:2379".into(),
                 advertise: Some("169.254.20.11".parse().unwrap()),
                 egress_selector: Some("/run/egress.yaml".into()),
+                hardening: None,
             },
             &creds(),
         );
@@ -288,6 +374,58 @@ mod tests {
         assert!(!has(&a, "--advertise-address=127.0.0.1"));
         assert!(has(&a, "--egress-selector-config-file=/run/egress.yaml"));
         assert!(has(&a, "--enable-aggregator-routing=true"));
+    }
+
+    #[test]
+    fn a_brokers_apiserver_asks_the_guard_verifies_kubelets_and_etcd_and_refuses_privilege() {
+        let p = |s: &str| PathBuf::from(format!("/pki/{s}"));
+        let a = apiserver_args(
+            &Apiserver {
+                bind: "127.0.0.1".parse().unwrap(),
+                port: 6443,
+                etcd_url: "https://127.0.0.1:2379".into(),
+                advertise: None,
+                egress_selector: None,
+                hardening: Some(Hardening {
+                    authorization_config: p("authz.json"),
+                    allow_privileged: false,
+                    etcd: EtcdClient {
+                        ca: p("etcd/ca.crt"),
+                        cert: p("etcd/apiserver.crt"),
+                        key: p("etcd/apiserver.key"),
+                    },
+                    kubelet_ca: p("ca.crt"),
+                }),
+            },
+            &creds(),
+        );
+        assert!(has(&a, "--authorization-config=/pki/authz.json"));
+        assert!(
+            !a.iter()
+                .any(|x| x.to_string_lossy().starts_with("--authorization-mode="))
+        );
+        assert!(has(&a, "--allow-privileged=false"));
+        assert!(!has(&a, "--allow-privileged=true"));
+        assert!(has(&a, "--etcd-certfile=/pki/etcd/apiserver.crt"));
+        assert!(has(&a, "--kubelet-certificate-authority=/pki/ca.crt"));
+        let c: serde_json::Value =
+            serde_json::from_str(&authorization_config(Path::new("/pki/guard.kubeconfig")))
+                .unwrap();
+        let names: Vec<&str> = c["authorizers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["socialweb-guard", "node", "rbac"]);
+        assert_eq!(c["authorizers"][0]["webhook"]["failurePolicy"], "Deny");
+        assert_eq!(
+            c["authorizers"][0]["webhook"]["matchConditions"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
     }
 
     #[test]
@@ -310,7 +448,8 @@ mod tests {
         assert!(has(&a, "--allocate-node-cidrs=true"));
         assert!(has(&a, "--cluster-cidr=10.42.0.0/16"));
         assert!(has(&a, "--cluster-signing-cert-file=/pki/ca.crt"));
-        assert!(has(&a, "--controllers=*,tokencleaner"));
+        assert!(has(&a, "--controllers=*,tokencleaner,-csrapproving"));
+        assert!(has(&a, "--cluster-signing-duration=24h"));
     }
 
     #[test]

@@ -188,6 +188,24 @@ impl Pki {
         })
     }
 
+    /// A certificate that both serves and authenticates as a client (etcd's peer port,
+    /// where a member is both); kept if it exists.
+    pub fn peer(&self, name: &str, sans: &[String]) -> Result<Pair> {
+        self.ensure(name, || {
+            let mut p = CertificateParams::new(sans.to_vec())?;
+            p.distinguished_name.push(DnType::CommonName, name);
+            p.key_usages = vec![
+                KeyUsagePurpose::DigitalSignature,
+                KeyUsagePurpose::KeyEncipherment,
+            ];
+            p.extended_key_usages = vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ];
+            Ok(p)
+        })
+    }
+
     /// A bare key pair (the service-account signing key) and its public half (`<name>.pub`);
     /// kept if it exists.
     pub fn key(&self, name: &str) -> Result<PathBuf> {

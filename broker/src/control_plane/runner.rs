@@ -27,15 +27,18 @@ pub struct Ports {
     pub etcd_peer: u16,
     pub controller_manager: u16,
     pub scheduler: u16,
+    /// The broker's authorization webhook for this cluster (the guard).
+    pub guard: u16,
 }
 
 /// The purposes ports are leased for, in [`Ports`] order.
-pub const PORT_PURPOSES: [&str; 5] = [
+pub const PORT_PURPOSES: [&str; 6] = [
     "api",
     "etcd-client",
     "etcd-peer",
     "controller-manager",
     "scheduler",
+    "guard",
 ];
 
 impl Ports {
@@ -53,6 +56,7 @@ impl Ports {
             etcd_peer: get("etcd-peer")?,
             controller_manager: get("controller-manager")?,
             scheduler: get("scheduler")?,
+            guard: get("guard")?,
         })
     }
 }
@@ -66,6 +70,18 @@ pub struct Spec {
     /// The multicall `kube` binary.
     pub kube: PathBuf,
     pub ports: Ports,
+    /// Its nodes are namespaces on their provider's host: no privileged containers, and
+    /// the node isolation policy (docs/security.md).
+    pub namespace_nodes: bool,
+}
+
+/// etcd's TLS: its own CA, its serving and peer certificates, the apiserver's client one.
+#[derive(Debug, Clone)]
+struct EtcdFiles {
+    ca: PathBuf,
+    server: super::pki::Pair,
+    peer: super::pki::Pair,
+    apiserver: super::pki::Pair,
 }
 
 /// The files a control plane's components and its operator use.
@@ -79,6 +95,11 @@ pub struct Files {
     pub ca_pem: String,
     /// The front's request-header client certificate (docs/api.md).
     pub front: super::pki::Pair,
+    /// The guard's serving certificate (of the cluster CA) and where the apiserver calls it.
+    pub guard: super::pki::Pair,
+    pub guard_addr: std::net::SocketAddr,
+    etcd: EtcdFiles,
+    authorization_config: PathBuf,
     kcm_kubeconfig: PathBuf,
     scheduler_kubeconfig: PathBuf,
     creds: Credentials,
@@ -147,8 +168,26 @@ impl Spec {
             &format!("socialweb {} front-proxy CA", self.cluster),
         )?;
         let front = front_proxy.client("front", super::FRONT_PROXY_NAME, &[])?;
+        let etcd = self.etcd_pki()?;
+        let guard_addr =
+            std::net::SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), self.ports.guard);
+        let guard = pki.server("guard", &["127.0.0.1".to_string()])?;
+        let guard_kc = self.pki_dir().join("guard.kubeconfig");
+        std::fs::write(
+            &guard_kc,
+            super::guard_kubeconfig(&format!("https://{guard_addr}/"), &pki.ca_cert()),
+        )?;
+        let authorization_config = self.pki_dir().join("authorization.json");
+        std::fs::write(
+            &authorization_config,
+            super::authorization_config(&guard_kc),
+        )?;
         Ok(Files {
             front,
+            guard,
+            guard_addr,
+            etcd,
+            authorization_config,
             admin_kubeconfig: pki.kubeconfig("admin", &url, &admin)?,
             kcm_kubeconfig: pki.kubeconfig("kcm", &url, &kcm)?,
             scheduler_kubeconfig: pki.kubeconfig("scheduler", &url, &sched)?,
@@ -169,6 +208,44 @@ impl Spec {
         })
     }
 
+    /// etcd's own CA and certificates (`pki/etcd`).
+    fn etcd_pki(&self) -> Result<EtcdFiles> {
+        let dir = self.pki_dir().join("etcd");
+        let ca = Pki::open_or_create(&dir, &format!("socialweb {} etcd CA", self.cluster))?;
+        let names = ["127.0.0.1".to_string(), "localhost".to_string()];
+        Ok(EtcdFiles {
+            server: ca.server("server", &names)?,
+            peer: ca.peer("peer", &names)?,
+            apiserver: ca.client("apiserver", "kube-apiserver-etcd-client", &[])?,
+            ca: ca.ca_cert(),
+        })
+    }
+
+    fn etcd_args(&self, e: &EtcdFiles) -> Vec<OsString> {
+        let arg = |k: &str, v: &dyn AsRef<std::ffi::OsStr>| {
+            let mut s = OsString::from(format!("--{k}="));
+            s.push(v.as_ref());
+            s
+        };
+        vec![
+            arg("data-dir", &self.dir.join("etcd")),
+            arg(
+                "listen-client-url",
+                &format!("https://127.0.0.1:{}", self.ports.etcd_client),
+            ),
+            arg(
+                "listen-peer-url",
+                &format!("https://127.0.0.1:{}", self.ports.etcd_peer),
+            ),
+            arg("cert-file", &e.server.cert),
+            arg("key-file", &e.server.key),
+            arg("trusted-ca-file", &e.ca),
+            arg("peer-cert-file", &e.peer.cert),
+            arg("peer-key-file", &e.peer.key),
+            arg("peer-trusted-ca-file", &e.ca),
+        ]
+    }
+
     fn components(&self, f: &Files) -> Vec<(&'static str, Vec<OsString>)> {
         let arg = |k: &str, v: &dyn AsRef<std::ffi::OsStr>| {
             let mut s = OsString::from(format!("--{k}="));
@@ -183,29 +260,26 @@ impl Spec {
         let mut sched = super::scheduler_args(&f.scheduler_kubeconfig);
         sched.push(arg("secure-port", &self.ports.scheduler.to_string()));
         vec![
-            (
-                "etcd",
-                vec![
-                    arg("data-dir", &self.dir.join("etcd")),
-                    arg(
-                        "listen-client-url",
-                        &format!("http://127.0.0.1:{}", self.ports.etcd_client),
-                    ),
-                    arg(
-                        "listen-peer-url",
-                        &format!("http://127.0.0.1:{}", self.ports.etcd_peer),
-                    ),
-                ],
-            ),
+            ("etcd", self.etcd_args(&f.etcd)),
             (
                 "apiserver",
                 super::apiserver_args(
                     &Apiserver {
                         bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
                         port: self.ports.api,
-                        etcd_url: format!("http://127.0.0.1:{}", self.ports.etcd_client),
+                        etcd_url: format!("https://127.0.0.1:{}", self.ports.etcd_client),
                         advertise: Some(IpAddr::V4(socialweb_wire::tunnel::NODE_LOCAL_API_ADDR)),
                         egress_selector: Some(self.egress_config()),
+                        hardening: Some(super::Hardening {
+                            authorization_config: f.authorization_config.clone(),
+                            allow_privileged: !self.namespace_nodes,
+                            etcd: super::EtcdClient {
+                                ca: f.etcd.ca.clone(),
+                                cert: f.etcd.apiserver.cert.clone(),
+                                key: f.etcd.apiserver.key.clone(),
+                            },
+                            kubelet_ca: f.creds.ca_cert.clone(),
+                        }),
                     },
                     &f.creds,
                 ),

@@ -68,6 +68,33 @@ pub fn still_good(r: &CertRecord, now: SystemTime) -> Result<(), String> {
     Ok(())
 }
 
+/// Why a certificate is refused at a cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// Not a certificate of this cluster at all (another CA, another cluster's record): the
+    /// front answers this as it answers a path with no cluster, so that strangers learn
+    /// nothing of which clusters exist. The words are for the log.
+    NotHere(String),
+    /// This cluster's certificate, refused for a reason its holder should hear.
+    Why(String),
+}
+
+impl Refused {
+    pub fn contains(&self, s: &str) -> bool {
+        match self {
+            Refused::NotHere(m) | Refused::Why(m) => m.contains(s),
+        }
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::NotHere(m) | Refused::Why(m) => f.write_str(m),
+        }
+    }
+}
+
 /// Checks `leaf` for `cluster`, whose users CA is `ca_der`.
 pub fn admit(
     leaf: &[u8],
@@ -75,14 +102,14 @@ pub fn admit(
     ca_der: &[u8],
     records: &Records,
     now: SystemTime,
-) -> Result<Admitted, String> {
-    let p = read(leaf)?;
+) -> Result<Admitted, Refused> {
+    let p = read(leaf).map_err(Refused::Why)?;
     let ca = CertificateDer::from(ca_der.to_vec());
     let anchor = webpki::anchor_from_trusted_cert(&ca)
-        .map_err(|e| format!("cluster {cluster}'s users CA is unreadable: {e}"))?;
+        .map_err(|e| Refused::Why(format!("cluster {cluster}'s users CA is unreadable: {e}")))?;
     let leaf_der = CertificateDer::from(leaf.to_vec());
     let ee = webpki::EndEntityCert::try_from(&leaf_der)
-        .map_err(|e| format!("the client certificate is unreadable: {e}"))?;
+        .map_err(|e| Refused::Why(format!("the client certificate is unreadable: {e}")))?;
     let t = UnixTime::since_unix_epoch(
         now.duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default(),
@@ -97,35 +124,45 @@ pub fn admit(
         None,
     )
     .map_err(|e| match e {
-        webpki::Error::CertExpired { .. } => format!(
+        webpki::Error::CertExpired { .. } => Refused::Why(format!(
             "the client certificate {} has expired; download a new kubeconfig",
             p.serial
-        ),
-        webpki::Error::CertNotValidYet { .. } => format!(
+        )),
+        webpki::Error::CertNotValidYet { .. } => Refused::Why(format!(
             "the client certificate {} is not valid yet (check this machine's clock)",
             p.serial
-        ),
+        )),
         webpki::Error::UnknownIssuer
         | webpki::Error::InvalidSignatureForPublicKey
-        | webpki::Error::UnsupportedSignatureAlgorithmForPublicKeyContext(_) => format!(
-            "the client certificate {} was not issued by cluster {cluster}'s CA",
+        | webpki::Error::UnsupportedSignatureAlgorithmForPublicKeyContext(_) => {
+            Refused::NotHere(format!(
+                "the client certificate {} was not issued by cluster {cluster}'s CA",
+                p.serial
+            ))
+        }
+        other => Refused::Why(format!(
+            "the client certificate {} is refused: {other}",
             p.serial
-        ),
-        other => format!("the client certificate {} is refused: {other}", p.serial),
+        )),
     })?;
     let r = records.get(&p.serial).ok_or_else(|| {
-        format!(
+        Refused::Why(format!(
             "the client certificate {} has no record at this broker (its cluster was deleted?)",
             p.serial
-        )
+        ))
     })?;
-    if r.cluster != cluster || r.did != p.common_name {
-        return Err(format!(
+    // A record of a cluster's earlier incarnation (same name, another CA) is not this one's.
+    let ca_matches = r
+        .ca_sha256
+        .as_deref()
+        .is_none_or(|fp| fp == crate::access::certs::sha256_hex(ca_der));
+    if r.cluster != cluster || r.did != p.common_name || !ca_matches {
+        return Err(Refused::NotHere(format!(
             "the client certificate {} is not for cluster {cluster}",
             p.serial
-        ));
+        )));
     }
-    still_good(&r, now)?;
+    still_good(&r, now).map_err(Refused::Why)?;
     Ok(Admitted {
         cluster: cluster.to_string(),
         serial: r.serial,
@@ -163,6 +200,11 @@ mod tests {
             not_after: i.not_after,
             created_at: 0,
             revoked_at: None,
+            ca_sha256: Some(crate::access::certs::sha256_hex(&der(if cluster == "c1" {
+                ca1.ca_pem()
+            } else {
+                ca2.ca_pem()
+            }))),
         };
         let records = Records::new(vec![record(&good, "c1"), record(&other, "c2")]);
         let a = admit(&der(&good.cert_pem), "c1", &ca1_der, &records, now).unwrap();
@@ -173,6 +215,13 @@ mod tests {
         let later = now + Duration::from_secs(120);
         let e = admit(&der(&good.cert_pem), "c1", &ca1_der, &records, later).unwrap_err();
         assert!(e.contains("expired"), "{e}");
+        // The record of a certificate from an earlier CA of a cluster of the same name.
+        let reborn = issue(&ca1, did, Lifetime::Never, now).unwrap();
+        let mut r = record(&reborn, "c1");
+        r.ca_sha256 = Some("00".repeat(32));
+        records.insert(r);
+        let e = admit(&der(&reborn.cert_pem), "c1", &ca1_der, &records, now).unwrap_err();
+        assert!(e.contains("is not for cluster c1"), "{e}");
         let unrecorded = issue(&ca1, did, Lifetime::Never, now).unwrap();
         let e = admit(&der(&unrecorded.cert_pem), "c1", &ca1_der, &records, now).unwrap_err();
         assert!(e.contains("no record"), "{e}");

@@ -11,6 +11,7 @@
 //! - [`proxy`]: forwarding, with Upgrades.
 
 pub mod admit;
+pub mod listener;
 pub mod proxy;
 pub mod tls;
 
@@ -22,7 +23,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, Result};
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -52,6 +53,8 @@ pub struct Mount {
 pub struct Front {
     records: Arc<Records>,
     mounts: RwLock<HashMap<String, Arc<Mount>>>,
+    /// Its connections now (the listener's bounds).
+    pub counts: Arc<listener::Counts>,
     /// `https://host:port` users reach the front at.
     pub public_url: String,
 }
@@ -61,6 +64,7 @@ impl Front {
         Front {
             records,
             mounts: RwLock::new(HashMap::new()),
+            counts: Arc::new(listener::Counts::default()),
             public_url,
         }
     }
@@ -87,97 +91,125 @@ impl Front {
 /// One TLS connection: its client certificate and what it was admitted to.
 #[derive(Debug)]
 struct Conn {
+    peer: SocketAddr,
     leaf: Option<Vec<u8>>,
     admitted: Mutex<Option<Admitted>>,
+    /// Said once a certificate is admitted: only then is the connection watched for
+    /// revocation and expiry.
+    on_admit: tokio::sync::Notify,
+    /// Its requests in flight (an idle connection is closed).
+    activity: Arc<listener::Activity>,
     /// Cancelled when the connection ends or is cut: ends its upgraded tunnels.
     cut: CancellationToken,
     /// Its upgraded tunnels, which outlive the HTTP connection they came from.
     tunnels: tokio_util::task::TaskTracker,
 }
 
-/// Serves `front` and `api` on `listen` until `stop`.
+/// The address a request came from, which the front puts on every request it hands to the
+/// gateway API (for its per-source rate limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub SocketAddr);
+
+/// Serves `front` and `api` on `listen`, within `limits`, until `stop`.
 pub async fn serve(
     listen: SocketAddr,
     tls: rustls::ServerConfig,
+    limits: listener::Limits,
     front: Arc<Front>,
     api: axum::Router,
     stop: CancellationToken,
 ) -> Result<SocketAddr> {
-    let listener = TcpListener::bind(listen)
+    let tcp = TcpListener::bind(listen)
         .await
         .with_context(|| format!("front.listen: binding {listen}"))?;
-    let bound = listener.local_addr()?;
+    let bound = tcp.local_addr()?;
     let acceptor = TlsAcceptor::from(Arc::new(tls));
-    info!(%bound, url = %front.public_url, "front listening");
-    tokio::spawn(async move {
-        loop {
-            let (tcp, peer) = tokio::select! {
-                r = listener.accept() => match r { Ok(x) => x, Err(_) => continue },
-                _ = stop.cancelled() => return,
-            };
-            let _ = tcp.set_nodelay(true);
-            let (acceptor, front, api, stop) =
-                (acceptor.clone(), front.clone(), api.clone(), stop.clone());
-            tokio::spawn(async move {
-                let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp))
-                    .await
-                {
-                    Ok(Ok(t)) => t,
-                    Ok(Err(e)) => {
-                        debug!(%peer, "TLS handshake: {e}");
-                        return;
-                    }
-                    Err(_) => return,
-                };
-                let leaf = tls
-                    .get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(|c| c.first())
-                    .map(|c| c.to_vec());
-                let conn = Arc::new(Conn {
-                    leaf,
-                    admitted: Mutex::new(None),
-                    cut: CancellationToken::new(),
-                    tunnels: tokio_util::task::TaskTracker::new(),
-                });
-                let svc = {
-                    let (front, conn) = (front.clone(), conn.clone());
-                    hyper::service::service_fn(move |req| {
-                        let (front, conn, api) = (front.clone(), conn.clone(), api.clone());
-                        async move {
-                            Ok::<_, std::convert::Infallible>(handle(&front, &conn, api, req).await)
-                        }
-                    })
-                };
-                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                let served = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
-                tokio::select! {
-                    r = served => debug!(%peer, "connection ended or upgraded: {r:?}"),
-                    why = watch_cut(&front, &conn) => {
-                        debug!(%peer, "connection cut: {why}");
-                        conn.cut.cancel();
-                        return;
-                    }
-                    _ = stop.cancelled() => { conn.cut.cancel(); return; }
-                }
-                // An upgraded connection lives on as tunnels, still under watch.
-                conn.tunnels.close();
-                tokio::select! {
-                    _ = conn.tunnels.wait() => {}
-                    why = watch_cut(&front, &conn) => debug!(%peer, "tunnel cut: {why}"),
-                    _ = stop.cancelled() => {}
-                }
-                conn.cut.cancel();
-            });
-        }
-    });
+    let limits = limits.within_fd_limit();
+    info!(%bound, url = %front.public_url, max_connections = limits.max_connections,
+          max_per_source = limits.max_per_source, "front listening");
+    let counts = front.counts.clone();
+    let s = stop.clone();
+    let serve_one = move |tls, peer, slot| {
+        let (front, api, stop) = (front.clone(), api.clone(), s.clone());
+        async move { connection(front, api, tls, peer, slot, limits, stop).await }
+    };
+    tokio::spawn(listener::accept_loop(
+        tcp, acceptor, limits, counts, stop, serve_one,
+    ));
     Ok(bound)
+}
+
+/// One connection, TLS done: its requests, then its upgraded tunnels, each cut when the
+/// certificate stops being good, when it idles, or on shutdown.
+async fn connection(
+    front: Arc<Front>,
+    api: axum::Router,
+    tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    peer: SocketAddr,
+    slot: listener::Slot,
+    limits: listener::Limits,
+    stop: CancellationToken,
+) {
+    let leaf = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.to_vec());
+    let conn = Arc::new(Conn {
+        peer,
+        leaf,
+        admitted: Mutex::new(None),
+        on_admit: tokio::sync::Notify::new(),
+        activity: Arc::new(listener::Activity::default()),
+        cut: CancellationToken::new(),
+        tunnels: tokio_util::task::TaskTracker::new(),
+    });
+    let svc = {
+        let (front, conn) = (front.clone(), conn.clone());
+        hyper::service::service_fn(move |req| {
+            let (front, conn, api) = (front.clone(), conn.clone(), api.clone());
+            async move {
+                let in_flight = conn.activity.start();
+                let resp = handle(&front, &conn, api, req).await;
+                Ok::<_, std::convert::Infallible>(listener::tracked(resp, in_flight))
+            }
+        })
+    };
+    let builder = listener::builder(&limits);
+    let served = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
+    tokio::select! {
+        r = served => debug!(%peer, "connection ended or upgraded: {r:?}"),
+        why = watch_cut(&front, &conn) => {
+            debug!(%peer, "connection cut: {why}");
+            conn.cut.cancel();
+            return;
+        }
+        _ = listener::idle(&conn.activity, &limits), if conn.tunnels.is_empty() => {
+            debug!(%peer, "connection closed: idle for {:?}", limits.idle_timeout);
+            return;
+        }
+        _ = stop.cancelled() => { conn.cut.cancel(); return; }
+    }
+    // An upgraded connection lives on as tunnels, still under watch.
+    conn.tunnels.close();
+    tokio::select! {
+        _ = conn.tunnels.wait() => {}
+        why = watch_cut(&front, &conn) => debug!(%peer, "tunnel cut: {why}"),
+        _ = stop.cancelled() => {}
+    }
+    conn.cut.cancel();
+    drop(slot);
 }
 
 /// Returns once the connection's admitted certificate stops being good: revoked (at once:
 /// the records' signal), expired (checked every half second), or its cluster gone.
 async fn watch_cut(front: &Front, conn: &Conn) -> String {
+    // Nothing to watch until a certificate is admitted (most connections never are: the
+    // gateway API's, and strangers').
+    while conn.admitted.lock().expect("lock").is_none() {
+        conn.on_admit.notified().await;
+    }
     let mut changes = front.records.subscribe();
     loop {
         let admitted = conn.admitted.lock().expect("lock").clone();
@@ -198,6 +230,15 @@ async fn watch_cut(front: &Front, conn: &Conn) -> String {
     }
 }
 
+/// The one answer to a certificate that is not of the cluster at a path, or a path no
+/// cluster is mounted at.
+fn not_admitted_here() -> Refusal {
+    unauthorized(
+        "the client certificate is not good at this path: no cluster it was issued for is \
+         mounted here (use the kubeconfig getKubeconfig returned)",
+    )
+}
+
 fn unauthorized(m: &str) -> Refusal {
     Refusal(StatusCode::UNAUTHORIZED, "Unauthorized", m.to_string())
 }
@@ -206,13 +247,11 @@ fn unauthorized(m: &str) -> Refusal {
 /// is for -- and the path the apiserver sees; or the answer that refuses it.
 fn which_mount(front: &Front, leaf: &[u8], path: &str) -> Result<(Arc<Mount>, String), Refusal> {
     if let Some((hash, cluster, tail)) = names::split_mount(path) {
+        // The same answer as a certificate of another cluster's: which mount paths exist
+        // is told to no one without a certificate good there.
         return match front.get(cluster) {
             Some(m) if m.account_hash.as_deref() == Some(hash) => Ok((m, tail.to_string())),
-            _ => Err(Refusal(
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                format!("no cluster is mounted at root:{hash}:{cluster}:clusters"),
-            )),
+            _ => Err(not_admitted_here()),
         };
     }
     let serial = admit::read(leaf).map_err(|e| unauthorized(&e))?.serial;
@@ -256,8 +295,15 @@ fn who(front: &Front, conn: &Conn, leaf: &[u8], mount: &Mount) -> Result<Admitte
         &front.records,
         SystemTime::now(),
     )
-    .map_err(|e| unauthorized(&e))?;
+    .map_err(|e| match e {
+        admit::Refused::NotHere(why) => {
+            tracing::debug!("front: {why}");
+            not_admitted_here()
+        }
+        admit::Refused::Why(e) => unauthorized(&e),
+    })?;
     *conn.admitted.lock().expect("lock") = Some(a.clone());
+    conn.on_admit.notify_one();
     Ok(a)
 }
 
@@ -269,10 +315,9 @@ async fn handle(
 ) -> Response<Body> {
     let path = req.uri().path().to_string();
     if path.starts_with("/xrpc/") {
-        return api
-            .oneshot(req.map(Body::new))
-            .await
-            .unwrap_or_else(|e| match e {});
+        let mut req = req.map(Body::new);
+        req.extensions_mut().insert(Peer(conn.peer));
+        return api.oneshot(req).await.unwrap_or_else(|e| match e {});
     }
     let Some(leaf) = &conn.leaf else {
         return unauthorized(

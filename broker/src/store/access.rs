@@ -16,6 +16,7 @@ fn cert_of(r: &AnyRow) -> Result<CertRecord> {
         not_after: r.try_get("not_after")?,
         created_at: r.try_get("created_at")?,
         revoked_at: r.try_get("revoked_at")?,
+        ca_sha256: r.try_get("ca_sha256")?,
     })
 }
 
@@ -23,8 +24,8 @@ impl Store {
     /// Records a certificate; written before the kubeconfig holding it is handed out.
     pub async fn insert_certificate(&self, c: &CertRecord) -> Result<()> {
         sqlx::query(
-            "INSERT INTO certificates (serial, cluster, did, not_after, created_at, revoked_at) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO certificates (serial, cluster, did, not_after, created_at, revoked_at, \
+             ca_sha256) VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(&c.serial)
         .bind(&c.cluster)
@@ -32,6 +33,7 @@ impl Store {
         .bind(c.not_after)
         .bind(c.created_at)
         .bind(c.revoked_at)
+        .bind(&c.ca_sha256)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -66,13 +68,9 @@ impl Store {
             .transpose()
     }
 
-    /// Records a token nonce; `false` when it was used before (a replay). Nonces of tokens
-    /// that have expired are swept on the way.
-    pub async fn use_nonce(&self, nonce: &str, expires_at: i64, now: i64) -> Result<bool> {
-        sqlx::query("DELETE FROM token_nonces WHERE expires_at < $1")
-            .bind(now)
-            .execute(&self.pool)
-            .await?;
+    /// Records a token nonce; `false` when it was used before (a replay). Expired nonces
+    /// are swept by [`Store::sweep`], not here (one indexed INSERT per call).
+    pub async fn use_nonce(&self, nonce: &str, expires_at: i64) -> Result<bool> {
         let r = sqlx::query(
             "INSERT INTO token_nonces (nonce, expires_at) VALUES ($1, $2) \
              ON CONFLICT (nonce) DO NOTHING",
@@ -82,5 +80,23 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(r.rows_affected() == 1)
+    }
+
+    /// Deletes the nonces of tokens expired by `now` (a replay of one is refused as expired
+    /// anyway) and the records of certificates expired before `certs_before`; how many of
+    /// each went. Both by index.
+    pub async fn sweep(&self, now: i64, certs_before: i64) -> Result<(u64, u64)> {
+        let nonces = sqlx::query("DELETE FROM token_nonces WHERE expires_at < $1")
+            .bind(now)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        let certs =
+            sqlx::query("DELETE FROM certificates WHERE not_after IS NOT NULL AND not_after < $1")
+                .bind(certs_before)
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+        Ok((nonces, certs))
     }
 }

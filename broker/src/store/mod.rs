@@ -12,6 +12,9 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
 mod access;
+mod accounts;
+
+pub use accounts::{Invite, Limit, NewCluster};
 
 /// A cluster of that name exists already.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -35,6 +38,7 @@ fn cluster_of(r: &AnyRow) -> Result<Cluster> {
         last_intent_at: r.try_get("last_intent_at")?,
         next_node: r.try_get("next_node")?,
         owner: r.try_get("owner")?,
+        dir: r.try_get("dir")?,
     })
 }
 
@@ -80,7 +84,12 @@ impl Store {
                 .map(|p| p.split('?').next().unwrap_or(p))
             && let Some(dir) = std::path::Path::new(path).parent()
         {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            // Bootstrap-token secrets, mesh keys: owner-only before SQLite opens it (its
+            // WAL and shared-memory files take the database file's mode).
+            socialweb_proc::owner_only::dir(dir)
+                .with_context(|| format!("creating {}", dir.display()))?;
+            socialweb_proc::owner_only::file(std::path::Path::new(path))
+                .with_context(|| format!("creating {} owner-only", path))?;
         }
         let pool = AnyPoolOptions::new()
             // SQLite allows one writer; one connection keeps every write in order.
@@ -108,32 +117,6 @@ impl Store {
 
     pub fn backend(&self) -> &'static str {
         self.backend
-    }
-
-    /// Creates a cluster record; an existing name is an error that says so.
-    pub async fn create_cluster(
-        &self,
-        name: &str,
-        owner: Option<&str>,
-        now: SystemTime,
-    ) -> Result<Cluster> {
-        let t = millis(now);
-        let r = sqlx::query(
-            "INSERT INTO clusters (name, state, created_at, last_intent_at, next_node, owner) \
-             VALUES ($1, 'active', $2, $3, 1, $4) ON CONFLICT (name) DO NOTHING",
-        )
-        .bind(name)
-        .bind(t)
-        .bind(t)
-        .bind(owner.map(str::to_string))
-        .execute(&self.pool)
-        .await?;
-        if r.rows_affected() == 0 {
-            return Err(Exists(name.to_string()).into());
-        }
-        self.cluster(name)
-            .await?
-            .context("the cluster just created")
     }
 
     pub async fn cluster(&self, name: &str) -> Result<Option<Cluster>> {
@@ -176,26 +159,24 @@ impl Store {
         Ok(())
     }
 
-    /// The next node name of a cluster, `<cluster>-<n>`; never handed out twice.
+    /// The next node name of a cluster, `<cluster>-<n>`; never handed out twice (one
+    /// UPDATE ... RETURNING: two brokers' calls on PostgreSQL cannot read the same n).
     pub async fn next_node_name(&self, cluster: &str) -> Result<String> {
-        let mut tx = self.pool.begin().await?;
-        let n: i64 = sqlx::query("SELECT next_node FROM clusters WHERE name = $1")
-            .bind(cluster)
-            .fetch_one(&mut *tx)
-            .await?
-            .try_get("next_node")?;
-        sqlx::query("UPDATE clusters SET next_node = $1 WHERE name = $2")
-            .bind(n + 1)
-            .bind(cluster)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(format!("{cluster}-{n}"))
+        let n: i64 = sqlx::query(
+            "UPDATE clusters SET next_node = next_node + 1 WHERE name = $1 RETURNING next_node",
+        )
+        .bind(cluster)
+        .fetch_one(&self.pool)
+        .await
+        .with_context(|| format!("no cluster {cluster:?}"))?
+        .try_get("next_node")?;
+        Ok(format!("{cluster}-{}", n - 1))
     }
 
     /// Removes a cluster and everything the store holds for it.
     pub async fn delete_cluster(&self, name: &str) -> Result<()> {
         let mut tx = self.pool.begin().await?;
+        accounts::uncount(&mut tx, name).await?;
         for table in ["ports", "provisions", "decisions", "certificates"] {
             sqlx::query(&format!("DELETE FROM {table} WHERE cluster = $1"))
                 .bind(name)

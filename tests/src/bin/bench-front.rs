@@ -162,7 +162,7 @@ fn main() -> Result<()> {
         )?,
     };
     // The same user and group, straight to the apiserver with a cluster-CA certificate.
-    let pki_dir = b.state.join("clusters/bench/pki");
+    let pki_dir = b.cluster_dir("bench").join("pki");
     let pki = socialweb_broker::control_plane::pki::Pki::open_or_create(&pki_dir, "bench")?;
     let pair = pki.client(
         "bench-direct",
@@ -190,7 +190,7 @@ fn main() -> Result<()> {
     let (secs, conc, rounds) = (args.seconds, args.concurrency, args.rounds);
     let (broker_pid, api_pid) = (
         b.broker_pid(),
-        apiserver_pid(&b.state.join("clusters/bench/run"))?,
+        apiserver_pid(&b.cluster_dir("bench").join("run"))?,
     );
     // CPU per request: the front's (the broker process), and the apiserver's, per side.
     let cpu = std::sync::Mutex::new(Vec::<(&'static str, f64, f64)>::new());

@@ -227,7 +227,7 @@ fn main() -> Result<()> {
 
     // Idle: let the controllers settle, then sample.
     std::thread::sleep(Duration::from_secs(10));
-    let run_dir = b.state.join("clusters/bench/run");
+    let run_dir = b.cluster_dir("bench").join("run");
     let mut totals = Vec::new();
     let mut psss = Vec::new();
     let mut last = Vec::new();

@@ -28,6 +28,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
+use testbed::netns::Netns;
 use testbed::world::World;
 
 #[derive(Debug, Parser)]
@@ -128,9 +129,26 @@ struct Bench<'w> {
     egress: PathBuf,
 }
 
-fn kubectl_time(kube: &Path, kc: &Path, args: &[&str]) -> Result<(f64, usize)> {
+/// One kubectl call's output, on the operator's host.
+fn kubectl_out(host: &Netns, kube: &Path, kc: &Path, args: &[&str]) -> Result<String> {
+    let out = host
+        .command(&kube.to_string_lossy())
+        .arg("kubectl")
+        .arg(format!("--kubeconfig={}", kc.display()))
+        .args(args)
+        .output()?;
+    Ok(format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
+/// One kubectl call on the operator's host (where the broker and its apiservers are), timed.
+fn kubectl_time(host: &Netns, kube: &Path, kc: &Path, args: &[&str]) -> Result<(f64, usize)> {
     let t = Instant::now();
-    let out = Command::new(kube)
+    let out = host
+        .command(&kube.to_string_lossy())
         .arg("kubectl")
         .arg(format!("--kubeconfig={}", kc.display()))
         .args(args)
@@ -149,14 +167,26 @@ fn kubectl_time(kube: &Path, kc: &Path, args: &[&str]) -> Result<(f64, usize)> {
 impl Bench<'_> {
     fn exec_ms(&self, kc: &Path) -> Result<Vec<f64>> {
         (0..20)
-            .map(|_| Ok(kubectl_time(&self.kube, kc, &["exec", "echo", "--", "true"])?.0 * 1e3))
+            .map(|_| {
+                Ok(
+                    kubectl_time(self.b.host, &self.kube, kc, &["exec", "echo", "--", "true"])?.0
+                        * 1e3,
+                )
+            })
             .collect()
     }
 
     fn logs_mbs(&self, kc: &Path) -> Result<Vec<f64>> {
         (0..3)
             .map(|_| {
-                let (s, n) = kubectl_time(&self.kube, kc, &["logs", "echo"])?;
+                let (s, n) = kubectl_time(self.b.host, &self.kube, kc, &["logs", "echo"])?;
+                if n < 1 << 20 {
+                    let head = kubectl_out(self.b.host, &self.kube, kc, &["logs", "echo"])?;
+                    bail!(
+                        "the echo Pod's log is {n} bytes, not MiBs: {}",
+                        head.chars().take(300).collect::<String>()
+                    );
+                }
                 Ok(n as f64 / s / 1e6)
             })
             .collect()
@@ -272,7 +302,7 @@ fn direct_peer(
     n(&["addr", "add", &format!("{}/30", HOST_LINK.1), "dev", "tbl1"])?;
     n(&["link", "set", "tbl1", "up"])?;
     h.ip(&["route", "add", &format!("{node_ip}/32"), "via", HOST_LINK.1])?;
-    let run = b.state.join("clusters/tb/run");
+    let run = b.cluster_dir("tb").join("run");
     let pid: u32 = std::fs::read_to_string(run.join("apiserver.pid"))?
         .split_whitespace()
         .next()
@@ -299,8 +329,10 @@ fn direct_peer(
         })
         .collect();
     args.push("--endpoint-reconciler-type=none".into());
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let second = h.spawn(&kube.to_string_lossy(), &refs)?;
+    let mut cmd = h.command(&kube.to_string_lossy());
+    cmd.args(&args);
+    let log = b.state.join("direct-apiserver.log");
+    let second = testbed::process::Spawned::start_logged(cmd, "the direct apiserver", &log)?;
     let kc = b.state.join("direct.kubeconfig");
     let admin = std::fs::read_to_string(b.kubeconfig("tb"))?;
     let port = admin
@@ -317,9 +349,18 @@ fn direct_peer(
         ),
     )?;
     wait_for("the direct apiserver", Duration::from_secs(60), || {
-        Ok(kubectl_time(kube, &kc, &["get", "--raw", "/readyz"])
+        Ok(kubectl_time(h, kube, &kc, &["get", "--raw", "/readyz"])
             .is_ok()
             .then_some(()))
+    })
+    .with_context(|| {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(30).collect();
+        format!(
+            "{}:\n{}",
+            log.display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
     })?;
     Ok((second, kc))
 }
@@ -394,7 +435,7 @@ fn main() -> Result<()> {
         node_ns,
         node_ip,
         api_port,
-        egress: b.state.join("clusters/tb/run/egress.sock"),
+        egress: b.cluster_dir("tb").join("run/egress.sock"),
         b,
     };
     rounds(&bench, &args)?;
@@ -465,6 +506,7 @@ fn gap(bench: &Bench<'_>, args: &Args) -> Result<()> {
                     .ok()
             })
             .context("no ping was answered")?;
+        // Sequence n is sent n * 10 ms after the Pod starts: 0 is "under 10 ms".
         let ms = first as f64 * 10.0;
         println!("running_to_first_answer_ms_node{i}={ms:.0}");
         gaps.push(ms);

@@ -25,6 +25,7 @@ pub const API_PORT: u16 = 6443;
 #[derive(Debug)]
 pub struct ControlPlane<'a> {
     // Field order is drop order: components stop before their files go.
+    approver: Approver,
     scheduler: Spawned,
     controller_manager: Spawned,
     apiserver: Spawned,
@@ -39,6 +40,63 @@ pub struct ControlPlane<'a> {
     /// Seconds each start step took: etcd, apiserver ready, controllers healthy.
     pub timings: Vec<(&'static str, Duration)>,
     dir: TempDir,
+}
+
+/// The broker's node-certificate approver (the controller-manager's is off), run against
+/// the nodes this harness made tokens for, every 300 ms, until dropped.
+#[derive(Debug)]
+struct Approver {
+    plans: std::sync::Arc<std::sync::Mutex<Vec<socialweb_broker::approver::Plan>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Approver {
+    fn none() -> Approver {
+        Approver {
+            plans: Default::default(),
+            stop: Default::default(),
+            thread: None,
+        }
+    }
+
+    /// Starts it in `ns` (where the apiserver is), with the admin kubeconfig.
+    fn start(ns: &Netns, kubeconfig: PathBuf) -> Result<Approver> {
+        let mut a = Approver::none();
+        let file = std::fs::File::open(ns.path())?;
+        let (plans, stop) = (a.plans.clone(), a.stop.clone());
+        a.thread = Some(std::thread::spawn(move || {
+            if nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).is_err() {
+                return;
+            }
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let Ok(client) = socialweb_broker::tenant::client(&kubeconfig).await else {
+                    return;
+                };
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let now = plans.lock().expect("lock").clone();
+                    let _ = socialweb_broker::approver::decide_pending(&client, &now).await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            });
+        }));
+        Ok(a)
+    }
+}
+
+impl Drop for Approver {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 fn arg(k: &str, v: impl AsRef<std::ffi::OsStr>) -> std::ffi::OsString {
@@ -118,11 +176,13 @@ impl<'a> ControlPlane<'a> {
                     // The harness's nodes reach it directly, on the host's address.
                     advertise: None,
                     egress_selector: None,
+                    hardening: None,
                 },
                 &creds,
             ),
         )?;
         let mut cp = ControlPlane {
+            approver: Approver::none(),
             scheduler: Spawned::none("scheduler"),
             controller_manager: Spawned::none("controller-manager"),
             apiserver,
@@ -183,6 +243,7 @@ impl<'a> ControlPlane<'a> {
         cp.apply(cpconf::BOOTSTRAP_MANIFEST)?;
         cp.apply(&cpconf::cluster_info(&cp.url, cp.pki.ca_pem()).to_string())?;
         cp.apply(cpconf::AGENT_RBAC)?;
+        cp.approver = Approver::start(ns, cp.admin_kubeconfig.clone())?;
         cp.timings.push(("join configuration applied", t.elapsed()));
         Ok(cp)
     }
@@ -252,10 +313,23 @@ impl<'a> ControlPlane<'a> {
             .kubeconfig(&format!("node-{name}"), &self.url, &pair)
     }
 
-    /// A new bootstrap token for a joining node (as the broker makes one per lease), valid
-    /// for an hour.
-    pub fn new_token(&self, node: &str) -> Result<BootstrapToken> {
+    /// A new bootstrap token for a joining node at `node_ip` (as the broker makes one per
+    /// lease), valid for an hour; the approver approves that node's certificates.
+    pub fn new_token(
+        &self,
+        node: &str,
+        node_ip: Option<std::net::IpAddr>,
+    ) -> Result<BootstrapToken> {
         let token = cpconf::new_bootstrap_token();
+        self.approver
+            .plans
+            .lock()
+            .expect("lock")
+            .push(socialweb_broker::approver::Plan {
+                node: node.to_string(),
+                token_id: token.id.clone(),
+                node_ip,
+            });
         let expires = humantime::format_rfc3339_seconds(
             std::time::SystemTime::now() + Duration::from_secs(3600),
         )

@@ -176,7 +176,7 @@ impl KubeNode {
             Some(k) => k.clone(),
             None => mesh_keygen()?,
         };
-        let token = cp.new_token(&opts.name)?;
+        let token = cp.new_token(&opts.name, Some(opts.node_ip.into()))?;
         let mut identity = json!({
             "version": 3, "cluster": "test", "node": opts.name,
             "server_url": cp.url, "join_token": token.expose(),

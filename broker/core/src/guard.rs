@@ -1,0 +1,192 @@
+//! What a tenant's own admins may never do in a cluster on namespace nodes (docs/security.md):
+//! edit or delete the broker's admission policies, approve certificate signing requests (the
+//! broker approves nodes'; an approved `kube-apiserver-client` CSR for `system:masters`
+//! would pass every authorizer), or impersonate `system:masters`. The apiserver asks the
+//! broker's authorization webhook (the guard) only for requests its match conditions
+//! select -- [`match_conditions`], the same rules in CEL -- and the guard answers with
+//! [`refuse`]. `system:masters` (the broker's own admin) is allowed before any webhook.
+
+/// The resource attributes of an authorization request (SubjectAccessReview), empty strings
+/// for what is absent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Request<'a> {
+    pub verb: &'a str,
+    pub group: &'a str,
+    pub resource: &'a str,
+    pub subresource: &'a str,
+    pub name: &'a str,
+}
+
+/// The prefix of the broker's own objects in a tenant cluster.
+pub const PROTECTED_PREFIX: &str = "socialweb-";
+
+const POLICIES: [&str; 2] = [
+    "validatingadmissionpolicies",
+    "validatingadmissionpolicybindings",
+];
+const WRITES: [&str; 4] = ["update", "patch", "delete", "deletecollection"];
+
+/// Why the request is refused, or `None`: no opinion (the next authorizer decides).
+pub fn refuse(r: &Request<'_>) -> Option<&'static str> {
+    // Their status is the controller-manager's to write (its policy status controller).
+    let policy = r.group == "admissionregistration.k8s.io"
+        && POLICIES.contains(&r.resource)
+        && r.subresource.is_empty();
+    if policy
+        && WRITES.contains(&r.verb)
+        && (r.verb == "deletecollection" || r.name.starts_with(PROTECTED_PREFIX))
+    {
+        return Some(
+            "the broker's admission policies keep Pods off the provider host's kernel and root \
+             (docs/security.md); no tenant may change or delete them",
+        );
+    }
+    let certs = r.group == "certificates.k8s.io";
+    if (certs && r.resource == "certificatesigningrequests" && r.subresource == "approval")
+        || (certs && r.resource == "signers" && r.verb == "approve")
+    {
+        return Some(
+            "only the broker approves certificate signing requests in this cluster (a node's, \
+             for its own name); users get client certificates from getKubeconfig",
+        );
+    }
+    if r.verb == "impersonate"
+        && r.group.is_empty()
+        && r.resource == "groups"
+        && r.name == "system:masters"
+    {
+        return Some("no one may impersonate system:masters");
+    }
+    None
+}
+
+/// A CEL string field of `request.resourceAttributes`, '' when absent (an absent field is
+/// an error in CEL, and an error under failurePolicy Deny denies everything).
+fn field(f: &str) -> String {
+    format!("(has(request.resourceAttributes.{f}) ? request.resourceAttributes.{f} : '')")
+}
+
+/// [`refuse`]'s rules as the webhook's match conditions (all must hold for the webhook to be
+/// asked): a resource request, and one of the refused kinds.
+pub fn match_conditions() -> Vec<String> {
+    let (verb, group, resource, sub, name) = (
+        field("verb"),
+        field("group"),
+        field("resource"),
+        field("subresource"),
+        field("name"),
+    );
+    let list = |xs: &[&str]| {
+        format!(
+            "[{}]",
+            xs.iter()
+                .map(|x| format!("'{x}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let policy = format!(
+        "({group} == 'admissionregistration.k8s.io' && {resource} in {} && {sub} == '' && \
+         {verb} in {} && ({verb} == 'deletecollection' || {name}.startsWith('{PROTECTED_PREFIX}')))",
+        list(&POLICIES),
+        list(&WRITES)
+    );
+    let approval = format!(
+        "({group} == 'certificates.k8s.io' && (({resource} == 'certificatesigningrequests' && \
+         {sub} == 'approval') || ({resource} == 'signers' && {verb} == 'approve')))"
+    );
+    let masters = format!(
+        "({verb} == 'impersonate' && {group} == '' && {resource} == 'groups' && \
+         {name} == 'system:masters')"
+    );
+    vec![
+        "has(request.resourceAttributes)".to_string(),
+        format!("{policy} || {approval} || {masters}"),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(
+        verb: &'static str,
+        group: &'static str,
+        resource: &'static str,
+        name: &'static str,
+    ) -> Request<'static> {
+        Request {
+            verb,
+            group,
+            resource,
+            name,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_guard_refuses_only_what_would_undo_node_isolation() {
+        let ar = "admissionregistration.k8s.io";
+        let vap = "validatingadmissionpolicies";
+        let vapb = "validatingadmissionpolicybindings";
+        for r in [
+            req("delete", ar, vap, "socialweb-node-isolation"),
+            req("patch", ar, vapb, "socialweb-node-isolation"),
+            req("update", ar, vap, "socialweb-node-isolation"),
+            req("deletecollection", ar, vap, ""),
+            req("impersonate", "", "groups", "system:masters"),
+            req(
+                "approve",
+                "certificates.k8s.io",
+                "signers",
+                "kubernetes.io/kube-apiserver-client",
+            ),
+            Request {
+                subresource: "approval",
+                ..req(
+                    "update",
+                    "certificates.k8s.io",
+                    "certificatesigningrequests",
+                    "csr-1",
+                )
+            },
+        ] {
+            assert!(refuse(&r).is_some(), "{r:?} allowed");
+        }
+        for r in [
+            req("get", ar, vap, "socialweb-node-isolation"),
+            req("list", ar, vap, ""),
+            req("create", ar, vap, "mine"),
+            req("delete", ar, vap, "mine"),
+            req("delete", "", "pods", "socialweb-x"),
+            Request {
+                subresource: "status",
+                ..req("patch", ar, vap, "socialweb-node-isolation")
+            },
+            req(
+                "create",
+                "certificates.k8s.io",
+                "certificatesigningrequests",
+                "",
+            ),
+            req("impersonate", "", "groups", "developers"),
+            req("impersonate", "", "users", "system:masters"),
+        ] {
+            assert_eq!(refuse(&r), None, "{r:?} refused");
+        }
+    }
+
+    #[test]
+    fn every_field_the_conditions_read_is_guarded_by_has() {
+        let all = match_conditions().join(" ");
+        for f in ["verb", "group", "resource", "subresource", "name"] {
+            let bare = format!("request.resourceAttributes.{f}");
+            let guarded = format!("has({bare}) ? {bare} : ''");
+            assert_eq!(
+                all.matches(&bare).count(),
+                2 * all.matches(&guarded).count(),
+                "{f}"
+            );
+        }
+    }
+}
