@@ -82,6 +82,8 @@ pub struct Market {
     /// One provider's base URL (a provider named `market`); `providers` names several.
     /// Neither: the embedded local provider.
     pub url: Option<String>,
+    /// That provider's key, for an `https://` `url` (as `providers[].pin`).
+    pub pin: Option<String>,
     /// The providers the broker rents from: every RFP goes to each, and the best bid wins.
     pub providers: Vec<ProviderRef>,
     /// How long to wait for bids on an RFP.
@@ -105,15 +107,24 @@ pub struct Market {
 pub struct ProviderRef {
     /// How the broker calls it (in its records and messages): 1-32 of a-z, 0-9, '-'.
     pub name: String,
-    /// Its base URL (`http://...` or `https://...`).
+    /// Its base URL: `https://...` (mutual TLS; plain `http://` only on loopback).
     pub url: String,
+    /// The provider's key, as `socialweb-broker provider-pin` prints it on its machine
+    /// (`sha256:<hex>`): required for `https://`; the broker talks to no other key there.
+    #[serde(default)]
+    pub pin: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LocalProvider {
-    /// Where the embedded provider serves the market protocol (loopback).
+    /// Where `socialweb-broker provider` (on a provider machine) serves the market protocol,
+    /// mutual TLS. The embedded provider serves the broker on an owner-only Unix socket in
+    /// the state directory instead, and listens on no port.
     pub listen: SocketAddr,
+    /// The brokers `socialweb-broker provider` serves: their keys, as `socialweb-broker
+    /// market-pin` prints them on each broker's host. No other client gets past TLS.
+    pub brokers: Vec<String>,
     /// How many nodes it may run at once.
     pub capacity: u32,
     /// Node links are carved from this /16: node `i` gets `<a>.<b>.<i>.0/24`.
@@ -331,6 +342,7 @@ impl Default for Market {
     fn default() -> Market {
         Market {
             url: None,
+            pin: None,
             providers: Vec::new(),
             bid_deadline: Duration::from_secs(5),
             boot_timeout: Duration::from_secs(300),
@@ -351,6 +363,7 @@ impl Default for LocalProvider {
             cni_bin_dir: "/usr/lib/cni".into(),
             seed_images: Vec::new(),
             kubelet_config_patch: None,
+            brokers: Vec::new(),
             image: None,
         }
     }
@@ -525,6 +538,57 @@ impl Config {
         self.validate_access()
     }
 
+    /// How the broker reaches each provider: mutual TLS with a pinned key, or plain HTTP on
+    /// loopback only; and the keys a provider machine serves (docs/market.md).
+    fn validate_market_transport(&self) -> Result<(), ConfigError> {
+        let key = |i: usize, f: &str| match &self.market.url {
+            Some(_) => format!("market.{f}"),
+            None => format!("market.providers[{i}].{f}"),
+        };
+        for (i, p) in self.providers().iter().enumerate() {
+            let Ok(u) = url::Url::parse(&p.url) else {
+                continue;
+            };
+            match (u.scheme(), &p.pin) {
+                ("https", None) => {
+                    return Err(err(
+                        &key(i, "pin"),
+                        format!(
+                            "{} is https: give its key (`socialweb-broker provider-pin` on that machine prints it)",
+                            p.url
+                        ),
+                    ));
+                }
+                ("https", Some(pin)) => {
+                    socialweb_market_tls::parse_pin(pin)
+                        .map_err(|e| err(&key(i, "pin"), e.to_string()))?;
+                }
+                _ => {
+                    let loopback = match u.host() {
+                        Some(url::Host::Ipv4(a)) => a.is_loopback(),
+                        Some(url::Host::Ipv6(a)) => a.is_loopback(),
+                        Some(url::Host::Domain(d)) => d == "localhost",
+                        None => false,
+                    };
+                    if !loopback {
+                        return Err(err(
+                            &key(i, "url"),
+                            format!(
+                                "{} is plain HTTP off this host: use https:// with the provider's pin",
+                                p.url
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        for (i, pin) in self.local_provider.brokers.iter().enumerate() {
+            socialweb_market_tls::parse_pin(pin)
+                .map_err(|e| err(&format!("local_provider.brokers[{i}]"), e.to_string()))?;
+        }
+        Ok(())
+    }
+
     /// Who may have clusters, and the limits: none zero, every allowed DID a DID.
     fn validate_access(&self) -> Result<(), ConfigError> {
         let a = &self.access;
@@ -629,6 +693,7 @@ impl Config {
                 return Err(err(&key, format!("{url:?} is not an http(s) URL")));
             }
         }
+        self.validate_market_transport()?;
         let mut names = std::collections::BTreeSet::new();
         for (i, p) in self.market.providers.iter().enumerate() {
             let ok = !p.name.is_empty()
@@ -754,6 +819,7 @@ impl Config {
             Some(url) => vec![ProviderRef {
                 name: "market".into(),
                 url: url.clone(),
+                pin: self.market.pin.clone(),
             }],
             None => self.market.providers.clone(),
         }

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use socialweb_broker_core::provision::Limits;
 use socialweb_broker_core::reconcile::{Fix, reconcile};
 use socialweb_broker_core::scale::Knobs;
-use socialweb_provider::{Provider, ProviderConfig};
+use socialweb_provider::{Listen, Provider, ProviderConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -24,7 +24,7 @@ use crate::auth::did::Resolver;
 use crate::cluster::{ClusterSettings, Clusters};
 use crate::config::Config;
 use crate::front::Front;
-use crate::market::{Market, MarketClient};
+use crate::market::{Market, MarketClient, Transport};
 use crate::metrics::Metrics;
 use crate::provision::{OnChange, Provisioner, Settings};
 use crate::relay::{self, Allow};
@@ -89,27 +89,57 @@ fn check_kube_dir(cfg: &Config) -> Result<()> {
 /// The market: the configured providers, or the embedded one (named `local`), over HTTP
 /// either way.
 async fn market(cfg: &Config, stop: &CancellationToken) -> Result<(Market, Option<Provider>)> {
-    let mut providers = cfg.providers();
-    let mut embedded = None;
-    if providers.is_empty() {
+    let timeout = cfg.market.request_timeout;
+    if cfg.providers().is_empty() {
+        // The embedded provider: an owner-only socket, no port.
         let provider = Provider::start(provider_config(cfg))?;
-        let bound =
-            socialweb_provider::serve(provider.clone(), cfg.local_provider.listen, stop.clone())
-                .await?;
-        providers.push(crate::config::ProviderRef {
-            name: "local".into(),
-            url: format!("http://{bound}"),
-        });
-        embedded = Some(provider);
+        let socket = embedded_socket(cfg);
+        socialweb_provider::serve(provider.clone(), Listen::Unix(socket.clone()), stop.clone())
+            .await?;
+        let c = MarketClient::new("http://local-provider/", timeout, Transport::Unix(socket))
+            .map_err(anyhow::Error::msg)?;
+        return Ok((Market::new(vec![("local".into(), c)]), Some(provider)));
     }
+    let me = market_identity(cfg)?;
     let mut clients = Vec::new();
-    for p in providers {
-        let c =
-            MarketClient::new(&p.url, cfg.market.request_timeout).map_err(anyhow::Error::msg)?;
-        info!(provider = %p.name, url = %p.url, "market provider");
+    for p in cfg.providers() {
+        let transport = match &p.pin {
+            Some(pin) => Transport::Pinned(Box::new(socialweb_market_tls::client_config(
+                &me,
+                socialweb_market_tls::parse_pin(pin)?,
+            )?)),
+            None => Transport::Plain,
+        };
+        let c = MarketClient::new(&p.url, timeout, transport).map_err(anyhow::Error::msg)?;
+        info!(provider = %p.name, url = %p.url, pin = p.pin.as_deref().unwrap_or("-"), "market provider");
         clients.push((p.name, c));
     }
-    Ok((Market::new(clients), embedded))
+    Ok((Market::new(clients), None))
+}
+
+/// Where the embedded provider serves the broker.
+pub fn embedded_socket(cfg: &Config) -> std::path::PathBuf {
+    cfg.state_dir.join("run/provider.sock")
+}
+
+/// The broker's key towards providers (`<state_dir>/market-tls`), made on first use; its pin
+/// is what providers list (`socialweb-broker market-pin`).
+pub fn market_identity(cfg: &Config) -> Result<socialweb_market_tls::Identity> {
+    socialweb_proc::owner_only::dir(&cfg.state_dir)?;
+    Ok(socialweb_market_tls::Identity::load_or_create(
+        &cfg.state_dir.join("market-tls"),
+        &[],
+    )?)
+}
+
+/// A provider machine's key (`<state_dir>/provider-tls`), made on first use for the address
+/// it listens on; its pin is what brokers name (`socialweb-broker provider-pin`).
+pub fn provider_identity(cfg: &Config) -> Result<socialweb_market_tls::Identity> {
+    socialweb_proc::owner_only::dir(&cfg.state_dir)?;
+    Ok(socialweb_market_tls::Identity::load_or_create(
+        &cfg.state_dir.join("provider-tls"),
+        &[cfg.local_provider.listen.ip().to_string()],
+    )?)
 }
 
 /// The front's TLS material: the serving chain and key (the operator's, or from the broker's
@@ -483,11 +513,28 @@ async fn sweep(p: &Provisioner) {
 /// embeds, as its own process.
 pub async fn run_provider(cfg: Config, stop: CancellationToken) -> Result<()> {
     crate::crypto_provider();
+    if cfg.local_provider.brokers.is_empty() {
+        bail!(
+            "local_provider.brokers: list the keys of the brokers this provider serves \
+             (`socialweb-broker market-pin` on each broker's host prints its key); a provider \
+             serves no one else"
+        );
+    }
+    let me = provider_identity(&cfg)?;
+    let brokers = cfg
+        .local_provider
+        .brokers
+        .iter()
+        .map(|p| socialweb_market_tls::parse_pin(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let tls = Arc::new(socialweb_market_tls::server_config(&me, brokers)?);
     let provider = Provider::start(provider_config(&cfg))?;
-    let bound =
-        socialweb_provider::serve(provider.clone(), cfg.local_provider.listen, stop.clone())
-            .await?;
-    info!(%bound, "local provider running");
+    let listen = Listen::Tls {
+        addr: cfg.local_provider.listen,
+        tls,
+    };
+    let bound = socialweb_provider::serve(provider.clone(), listen, stop.clone()).await?;
+    info!(%bound, pin = %me.pin_text(), "local provider running");
     stop.cancelled().await;
     provider.stop();
     Ok(())

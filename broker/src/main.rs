@@ -71,8 +71,15 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Run only the local provider (the market protocol on loopback), as its own process.
+    /// Run a provider machine: the market protocol on `local_provider.listen`, mutual TLS,
+    /// serving only the brokers `local_provider.brokers` lists; nodes are machines here.
     Provider(ConfigArgs),
+    /// Print this provider machine's key (make it on first use): what brokers put in
+    /// `[[market.providers]] pin`.
+    ProviderPin(ConfigArgs),
+    /// Print this broker's key towards providers (make it on first use): what provider
+    /// machines put in `local_provider.brokers`.
+    MarketPin(ConfigArgs),
     /// Run a mesh relay on its own (the daemon hosts one; this is for tests and experiments).
     Relay(RelayArgs),
     /// Check a configuration file and the environment, and print the result.
@@ -299,6 +306,20 @@ async fn dispatch(command: Command) -> Result<()> {
             let s = stop.clone();
             tokio::spawn(async move { until_signal(s).await });
             socialweb_broker::daemon::run_provider(cfg, stop).await
+        }
+        Command::ProviderPin(a) => {
+            println!(
+                "{}",
+                socialweb_broker::daemon::provider_identity(&load(&a)?)?.pin_text()
+            );
+            Ok(())
+        }
+        Command::MarketPin(a) => {
+            println!(
+                "{}",
+                socialweb_broker::daemon::market_identity(&load(&a)?)?.pin_text()
+            );
+            Ok(())
         }
         Command::CheckConfig(a) => {
             let cfg = load(&a)?;

@@ -39,6 +39,26 @@ impl MarketError {
     }
 }
 
+enum Capped {
+    Over,
+    Read(reqwest::Error),
+}
+
+/// A provider's answer, read up to [`MAX_ANSWER`] (a provider is another party).
+async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, Capped> {
+    if resp.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
+        return Err(Capped::Over);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(Capped::Read)? {
+        if body.len() + chunk.len() > MAX_ANSWER {
+            return Err(Capped::Over);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 /// A client for one provider.
 #[derive(Debug, Clone)]
 pub struct MarketClient {
@@ -47,15 +67,38 @@ pub struct MarketClient {
     timeout: Duration,
 }
 
+/// How a client reaches its provider (docs/market.md).
+#[derive(Debug, Clone)]
+pub enum Transport {
+    /// Mutual TLS, the provider's key pinned (`socialweb_market_tls::client_config`).
+    Pinned(Box<rustls::ClientConfig>),
+    /// The embedded provider's owner-only Unix socket.
+    Unix(std::path::PathBuf),
+    /// Plain HTTP (loopback only; the configuration refuses it elsewhere).
+    Plain,
+}
+
+/// The largest answer read from a provider.
+const MAX_ANSWER: usize = 4 << 20;
+
 impl MarketClient {
-    pub fn new(base: &str, timeout: Duration) -> Result<MarketClient, String> {
+    pub fn new(
+        base: &str,
+        timeout: Duration,
+        transport: Transport,
+    ) -> Result<MarketClient, String> {
         let base = Url::parse(base).map_err(|e| format!("market URL {base:?}: {e}"))?;
         crate::crypto_provider();
-        let http = reqwest::Client::builder()
+        let mut b = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
-            .build()
-            .map_err(|e| e.to_string())?;
+            .redirect(reqwest::redirect::Policy::none());
+        b = match transport {
+            Transport::Pinned(tls) => b.tls_backend_preconfigured(*tls),
+            Transport::Unix(path) => b.unix_socket(path),
+            Transport::Plain => b,
+        };
+        let http = b.build().map_err(|e| e.to_string())?;
         Ok(MarketClient {
             base,
             http,
@@ -96,18 +139,19 @@ impl MarketClient {
             }
         })?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| {
-            if e.is_timeout() {
-                MarketError::Timeout {
-                    call: c(),
-                    timeout: self.timeout,
-                }
-            } else {
-                MarketError::Garbage {
-                    call: c(),
-                    reason: e.to_string(),
-                }
-            }
+        let body = read_capped(resp).await.map_err(|e| match e {
+            Capped::Over => MarketError::Garbage {
+                call: c(),
+                reason: format!("the answer is over {} MiB", MAX_ANSWER >> 20),
+            },
+            Capped::Read(e) if e.is_timeout() => MarketError::Timeout {
+                call: c(),
+                timeout: self.timeout,
+            },
+            Capped::Read(e) => MarketError::Garbage {
+                call: c(),
+                reason: e.to_string(),
+            },
         })?;
         if status == StatusCode::NOT_FOUND {
             return Ok(None);
@@ -342,7 +386,12 @@ mod tests {
 
     #[test]
     fn urls_keep_the_base_path() {
-        let c = MarketClient::new("http://127.0.0.1:7480/market/", Duration::from_secs(1)).unwrap();
+        let c = MarketClient::new(
+            "http://127.0.0.1:7480/market/",
+            Duration::from_secs(1),
+            Transport::Plain,
+        )
+        .unwrap();
         assert_eq!(
             c.url("/rfps").as_str(),
             "http://127.0.0.1:7480/market/v1/rfps"

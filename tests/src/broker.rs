@@ -97,8 +97,10 @@ pub struct ProviderProc {
     pub state: PathBuf,
     /// Prefix of its namespaces and cgroups.
     pub prefix: String,
-    /// Its market URL, as the broker reaches it.
+    /// Its market URL, as the broker reaches it (mutual TLS).
     pub url: String,
+    /// Its key, as `socialweb-broker provider-pin` prints it.
+    pub pin: String,
 }
 
 /// A broker (and its providers) on `world`. Dropping it kills them all and destroys every
@@ -164,9 +166,9 @@ impl NodeSoftware {
     }
 
     /// A `[local_provider]` section listening on `listen` with `prefix`.
-    fn section(&self, listen: &str, prefix: &str, capacity: u32) -> String {
+    fn section(&self, listen: &str, prefix: &str, capacity: u32, brokers: &[String]) -> String {
         format!(
-            "[local_provider]\nlisten = \"{listen}\"\ncapacity = {capacity}\nprefix = \"{prefix}\"\nagent = {agent:?}\ncni_bin_dir = {cni:?}\nseed_images = [{seeds}]\nkubelet_config_patch = {patch}\n{image}",
+            "[local_provider]\nlisten = \"{listen}\"\ncapacity = {capacity}\nprefix = \"{prefix}\"\nagent = {agent:?}\ncni_bin_dir = {cni:?}\nseed_images = [{seeds}]\nkubelet_config_patch = {patch}\nbrokers = {brokers:?}\n{image}",
             agent = self.agent,
             cni = self.cni,
             seeds = self.seeds,
@@ -191,6 +193,11 @@ impl<'w> Broker<'w> {
         let cni = crate::k8s::cni_bin_dir()?;
         let sw = NodeSoftware::new(&opts, d, cni.path())?;
         let prefix = prefix("");
+        // The broker's key towards providers, made before it starts (as `market-pin` would),
+        // so that each provider machine's configuration can list it.
+        let broker_pin =
+            socialweb_market_tls::Identity::load_or_create(&d.join("state/market-tls"), &[])?
+                .pin_text();
         let mut providers = Vec::new();
         for m in world.providers.iter().take(usize::from(opts.providers)) {
             let p = prefix_for(&prefix, m.index);
@@ -205,16 +212,22 @@ impl<'w> Broker<'w> {
                     kube = sw.kube,
                     vcpu = opts.node_vcpu,
                     mem = opts.node_mem_mib,
-                    section = sw.section(&listen, &p, capacity),
+                    section = sw.section(&listen, &p, capacity, std::slice::from_ref(&broker_pin)),
                 ),
             )?;
+            let pin = socialweb_market_tls::Identity::load_or_create(
+                &state.join("provider-tls"),
+                &[m.addr.to_string()],
+            )?
+            .pin_text();
             providers.push(ProviderProc {
                 proc: Spawned::none("provider"),
                 index: m.index,
                 config,
                 state,
                 prefix: p,
-                url: format!("http://{listen}"),
+                url: format!("https://{listen}"),
+                pin,
             });
         }
         let config = broker_config(&opts, d, &sw, &prefix, &providers);
@@ -484,25 +497,53 @@ impl<'w> Broker<'w> {
         crate::k8s::kubectl_apply(self.host, &self.kubeconfig(cluster), manifest).map(|_| ())
     }
 
-    /// The market URLs of the providers, as the operator's host reaches them.
+    /// The market URLs of the providers, as the operator's host reaches them (the embedded
+    /// provider's is on its socket, [`Broker::provider_socket`]).
     pub fn provider_urls(&self) -> Vec<String> {
         if self.providers.is_empty() {
-            vec![format!("http://{PROVIDER_ADDR}")]
+            vec!["http://local-provider".to_string()]
         } else {
             self.providers.iter().map(|p| p.url.clone()).collect()
+        }
+    }
+
+    /// The embedded provider's owner-only socket.
+    pub fn provider_socket(&self) -> PathBuf {
+        self.state.join("run/provider.sock")
+    }
+
+    /// curl's arguments to reach the providers as the broker does: its socket, or mutual TLS
+    /// with the broker's key (the harness checks the providers, not their certificates: -k).
+    pub fn provider_curl_args(&self) -> Vec<String> {
+        if self.providers.is_empty() {
+            vec![
+                "--unix-socket".into(),
+                self.provider_socket().display().to_string(),
+            ]
+        } else {
+            let tls = self.state.join("market-tls");
+            vec![
+                "-k".into(),
+                "--cert".into(),
+                tls.join("cert.pem").display().to_string(),
+                "--key".into(),
+                tls.join("key.pem").display().to_string(),
+            ]
         }
     }
 
     /// The providers' own view: every lease they hold, asked over the market protocol.
     pub fn provider_leases(&self) -> Result<Vec<Value>> {
         let mut all = Vec::new();
+        let auth = self.provider_curl_args();
         for url in self.provider_urls() {
+            let mut args: Vec<&str> = vec!["-sf", "--max-time", "5"];
+            args.extend(auth.iter().map(String::as_str));
+            let leases = format!("{url}/v1/leases");
+            args.push(&leases);
             let out = self
                 .host
-                .exec(
-                    "curl",
-                    &["-sf", "--max-time", "5", &format!("{url}/v1/leases")],
-                )
+                .exec("curl", &args)
                 .with_context(|| format!("asking the provider at {url} for its leases"))?;
             let v: Value = serde_json::from_str(&out)?;
             all.extend(v["leases"].as_array().cloned().unwrap_or_default());
@@ -721,8 +762,8 @@ fn broker_config(
         .iter()
         .map(|p| {
             format!(
-                "[[market.providers]]\nname = \"p{}\"\nurl = \"{}\"\n",
-                p.index, p.url
+                "[[market.providers]]\nname = \"p{}\"\nurl = \"{}\"\npin = \"{}\"\n",
+                p.index, p.url, p.pin
             )
         })
         .collect();
@@ -773,7 +814,7 @@ did_web_nameservers = ["{RESOLVER_ADDR}:53"]
         mem = opts.node_mem_mib,
         deadline = humantime::format_duration(opts.bid_deadline),
         timeout = humantime::format_duration(opts.request_timeout),
-        local = sw.section(PROVIDER_ADDR, prefix, opts.provider_capacity),
+        local = sw.section(PROVIDER_ADDR, prefix, opts.provider_capacity, &[]),
     )
 }
 

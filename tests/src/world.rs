@@ -92,7 +92,9 @@ impl World {
                 &format!("--address=/example.test/{EXAMPLE_AAAA}"),
                 &format!("--address=/{USERS_DOMAIN}/{USERS_ADDR}"),
                 &format!("--address=/{LOOPBACK_NAME}/127.0.0.1"),
+                &format!("--address=/{LOOPBACK_NAME}/::1"),
                 &format!("--address=/{PRIVATE_NAME}/10.1.2.3"),
+                &format!("--address=/{PRIVATE_NAME}/fd00::1"),
             ],
         )?;
         Ok(World {

@@ -201,14 +201,13 @@ fn nodes_of_two_providers_behind_nat_join_and_serve_through_the_brokers_endpoint
     );
 
     // One node at each provider, each seen from the provider's own view.
+    let auth = b.provider_curl_args();
     for p in &b.providers {
-        let out = b
-            .host
-            .exec(
-                "curl",
-                &["-sf", "--max-time", "5", &format!("{}/v1/leases", p.url)],
-            )
-            .unwrap();
+        let leases = format!("{}/v1/leases", p.url);
+        let mut args: Vec<&str> = vec!["-sf", "--max-time", "5"];
+        args.extend(auth.iter().map(String::as_str));
+        args.push(&leases);
+        let out = b.host.exec("curl", &args).unwrap();
         let v: Value = serde_json::from_str(&out).unwrap();
         let live = v["leases"]
             .as_array()

@@ -13,7 +13,7 @@ use syn::visit::Visit;
 const MAX_LINES: usize = 80;
 
 /// What the broker may name of the provider crate: how to configure, start and serve it.
-const PROVIDER_ENTRY: &[&str] = &["Provider", "ProviderConfig", "serve"];
+const PROVIDER_ENTRY: &[&str] = &["Provider", "ProviderConfig", "Listen", "serve"];
 
 fn broker_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

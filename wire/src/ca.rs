@@ -49,6 +49,13 @@ pub fn certificates(pem: &[u8]) -> Result<Vec<PinnedCert>, String> {
     Ok(out)
 }
 
+/// The pin of a certificate given as DER.
+pub fn pin_der(der: &[u8]) -> Result<[u8; 32], String> {
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(der).map_err(|e| format!("certificate: {e}"))?;
+    Ok(Sha256::digest(cert.tbs_certificate.subject_pki.raw).into())
+}
+
 /// The pin of the first certificate in `pem`.
 pub fn pin(pem: &[u8]) -> Result<[u8; 32], String> {
     Ok(certificates(pem)?[0].pin)

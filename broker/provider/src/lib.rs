@@ -32,7 +32,7 @@ use book::{Acceptance, Ledger, Offer, set_state};
 use network::NodeNet;
 use socialweb_market::{Accept, Lease, LeaseState, NodeSpec, Rfp, RfpRequest};
 
-pub use server::serve;
+pub use server::{Listen, serve};
 
 /// How the local provider is set up.
 #[derive(Debug, Clone)]

@@ -1,5 +1,8 @@
-//! The local provider's HTTP surface: the market protocol, version 1 (docs/market.md). It
-//! listens on loopback only; the broker on the same host is its one client.
+//! The local provider's HTTP surface: the market protocol, version 1 (docs/market.md), on
+//! one of two transports: mutual TLS with pinned keys on a TCP address (a provider machine,
+//! whose clients are the brokers its operator listed), or a Unix socket only its owner can
+//! open (the broker's embedded provider; its one client is the broker process). Plain HTTP
+//! on a TCP port is not served.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -132,9 +135,20 @@ async fn release(State(p): State<Provider>, Path(id): Path<String>) -> Response 
     }
 }
 
-/// Serves `p` on `addr` until `stop`; returns the bound address.
-pub async fn serve(p: Provider, addr: SocketAddr, stop: CancellationToken) -> Result<SocketAddr> {
-    let app = Router::new()
+/// Where and how the provider serves.
+#[derive(Debug, Clone)]
+pub enum Listen {
+    /// TCP, mutual TLS (`socialweb_market_tls::server_config`).
+    Tls {
+        addr: SocketAddr,
+        tls: std::sync::Arc<rustls::ServerConfig>,
+    },
+    /// A Unix socket, mode 0600 in an owner-only directory.
+    Unix(std::path::PathBuf),
+}
+
+fn router(p: Provider) -> Router {
+    Router::new()
         .route(&format!("{PREFIX}/rfps"), post(post_rfp))
         .route(&format!("{PREFIX}/rfps/{{id}}"), get(get_rfp))
         .route(&format!("{PREFIX}/bids/{{id}}/accept"), post(accept))
@@ -143,16 +157,101 @@ pub async fn serve(p: Provider, addr: SocketAddr, stop: CancellationToken) -> Re
             &format!("{PREFIX}/leases/{{id}}"),
             get(get_lease).delete(release),
         )
-        .with_state(p);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("local provider: binding {addr}"))?;
-    let bound = listener.local_addr()?;
-    tracing::info!(%bound, "local provider serving the market protocol");
+        .layer(axum::extract::DefaultBodyLimit::max(256 * 1024))
+        .with_state(p)
+}
+
+/// Serves `p` as `listen` says until `stop`; returns where (the bound address or the socket).
+pub async fn serve(p: Provider, listen: Listen, stop: CancellationToken) -> Result<String> {
+    let app = router(p);
+    match listen {
+        Listen::Unix(path) => serve_unix(app, &path, stop).await,
+        Listen::Tls { addr, tls } => serve_tls(app, addr, tls, stop).await,
+    }
+}
+
+async fn serve_unix(
+    app: Router,
+    path: &std::path::Path,
+    stop: CancellationToken,
+) -> Result<String> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = path.parent() {
+        socialweb_proc::owner_only::dir(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("local provider: binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    tracing::info!(socket = %path.display(), "local provider serving the market protocol");
     tokio::spawn(async move {
         let _ = axum::serve(listener, app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await;
     });
-    Ok(bound)
+    Ok(path.display().to_string())
+}
+
+/// At most this many connections at once, a handshake within 10 s, headers within 10 s: the
+/// market port faces the internet.
+const MAX_CONNECTIONS: usize = 256;
+
+async fn serve_tls(
+    app: Router,
+    addr: SocketAddr,
+    tls: std::sync::Arc<rustls::ServerConfig>,
+    stop: CancellationToken,
+) -> Result<String> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use tower::ServiceExt;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("local provider: binding {addr}"))?;
+    let bound = listener.local_addr()?;
+    tracing::info!(%bound, "local provider serving the market protocol (mutual TLS)");
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!("local provider: accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                _ = stop.cancelled() => return,
+            };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                continue;
+            };
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                let _slot = slot;
+                let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp))
+                    .await
+                {
+                    Ok(Ok(t)) => t,
+                    Ok(Err(e)) => {
+                        tracing::info!(%peer, "local provider: refused a TLS client: {e}");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        app.clone().oneshot(req.map(axum::body::Body::new))
+                    });
+                let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                b.http1()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(Duration::from_secs(10));
+                let _ = b.serve_connection(TokioIo::new(tls), svc).await;
+            });
+        }
+    });
+    Ok(bound.to_string())
 }

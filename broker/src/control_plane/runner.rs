@@ -214,7 +214,8 @@ impl Spec {
         let ca = Pki::open_or_create(&dir, &format!("socialweb {} etcd CA", self.cluster))?;
         let names = ["127.0.0.1".to_string(), "localhost".to_string()];
         Ok(EtcdFiles {
-            server: ca.server("server", &names)?,
+            // Server and client: etcd's own HTTP gateway calls its gRPC port with it.
+            server: ca.peer("server", &names)?,
             peer: ca.peer("peer", &names)?,
             apiserver: ca.client("apiserver", "kube-apiserver-etcd-client", &[])?,
             ca: ca.ca_cert(),

@@ -1,0 +1,1218 @@
+//! The broker against hostile tenants, strangers and providers (docs/security.md): each
+//! test performs an attack a review of the broker found, against the real daemon, its real
+//! front and the Kubernetes we ship, and checks that it fails and says why.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{Value, json};
+use socialweb_broker::api::{CREATE_CLUSTER, LIST_CLUSTERS};
+use socialweb_broker::auth::token::{SigningKey, sign};
+use testbed::broker::{Broker, BrokerOptions};
+use testbed::k8s::wait_for;
+use testbed::tmp::TempDir;
+use testbed::world::World;
+
+/// A new did:key, its key written where `socialweb-broker api --key` reads it.
+fn user(dir: &Path, name: &str) -> (PathBuf, SigningKey) {
+    let key = SigningKey::generate(atrium_crypto::Algorithm::P256);
+    let path = dir.join(format!("{name}.key"));
+    std::fs::write(&path, key.to_multibase()).unwrap();
+    (path, key)
+}
+
+/// The broker's DID (the tokens' audience), from describeServer.
+fn audience(b: &Broker<'_>) -> String {
+    let v = curl_json(
+        b,
+        &format!("{}/xrpc/computer.socialweb.describeServer", b.front_url()),
+        &[],
+    );
+    v.1["did"].as_str().unwrap().to_string()
+}
+
+/// curl from the internet: the status and the JSON body.
+fn curl_json(b: &Broker<'_>, url: &str, extra: &[&str]) -> (u16, Value) {
+    let ca = b.front_ca();
+    let mut args = vec![
+        "-sS",
+        "-o",
+        "-",
+        "-w",
+        "\n%{http_code}",
+        "--cacert",
+        ca.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    args.push(url);
+    let o = b.world.internet.output("curl", &args).unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let (body, code) = out.rsplit_once('\n').unwrap_or(("", "0"));
+    (
+        code.trim().parse().unwrap_or(0),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
+}
+
+/// A gateway API call with a token `key` signs as `iss`.
+fn call(
+    b: &Broker<'_>,
+    key: &SigningKey,
+    iss: &str,
+    method: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let token = sign(key, iss, &audience(b), method, 60, SystemTime::now());
+    let auth = format!("Authorization: Bearer {token}");
+    let url = format!("{}/xrpc/{method}", b.front_url());
+    match body {
+        Some(v) => {
+            let data = v.to_string();
+            curl_json(
+                b,
+                &url,
+                &[
+                    "-H",
+                    &auth,
+                    "-H",
+                    "Content-Type: application/json",
+                    "--data",
+                    &data,
+                ],
+            )
+        }
+        None => curl_json(b, &url, &["-H", &auth]),
+    }
+}
+
+fn message(v: &Value) -> &str {
+    v["message"].as_str().unwrap_or("")
+}
+
+#[test]
+fn who_may_have_a_cluster_is_the_operators_choice() {
+    let world = World::new(0).unwrap();
+    let dir = TempDir::new("registration").unwrap();
+    let (_, mallory) = user(dir.path(), "mallory");
+
+    // The defaults: namespace nodes, tenants not trusted: the API serves no user at all.
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            access_toml: String::new(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (code, v) = call(
+        &b,
+        &mallory,
+        &mallory.did(),
+        CREATE_CLUSTER,
+        Some(json!({"name": "escape"})),
+    );
+    assert_eq!(code, 403, "{v}");
+    assert!(message(&v).contains("access.tenants_trusted"), "{v}");
+    assert!(
+        b.cli_json(&["cluster", "list"])
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    drop(b);
+
+    // Trusted tenants, registration closed (the default): a stranger is refused, naming the
+    // policy; the operator's own cluster for a DID still works, and its owner gets in.
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            access_toml: "tenants_trusted = true\n".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (code, v) = call(
+        &b,
+        &mallory,
+        &mallory.did(),
+        CREATE_CLUSTER,
+        Some(json!({"name": "mine"})),
+    );
+    assert_eq!(code, 403, "{v}");
+    assert!(
+        message(&v).contains("registration at this broker is closed"),
+        "{v}"
+    );
+    let (alice_file, alice) = user(dir.path(), "alice");
+    b.cli(&["cluster", "create", "given", "--owner", &alice.did()])
+        .unwrap();
+    let listed = b.api(&alice_file, &["list-clusters"]).unwrap();
+    assert_eq!(listed["clusters"][0]["name"], "given", "{listed}");
+    drop(b);
+
+    // By invite: one code admits one DID, once.
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            access_toml: "tenants_trusted = true\nregistration = \"invite\"\n".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (code, v) = call(
+        &b,
+        &mallory,
+        &mallory.did(),
+        CREATE_CLUSTER,
+        Some(json!({"name": "m1"})),
+    );
+    assert_eq!(code, 403, "{v}");
+    assert!(
+        message(&v).contains("by invite") && message(&v).contains("`invite`"),
+        "{v}"
+    );
+    let inv = b
+        .cli_json(&["invite", "create", "--expires", "1h", "--note", "bob"])
+        .unwrap();
+    let code_text = inv["code"].as_str().unwrap().to_string();
+    let (code, v) = call(
+        &b,
+        &mallory,
+        &mallory.did(),
+        CREATE_CLUSTER,
+        Some(json!({"name": "m1", "invite": "0a1b2c3d.00000000000000000000000000000000"})),
+    );
+    assert_eq!(code, 403, "{v}");
+    assert!(message(&v).contains("not a good invite"), "{v}");
+    let (bob_file, bob) = user(dir.path(), "bob");
+    let created = b
+        .api(&bob_file, &["create-cluster", "b1", "--invite", &code_text])
+        .unwrap();
+    assert_eq!(created["name"], "b1", "{created}");
+    let (code, v) = call(
+        &b,
+        &mallory,
+        &mallory.did(),
+        CREATE_CLUSTER,
+        Some(json!({"name": "m1", "invite": code_text})),
+    );
+    assert_eq!(code, 403, "a used invite admits no one else: {v}");
+    let (code, v) = call(
+        &b,
+        &bob,
+        &bob.did(),
+        CREATE_CLUSTER,
+        Some(json!({"name": "b2"})),
+    );
+    assert_eq!(code, 200, "an admitted DID needs no invite again: {v}");
+    let list = b.cli_json(&["invite", "list"]).unwrap();
+    assert_eq!(list[0]["used_by"], bob.did(), "{list}");
+}
+
+#[test]
+fn concurrent_creates_stop_at_the_limit_and_requests_at_the_rate() {
+    let world = World::new(0).unwrap();
+    let dir = TempDir::new("limits").unwrap();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            access_toml:
+                "tenants_trusted = true\nregistration = \"open\"\nmax_clusters_per_did = 2\n\
+                          requests_per_minute_per_source = 30\n"
+                    .into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (key_file, _) = user(dir.path(), "mallory");
+    // Eight createCluster calls at once, from one DID allowed two.
+    let got: Vec<Result<Value, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let (b, key_file) = (&b, &key_file);
+                s.spawn(move || {
+                    b.api(key_file, &["create-cluster", &format!("c{i}")])
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let made = got.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(made, 2, "{got:?}");
+    for e in got.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(e.contains("the most this broker allows one DID"), "{e}");
+    }
+    assert_eq!(
+        b.cli_json(&["cluster", "list"])
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // Requests from one address past its rate are refused before any token is looked at.
+    let url = format!("{}/xrpc/computer.socialweb.describeServer", b.front_url());
+    let mut limited = None;
+    for _ in 0..40 {
+        let o = b
+            .world
+            .internet
+            .output(
+                "curl",
+                &[
+                    "-s",
+                    "-o",
+                    "/dev/null",
+                    "-D",
+                    "-",
+                    "--cacert",
+                    b.front_ca().to_str().unwrap(),
+                    &url,
+                ],
+            )
+            .unwrap();
+        let head = String::from_utf8_lossy(&o.stdout).to_lowercase();
+        if head.starts_with("http/2 429") || head.starts_with("http/1.1 429") {
+            limited = Some(head);
+            break;
+        }
+    }
+    let head = limited.expect("no 429 within 40 requests of a 30-a-minute budget");
+    assert!(head.contains("retry-after:"), "{head}");
+    // Another address is not held to that one's budget.
+    let o = b
+        .host
+        .output(
+            "curl",
+            &[
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--cacert",
+                b.front_ca().to_str().unwrap(),
+                &url,
+            ],
+        )
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "200");
+}
+
+/// A Pod manifest with `spec` merged in.
+fn pod(name: &str, spec: Value) -> String {
+    let mut p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+                       "spec": {"containers": [{"name": "c", "image": "socialweb.local/busybox:1", "command": ["sleep", "1"]}]}});
+    socialweb_agent_merge(&mut p["spec"], &spec);
+    // A container a spec names without an image runs busybox.
+    for c in p["spec"]["containers"].as_array_mut().into_iter().flatten() {
+        if c.get("image").is_none() {
+            c["image"] = "socialweb.local/busybox:1".into();
+        }
+    }
+    p.to_string()
+}
+
+/// RFC 7386 merge, as the agent's kubelet patch (a copy: the tests do not link the agent).
+fn socialweb_agent_merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let t = target.as_object_mut().unwrap();
+            for (k, v) in p {
+                socialweb_agent_merge(t.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+#[test]
+fn an_escape_pod_is_refused_and_its_owner_cannot_lift_the_policy() {
+    let world = World::new(0).unwrap();
+    let dir = TempDir::new("escape").unwrap();
+    let b = Broker::start(&world, BrokerOptions::default()).unwrap();
+    let (key_file, key) = user(dir.path(), "tenant");
+    b.api(&key_file, &["create-cluster", "t", "--wait", "2m"])
+        .unwrap();
+    let kc = dir.path().join("t.kubeconfig");
+    b.api(
+        &key_file,
+        &["kubeconfig", "t", "--out", kc.to_str().unwrap()],
+    )
+    .unwrap();
+    let kubectl = |args: &[&str], stdin: Option<&str>| -> (bool, String) {
+        let mut c = b.kubectl_as(&kc, &[], args);
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        if let Some(s) = stdin {
+            child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+        } else {
+            drop(child.stdin.take());
+        }
+        let o = child.wait_with_output().unwrap();
+        (
+            o.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        )
+    };
+    // The attack as it was done: privileged, hostPID, the host's / mounted.
+    let escape = pod(
+        "escape",
+        json!({"hostPID": true, "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+               "containers": [{"name": "c", "image": "socialweb.local/busybox:1", "command": ["nsenter", "-t", "1", "-a", "sh"],
+                               "securityContext": {"privileged": true}, "volumeMounts": [{"name": "root", "mountPath": "/host"}]}]}),
+    );
+    let (ok, out) = kubectl(&["create", "--dry-run=server", "-f", "-"], Some(&escape));
+    assert!(!ok, "the escape Pod was admitted: {out}");
+    // The apiserver runs with --allow-privileged=false: refused before any policy.
+    assert!(
+        out.contains("privileged: Forbidden: disallowed by cluster policy"),
+        "{out}"
+    );
+    // Without `privileged`, the policy refuses the rest of it.
+    let unprivileged = escape.replace(r#""securityContext":{"privileged":true},"#, "");
+    assert_ne!(unprivileged, escape);
+    let (ok, out) = kubectl(
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(&unprivileged),
+    );
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("socialweb-node-isolation") && out.contains("hostPID is refused"),
+        "{out}"
+    );
+    for (what, spec, needle) in [
+        (
+            "privileged",
+            json!({"containers": [{"name": "c", "securityContext": {"privileged": true}}]}),
+            "privileged",
+        ),
+        ("hostNetwork", json!({"hostNetwork": true}), "hostNetwork"),
+        ("hostIPC", json!({"hostIPC": true}), "hostIPC"),
+        (
+            "hostPath",
+            json!({"volumes": [{"name": "h", "hostPath": {"path": "/etc"}}]}),
+            "hostPath",
+        ),
+        (
+            "SYS_ADMIN",
+            json!({"containers": [{"name": "c", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}),
+            "capabilities",
+        ),
+        (
+            "a privileged init container",
+            json!({"initContainers": [{"name": "i", "image": "socialweb.local/busybox:1", "securityContext": {"privileged": true}}]}),
+            "privileged",
+        ),
+    ] {
+        let (ok, out) = kubectl(
+            &["create", "--dry-run=server", "-f", "-"],
+            Some(&pod("p", spec)),
+        );
+        assert!(!ok && out.contains(needle), "{what}: {out}");
+    }
+    let (ok, out) = kubectl(
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(&pod("fine", json!({}))),
+    );
+    assert!(ok, "an ordinary Pod is admitted: {out}");
+
+    // Its owner is cluster-admin, and still cannot lift the policy by any way round.
+    for args in [
+        vec![
+            "delete",
+            "validatingadmissionpolicy",
+            "socialweb-node-isolation",
+        ],
+        vec![
+            "delete",
+            "validatingadmissionpolicybinding",
+            "socialweb-node-isolation",
+        ],
+        vec!["delete", "validatingadmissionpolicies", "--all"],
+        vec![
+            "patch",
+            "validatingadmissionpolicybinding",
+            "socialweb-node-isolation",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"validationActions":["Warn"]}}"#,
+        ],
+        vec![
+            "--as=mallory",
+            "--as-group=system:masters",
+            "delete",
+            "validatingadmissionpolicy",
+            "socialweb-node-isolation",
+        ],
+    ] {
+        let (ok, out) = kubectl(&args, None);
+        assert!(!ok, "{args:?} succeeded: {out}");
+        assert!(
+            out.contains("Forbidden") || out.contains("forbidden"),
+            "{args:?}: {out}"
+        );
+    }
+    // A client certificate for system:masters by CSR: Kubernetes refuses the request itself;
+    // and the owner cannot approve any CSR (the broker approves nodes' only).
+    let (ok, out) = kubectl(
+        &["create", "-f", "-"],
+        Some(&client_csr(
+            dir.path(),
+            "masters",
+            "/CN=mallory/O=system:masters",
+        )),
+    );
+    assert!(
+        !ok && out.contains("system:masters group is not allowed"),
+        "{out}"
+    );
+    let (ok, out) = kubectl(
+        &["create", "-f", "-"],
+        Some(&client_csr(dir.path(), "admin", "/CN=mallory/O=admins")),
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(&["certificate", "approve", "admin"], None);
+    assert!(!ok && out.to_lowercase().contains("forbidden"), "{out}");
+    let (_, can) = kubectl(
+        &[
+            "auth",
+            "can-i",
+            "delete",
+            "validatingadmissionpolicies/socialweb-node-isolation",
+        ],
+        None,
+    );
+    assert!(
+        can.lines()
+            .any(|l| l.starts_with("no - the broker's admission policies")),
+        "{can}"
+    );
+    // The policy stands, as the broker applied it.
+    let v = b
+        .kubectl_json(
+            "t",
+            &[
+                "get",
+                "validatingadmissionpolicybinding",
+                "socialweb-node-isolation",
+            ],
+        )
+        .unwrap();
+    assert_eq!(v["spec"]["validationActions"], json!(["Deny"]));
+    let _ = key;
+}
+
+/// A CSR `name` for a client certificate of `subject` (kube-apiserver-client signer).
+fn client_csr(dir: &Path, name: &str, subject: &str) -> String {
+    let key = dir.join(format!("{name}.key"));
+    let req = dir.join(format!("{name}.csr"));
+    let o = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            subject,
+            "-keyout",
+        ])
+        .arg(&key)
+        .arg("-out")
+        .arg(&req)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    use base64::Engine;
+    let pem = std::fs::read(&req).unwrap();
+    json!({"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+           "metadata": {"name": name},
+           "spec": {"request": base64::engine::general_purpose::STANDARD.encode(pem),
+                    "signerName": "kubernetes.io/kube-apiserver-client", "usages": ["client auth"]}})
+    .to_string()
+}
+
+/// A TLS client connection to the front, from the internet, with its handshake done.
+fn handshaken(
+    b: &Broker<'_>,
+    from: &testbed::Netns,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in socialweb_wire::ca::certificates(&std::fs::read(b.front_ca()).unwrap()).unwrap() {
+        roots
+            .add(rustls::pki_types::CertificateDer::from(c.der))
+            .unwrap();
+    }
+    let cfg = Arc::new(
+        rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    );
+    let addr: SocketAddr = b
+        .front_url()
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap();
+    let tcp = from
+        .run(|| TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
+        .unwrap()
+        .unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+    let conn = rustls::ClientConnection::new(cfg, name).unwrap();
+    let mut s = rustls::StreamOwned::new(conn, tcp);
+    while s.conn.is_handshaking() {
+        s.conn.complete_io(&mut s.sock).unwrap();
+    }
+    s
+}
+
+/// Reads until the peer closes; how long that took.
+fn closed_after(mut r: impl Read) -> Duration {
+    let t = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) | Err(_) => return t.elapsed(),
+            Ok(_) => {}
+        }
+    }
+}
+
+#[test]
+fn the_front_bounds_every_connection() {
+    let world = World::new(0).unwrap();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            front_toml: "max_connections_per_source = 4\nhandshake_timeout = \"2s\"\nheader_read_timeout = \"2s\"\nidle_timeout = \"3s\"\n".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let addr: SocketAddr = b
+        .front_url()
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap();
+    // A slowloris after the handshake: half a request, then nothing. Closed, not held.
+    let mut slow = handshaken(&b, &world.internet);
+    slow.write_all(b"GET /xrpc/computer.socialweb.describeServer HTTP/1.1\r\nHost: front\r\n")
+        .unwrap();
+    slow.flush().unwrap();
+    let held = closed_after(slow);
+    assert!(
+        held < Duration::from_secs(30),
+        "a half-sent request held its connection for {held:?}"
+    );
+    // No handshake at all: closed too.
+    let tcp = world
+        .internet
+        .run(|| TcpStream::connect(addr))
+        .unwrap()
+        .unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    assert!(closed_after(&tcp) < Duration::from_secs(30));
+    // A kept-alive connection that goes quiet after its answer is closed.
+    let mut idle = handshaken(&b, &world.internet);
+    idle.write_all(b"GET /xrpc/computer.socialweb.describeServer HTTP/1.1\r\nHost: front\r\n\r\n")
+        .unwrap();
+    let mut first = [0u8; 12];
+    idle.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    assert!(closed_after(idle) < Duration::from_secs(30));
+
+    // One address holds at most four connections; the fifth is closed before its handshake,
+    // and another address is served meanwhile.
+    let held: Vec<_> = (0..4).map(|_| handshaken(&b, &world.internet)).collect();
+    let fifth = world
+        .internet
+        .run(|| TcpStream::connect(addr))
+        .unwrap()
+        .unwrap();
+    fifth
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut probe = [0u8; 1];
+    (&fifth).write_all(b"\x16\x03\x01\x00\x05hello").unwrap();
+    let n = (&fifth).read(&mut probe).unwrap_or(0);
+    assert_eq!(n, 0, "a fifth connection from one address was served");
+    let o = b
+        .host
+        .output(
+            "curl",
+            &[
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--cacert",
+                b.front_ca().to_str().unwrap(),
+                &format!("{}/xrpc/computer.socialweb.describeServer", b.front_url()),
+            ],
+        )
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "200",
+        "another address is served"
+    );
+    drop(held);
+}
+
+#[test]
+fn did_documents_come_only_from_the_internet_and_only_so_big() {
+    let world = World::new(0).unwrap();
+    let dir = TempDir::new("didattack").unwrap();
+    let ca = socialweb_broker::control_plane::pki::Pki::new(&dir.path().join("ca")).unwrap();
+    let pair = ca
+        .server(
+            "users",
+            &[
+                format!("flood.{}", testbed::world::USERS_DOMAIN),
+                format!("echo.{}", testbed::world::USERS_DOMAIN),
+            ],
+        )
+        .unwrap();
+    // A document without end (no length, never closed), and one that names another DID
+    // with markup in it.
+    let flood_sh = dir.path().join("flood.sh");
+    std::fs::write(
+        &flood_sh,
+        "printf 'HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\n\\r\\n['\nexec yes '{}'\n",
+    )
+    .unwrap();
+    let flood = world
+        .internet
+        .command("socat")
+        .arg(format!(
+            "OPENSSL-LISTEN:8445,reuseaddr,fork,bind={},cert={},key={},verify=0",
+            testbed::world::USERS_ADDR,
+            pair.cert.display(),
+            pair.key.display()
+        ))
+        .arg(format!("SYSTEM:sh {}", flood_sh.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _kill_flood = testbed::process::Spawned::from_child(flood, "the flood");
+    let www = dir.path().join("www");
+    std::fs::create_dir_all(www.join(".well-known")).unwrap();
+    std::fs::write(
+        www.join(".well-known/did.json"),
+        r#"{"id": "did:web:<script>alert(1)</script>", "verificationMethod": []}"#,
+    )
+    .unwrap();
+    let echo = world
+        .internet
+        .command("openssl")
+        .args(["s_server", "-quiet", "-WWW", "-accept"])
+        .arg(format!("{}:8446", testbed::world::USERS_ADDR))
+        .arg("-cert")
+        .arg(&pair.cert)
+        .arg("-key")
+        .arg(&pair.key)
+        .current_dir(&www)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _kill_echo = testbed::process::Spawned::from_child(echo, "the echo");
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            front_toml: format!("did_web_roots = [{:?}]\n", ca.ca_cert()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let key = SigningKey::generate(atrium_crypto::Algorithm::P256);
+    let users = testbed::world::USERS_DOMAIN;
+    for (did, needle) in [
+        (
+            "did:web:127.0.0.1%3A8443".to_string(),
+            "not a valid did:web",
+        ),
+        (
+            "did:web:localhost%3A8443".to_string(),
+            "not a valid did:web",
+        ),
+        (
+            format!("did:web:{}%3A8443", testbed::world::LOOPBACK_NAME),
+            "no public address",
+        ),
+        (
+            format!("did:web:{}", testbed::world::PRIVATE_NAME),
+            "no public address",
+        ),
+        (format!("did:web:{users}:a?b"), "not a valid did:web"),
+        (format!("did:web:{users}:..:admin"), "not a valid did:web"),
+        (format!("did:web:flood.{users}%3A8445"), "over 64 KiB"),
+        (format!("did:web:echo.{users}%3A8446"), "for another DID"),
+        ("did:plc:../../admin".to_string(), "not a valid did:plc"),
+    ] {
+        let t = Instant::now();
+        let (code, v) = call(&b, &key, &did, LIST_CLUSTERS, None);
+        assert_eq!(code, 401, "{did}: {v}");
+        assert!(message(&v).contains(needle), "{did}: {v}");
+        assert!(
+            !message(&v).contains("<script>"),
+            "{did}: fetched content echoed: {v}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{did} took {:?}",
+            t.elapsed()
+        );
+    }
+}
+
+#[test]
+fn a_kubeconfig_minted_while_a_cluster_is_deleted_opens_no_later_cluster_of_its_name() {
+    let world = World::new(0).unwrap();
+    let dir = TempDir::new("race").unwrap();
+    let b = Broker::start(&world, BrokerOptions::default()).unwrap();
+    let (mallory_file, _) = user(dir.path(), "mallory");
+    b.api(&mallory_file, &["create-cluster", "shared", "--wait", "2m"])
+        .unwrap();
+    let first_dir = b.cluster_dir("shared");
+    // getKubeconfig calls racing the deletion.
+    let minted: Vec<PathBuf> = std::thread::scope(|s| {
+        let getters: Vec<_> = (0..6)
+            .map(|i| {
+                let (b, f, d) = (&b, &mallory_file, dir.path());
+                s.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(50 * i));
+                    let out = d.join(format!("m{i}.kubeconfig"));
+                    b.api(f, &["kubeconfig", "shared", "--out", out.to_str().unwrap()])
+                        .ok()
+                        .map(|_| out)
+                })
+            })
+            .collect();
+        let deleter = s.spawn(|| b.api(&mallory_file, &["delete-cluster", "shared"]));
+        deleter.join().unwrap().unwrap();
+        getters
+            .into_iter()
+            .filter_map(|h| h.join().unwrap())
+            .collect()
+    });
+    // Someone else takes the name.
+    b.cli(&[
+        "cluster",
+        "create",
+        "shared",
+        "--owner",
+        "did:key:zSomeoneElse",
+    ])
+    .unwrap();
+    assert_ne!(
+        b.cluster_dir("shared"),
+        first_dir,
+        "a new cluster of the name has a directory of its own"
+    );
+    for kc in &minted {
+        // The mount path is the old owner's; pointed at the new cluster, still refused.
+        let o = b.kubectl_as(kc, &[], &["get", "ns"]).output().unwrap();
+        assert!(
+            !o.status.success(),
+            "{} opened the new cluster",
+            kc.display()
+        );
+    }
+    wait_for("the new cluster", Duration::from_secs(120), || {
+        Ok(b.kubectl("shared", &["get", "--raw", "/readyz"])
+            .ok()
+            .filter(|s| s.trim() == "ok"))
+    })
+    .unwrap();
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn secrets_at_rest_are_owner_only_and_etcd_wants_its_own_certificate() {
+    let world = World::new(0).unwrap();
+    let b = Broker::start(&world, BrokerOptions::default()).unwrap();
+    b.cli(&["cluster", "create", "secrets"]).unwrap();
+    b.apply(
+        "secrets",
+        &pod("w", json!({})).replace("\"sleep\",\"1\"", "\"sleep\",\"3600\""),
+    )
+    .unwrap();
+    wait_for("a node for the pod", Duration::from_secs(180), || {
+        Ok((!b.ready_nodes("secrets")?.is_empty()).then_some(()))
+    })
+    .unwrap();
+    assert_eq!(mode(&b.state), 0o700, "the state directory");
+    assert_eq!(mode(&b.state.join("broker.db")), 0o600, "the store");
+    for wal in ["broker.db-wal", "broker.db-shm"] {
+        if b.state.join(wal).exists() {
+            assert_eq!(mode(&b.state.join(wal)) & 0o077, 0, "{wal}");
+        }
+    }
+    assert_eq!(mode(&b.state.join("local-provider")), 0o700);
+    assert_eq!(
+        mode(&b.state.join("local-provider/provider.json")),
+        0o600,
+        "the provider's records"
+    );
+
+    // etcd: TLS, and only its own CA's client certificate opens it (not the cluster CA's,
+    // which nodes' certificates are of).
+    let ports = b.cli_json(&["cluster", "show", "secrets"]).unwrap();
+    let _ = ports;
+    let pki = b.cluster_dir("secrets").join("pki");
+    let etcd_port = etcd_port(&b.cluster_dir("secrets"));
+    let url = format!("https://127.0.0.1:{etcd_port}/v3/kv/range");
+    let body = r#"{"key":"L3JlZ2lzdHJ5"}"#;
+    let try_etcd = |extra: &[&str]| {
+        let mut args = vec![
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "5",
+            "--cacert",
+        ];
+        let ca = pki.join("etcd/ca.crt");
+        args.push(ca.to_str().unwrap());
+        args.extend_from_slice(extra);
+        args.extend(["--data", body, &url]);
+        let o = b.host.output("curl", &args).unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let (admin_crt, admin_key) = (pki.join("admin.crt"), pki.join("admin.key"));
+    assert_eq!(try_etcd(&[]), "000", "no client certificate");
+    assert_eq!(
+        try_etcd(&[
+            "--cert",
+            admin_crt.to_str().unwrap(),
+            "--key",
+            admin_key.to_str().unwrap()
+        ]),
+        "000",
+        "the cluster CA's"
+    );
+    let (c, k) = (
+        pki.join("etcd/apiserver.crt"),
+        pki.join("etcd/apiserver.key"),
+    );
+    assert_eq!(
+        try_etcd(&["--cert", c.to_str().unwrap(), "--key", k.to_str().unwrap()]),
+        "200",
+        "etcd's own"
+    );
+    let plain = b
+        .host
+        .output(
+            "curl",
+            &[
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "5",
+                "--data",
+                body,
+                &url.replace("https", "http"),
+            ],
+        )
+        .unwrap();
+    assert_ne!(
+        String::from_utf8_lossy(&plain.stdout),
+        "200",
+        "no plain HTTP"
+    );
+
+    // The node's bootstrap token is gone once it joined; a CSR for a node the broker did
+    // not plan is denied.
+    let secrets = b
+        .kubectl_json(
+            "secrets",
+            &[
+                "get",
+                "secrets",
+                "-n",
+                "kube-system",
+                "--field-selector",
+                "type=bootstrap.kubernetes.io/token",
+            ],
+        )
+        .unwrap();
+    wait_for(
+        "the joined node's token deleted",
+        Duration::from_secs(30),
+        || {
+            let v = b.kubectl_json(
+                "secrets",
+                &[
+                    "get",
+                    "secrets",
+                    "-n",
+                    "kube-system",
+                    "--field-selector",
+                    "type=bootstrap.kubernetes.io/token",
+                ],
+            )?;
+            Ok(v["items"]
+                .as_array()
+                .is_some_and(|i| i.is_empty())
+                .then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}: {secrets}"));
+    let ghost = ghost_csr(b.cluster_dir("secrets").as_path());
+    b.apply("secrets", &ghost).unwrap();
+    wait_for("the ghost CSR denied", Duration::from_secs(30), || {
+        let v = b.kubectl_json("secrets", &["get", "csr", "ghost"])?;
+        Ok(v["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Denied"))
+            .map(|c| c["message"].clone()))
+    })
+    .unwrap();
+}
+
+/// The etcd client port of a cluster, from its running etcd's command line.
+fn etcd_port(cluster_dir: &Path) -> u16 {
+    let pid: u32 = std::fs::read_to_string(cluster_dir.join("run/etcd.pid"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    text.split("--listen-client-url=https://127.0.0.1:")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// A kubelet client CSR for a node no one planned.
+fn ghost_csr(dir: &Path) -> String {
+    let (key, req) = (dir.join("ghost.key"), dir.join("ghost.csr"));
+    let o = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            "/CN=system:node:ghost/O=system:nodes",
+            "-keyout",
+        ])
+        .arg(&key)
+        .arg("-out")
+        .arg(&req)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    use base64::Engine;
+    json!({"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest", "metadata": {"name": "ghost"},
+           "spec": {"request": base64::engine::general_purpose::STANDARD.encode(std::fs::read(&req).unwrap()),
+                    "signerName": "kubernetes.io/kube-apiserver-client-kubelet", "usages": ["digital signature", "client auth"]}})
+    .to_string()
+}
+
+#[test]
+fn a_providers_market_port_serves_only_the_brokers_it_lists() {
+    let world = World::new(1).unwrap();
+    let dir = TempDir::new("provider-auth").unwrap();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            providers: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let p = &b.providers[0];
+    let leases = format!("{}/v1/leases", p.url);
+    // From the internet, as anyone could: no client key, another key, plain HTTP.
+    let stranger =
+        socialweb_market_tls::Identity::load_or_create(&dir.path().join("stranger"), &[]).unwrap();
+    let (cert, key) = (
+        dir.path().join("stranger/cert.pem"),
+        dir.path().join("stranger/key.pem"),
+    );
+    let code = |args: &[&str]| {
+        let mut a = vec![
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "5",
+        ];
+        a.extend_from_slice(args);
+        let o = world.internet.output("curl", &a).unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert_eq!(code(&["-k", &leases]), "000", "no client certificate");
+    assert_eq!(
+        code(&[
+            "-k",
+            "--cert",
+            cert.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+            &leases
+        ]),
+        "000",
+        "a key the provider does not list ({})",
+        stranger.pin_text()
+    );
+    assert_ne!(
+        code(&[&leases.replace("https://", "http://")]),
+        "200",
+        "plain HTTP"
+    );
+    for (method, path) in [("DELETE", "/v1/leases/x"), ("POST", "/v1/rfps")] {
+        let url = format!("{}{path}", p.url);
+        assert_eq!(code(&["-k", "-X", method, &url]), "000", "{method} {path}");
+    }
+    // The broker's key gets in, from anywhere.
+    let mut mine = vec!["-k".to_string()];
+    mine.extend(b.provider_curl_args().into_iter().filter(|a| a != "-k"));
+    let mut args: Vec<&str> = mine.iter().map(String::as_str).collect();
+    args.push(&leases);
+    assert_eq!(code(&args), "200");
+    // What `provider-pin` prints on the provider machine is the key the broker pinned.
+    let out = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))
+        .args(["provider-pin", "--config"])
+        .arg(&p.config)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        p.pin,
+        "{out:?}"
+    );
+    // A provider machine with no brokers listed refuses to start, saying what to list.
+    let lonely = dir.path().join("lonely.toml");
+    let text = std::fs::read_to_string(&p.config).unwrap();
+    let brokers_line = text
+        .lines()
+        .find(|l| l.starts_with("brokers = "))
+        .unwrap()
+        .to_string();
+    std::fs::write(&lonely, text.replace(&brokers_line, "brokers = []")).unwrap();
+    let out = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))
+        .args(["provider", "--config"])
+        .arg(&lonely)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("local_provider.brokers"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn the_embedded_provider_answers_only_its_owner() {
+    let world = World::new(0).unwrap();
+    let b = Broker::start(&world, BrokerOptions::default()).unwrap();
+    let sock = b.provider_socket();
+    let meta = std::fs::metadata(&sock).unwrap();
+    use std::os::unix::fs::FileTypeExt;
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(mode(sock.parent().unwrap()), 0o700);
+    let as_nobody = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--unix-socket",
+        ])
+        .arg(&sock)
+        .arg("http://local-provider/v1/leases")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&as_nobody.stdout),
+        "000",
+        "another user reached the provider: {as_nobody:?}"
+    );
+    let o = b
+        .host
+        .output(
+            "curl",
+            &[
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--unix-socket",
+                sock.to_str().unwrap(),
+                "http://local-provider/v1/leases",
+            ],
+        )
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "200");
+    let tcp = b
+        .host
+        .output(
+            "curl",
+            &[
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "3",
+                "http://127.0.0.1:7480/v1/leases",
+            ],
+        )
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&tcp.stdout), "000", "no TCP port");
+}
