@@ -282,6 +282,10 @@ pub struct ClusterDefaults {
     pub port_base: u16,
     /// How many ports the range has.
     pub port_count: u16,
+    /// Whether the operator's own clusters (those no DID owns) get the node isolation policy
+    /// on namespace nodes too, as every DID's cluster does (docs/security.md). The upstream
+    /// conformance run turns it off: some of its tests run hostNetwork Pods.
+    pub isolate_operators_clusters: bool,
 }
 
 impl Default for Config {
@@ -398,6 +402,7 @@ impl Default for ClusterDefaults {
             upstream_resolvers: Vec::new(),
             port_base: 16443,
             port_count: 1000,
+            isolate_operators_clusters: true,
         }
     }
 }

@@ -203,6 +203,12 @@ impl MarketClient {
 
     /// Accepts a bid (idempotent by the lease id).
     pub async fn accept(&self, bid_id: &str, a: &Accept) -> Result<Lease, MarketError> {
+        if !socialweb_market::valid_id(bid_id) {
+            return Err(MarketError::Garbage {
+                call: "POST /bids/<id>/accept".into(),
+                reason: "the bid id is not 1-64 of [A-Za-z0-9._-]".into(),
+            });
+        }
         let call = format!("POST /bids/{bid_id}/accept");
         self.call(
             &call,
@@ -312,10 +318,23 @@ impl Market {
             match c.rfp(id).await {
                 Ok(r) => {
                     answered += 1;
-                    out.extend(r.into_iter().flat_map(|r| r.bids).map(|mut bid| {
-                        bid.provider = name.clone();
-                        bid
-                    }));
+                    // A bid's id goes into a URL path: one that is not a protocol id is
+                    // the provider's garbage, not ours to send back.
+                    out.extend(
+                        r.into_iter()
+                            .flat_map(|r| r.bids)
+                            .filter(|b| {
+                                let ok = socialweb_market::valid_id(&b.id);
+                                if !ok {
+                                    tracing::warn!(provider = %name, "a bid with an invalid id was ignored");
+                                }
+                                ok
+                            })
+                            .map(|mut bid| {
+                                bid.provider = name.clone();
+                                bid
+                            }),
+                    );
                 }
                 Err(e) => {
                     tracing::warn!(provider = %name, "{e}");

@@ -62,6 +62,10 @@ pub struct BrokerOptions {
     pub access_toml: String,
     /// More seed image archives every node imports at boot (the conformance suite's images).
     pub extra_seeds: Vec<PathBuf>,
+    /// The broker's open-file limit (soft and hard), when not the harness's own.
+    pub nofile: Option<u64>,
+    /// More lines for the `[clusters]` section.
+    pub clusters_toml: String,
 }
 
 impl Default for BrokerOptions {
@@ -83,6 +87,8 @@ impl Default for BrokerOptions {
             front_toml: String::new(),
             access_toml: "registration = \"open\"\ntenants_trusted = true\n".into(),
             extra_seeds: Vec::new(),
+            nofile: None,
+            clusters_toml: String::new(),
         }
     }
 }
@@ -273,6 +279,17 @@ impl<'w> Broker<'w> {
         );
         if let Some(fp) = failpoints {
             cmd.env("FAILPOINTS", fp);
+        }
+        if let Some(n) = self.opts.nofile.filter(|_| sub == "run") {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+            #[allow(unsafe_code)]
+            unsafe {
+                cmd.pre_exec(move || {
+                    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, n, n)
+                        .map_err(std::io::Error::from)
+                });
+            }
         }
         cmd
     }
@@ -794,6 +811,7 @@ request_timeout = "{timeout}"
 {local}
 [clusters]
 upstream_resolvers = ["{RESOLVER_ADDR}"]
+{clusters}
 
 [front]
 listen = "0.0.0.0:{FRONT_PORT}"
@@ -806,6 +824,7 @@ did_web_nameservers = ["{RESOLVER_ADDR}:53"]
         socket = d.join("broker.sock"),
         front = opts.front_toml,
         access = opts.access_toml,
+        clusters = opts.clusters_toml,
         kube = sw.kube,
         max = opts.max_nodes,
         ppn = opts.pods_per_node,

@@ -215,21 +215,29 @@ pub struct Verified {
     pub exp: i64,
 }
 
-/// Checks everything about `token` but replay (the caller records the nonce): its form, its
-/// claims against `aud` and `method` at `now`, and its signature against the key of its
-/// issuer.
-pub async fn verify(
-    token: &str,
+/// What a token says, its form and claims checked, its signature not yet (that needs the
+/// issuer's key, which costs a DID resolution: nothing is resolved for a token this refuses).
+pub struct Inspected<'a> {
+    untrusted: UntrustedToken<'a>,
+    alg: atrium_crypto::Algorithm,
+    /// The caller's DID (`iss` without a fragment).
+    pub did: String,
+    pub jti: String,
+    pub exp: i64,
+}
+
+/// Checks `token`'s form and its claims against `aud` and `method` at `now`.
+pub fn inspect<'a>(
+    token: &'a str,
     aud: &str,
     method: &str,
-    resolver: &Resolver,
     now: SystemTime,
-) -> Result<Verified, AuthError> {
+) -> Result<Inspected<'a>, AuthError> {
     let untrusted = UntrustedToken::new(token).map_err(|e| AuthError::Malformed(e.to_string()))?;
     let alg = match untrusted.algorithm() {
         "ES256" => atrium_crypto::Algorithm::P256,
         "ES256K" => atrium_crypto::Algorithm::Secp256k1,
-        other => return Err(AuthError::Algorithm(other.to_string())),
+        other => return Err(AuthError::Algorithm(shorten(other))),
     };
     let claims = untrusted
         .deserialize_claims_unchecked::<ServiceClaims>()
@@ -237,14 +245,14 @@ pub async fn verify(
     let c = &claims.custom;
     if c.aud != aud {
         return Err(AuthError::Audience {
-            got: c.aud.clone(),
+            got: shorten(&c.aud),
             want: aud.to_string(),
         });
     }
     let lxm = c.lxm.as_deref().ok_or(AuthError::MissingClaim("lxm"))?;
     if lxm != method {
         return Err(AuthError::Method {
-            got: lxm.to_string(),
+            got: shorten(lxm),
             want: method.to_string(),
         });
     }
@@ -267,31 +275,76 @@ pub async fn verify(
     {
         return Err(AuthError::FromTheFuture(iat));
     }
-    let jti = c.jti.as_deref().ok_or(AuthError::MissingClaim("jti"))?;
+    let jti = c.jti.clone().ok_or(AuthError::MissingClaim("jti"))?;
+    if jti.is_empty() || jti.len() > 128 {
+        return Err(AuthError::Malformed("jti: 1-128 bytes".into()));
+    }
     let did = base(&c.iss).to_string();
-    let check = |k: &Key| {
-        k.alg == alg
-            && Es(alg)
-                .validator::<ServiceClaims>(&k.public)
-                .validate(&untrusted)
+    if did.len() > 512 {
+        return Err(AuthError::Malformed("iss: over 512 bytes".into()));
+    }
+    Ok(Inspected {
+        untrusted,
+        alg,
+        did,
+        jti,
+        exp,
+    })
+}
+
+/// A caller's value, as an error repeats it: at most 100 characters.
+fn shorten(s: &str) -> String {
+    super::did::shown(s)
+}
+
+impl std::fmt::Debug for Inspected<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inspected")
+            .field("did", &self.did)
+            .field("jti", &self.jti)
+            .field("exp", &self.exp)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inspected<'_> {
+    /// Whether `key` signed the token.
+    pub fn signed_by(&self, key: &Key) -> bool {
+        key.alg == self.alg
+            && Es(self.alg)
+                .validator::<ServiceClaims>(&key.public)
+                .validate(&self.untrusted)
                 .is_ok()
-    };
-    let key = resolver.key(&did, false).await.map_err(AuthError::Did)?;
-    if !check(&key) {
+    }
+}
+
+/// Checks everything about `token` but replay (the caller records the nonce): its form, its
+/// claims against `aud` and `method` at `now` ([`inspect`]), and then its signature against
+/// the key of its issuer.
+pub async fn verify(
+    token: &str,
+    aud: &str,
+    method: &str,
+    resolver: &Resolver,
+    now: SystemTime,
+) -> Result<Verified, AuthError> {
+    let t = inspect(token, aud, method, now)?;
+    let key = resolver.key(&t.did, false).await.map_err(AuthError::Did)?;
+    if !t.signed_by(&key) {
         // A kept document may hold a key rotated since; look once more.
-        let fresh = if did.starts_with("did:key:") {
+        let fresh = if t.did.starts_with("did:key:") {
             None
         } else {
-            Some(resolver.key(&did, true).await.map_err(AuthError::Did)?)
+            Some(resolver.key(&t.did, true).await.map_err(AuthError::Did)?)
         };
-        if !fresh.as_ref().is_some_and(check) {
-            return Err(AuthError::Signature(did));
+        if !fresh.as_ref().is_some_and(|k| t.signed_by(k)) {
+            return Err(AuthError::Signature(t.did));
         }
     }
     Ok(Verified {
-        nonce: format!("{did} {jti}"),
-        did,
-        exp,
+        nonce: format!("{} {}", t.did, t.jti),
+        did: t.did,
+        exp: t.exp,
     })
 }
 

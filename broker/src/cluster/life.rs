@@ -47,7 +47,7 @@ impl Clusters {
         )
         .await?;
         let mut extra = vec![crate::access::ACCESS_MANIFEST.to_string()];
-        if self.settings.namespace_nodes {
+        if spec.isolated {
             extra.push(crate::control_plane::NODE_ISOLATION_MANIFEST.to_string());
         }
         Ok(extra)

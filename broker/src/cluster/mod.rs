@@ -44,8 +44,10 @@ pub struct ClusterSettings {
     /// The scale decision's knobs, for every cluster's driver.
     pub knobs: Knobs,
     /// The nodes are network namespaces on their provider's host (`market.isolation`):
-    /// every cluster gets the node isolation policy and no privileged containers.
+    /// every cluster a DID owns gets the node isolation policy and no privileged containers,
+    /// and the operator's own too unless `clusters.isolate_operators_clusters` is false.
     pub namespace_nodes: bool,
+    pub isolate_operators_clusters: bool,
 }
 
 #[derive(Debug)]
@@ -117,6 +119,12 @@ impl Clusters {
         if locks.get(name).is_some_and(|m| Arc::strong_count(m) == 1) {
             locks.remove(name);
         }
+    }
+
+    /// Whether the cluster gets the node isolation policy.
+    fn isolated(&self, c: &socialweb_broker_core::Cluster) -> bool {
+        self.settings.namespace_nodes
+            && (c.owner.is_some() || self.settings.isolate_operators_clusters)
     }
 
     /// The directory of a cluster's record.
@@ -295,7 +303,7 @@ impl Clusters {
             dir: self.dir_of(c),
             kube: self.settings.kube.clone(),
             ports,
-            namespace_nodes: self.settings.namespace_nodes,
+            isolated: self.isolated(c),
         }
     }
 

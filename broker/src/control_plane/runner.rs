@@ -70,9 +70,9 @@ pub struct Spec {
     /// The multicall `kube` binary.
     pub kube: PathBuf,
     pub ports: Ports,
-    /// Its nodes are namespaces on their provider's host: no privileged containers, and
-    /// the node isolation policy (docs/security.md).
-    pub namespace_nodes: bool,
+    /// Its Pods are kept off their nodes' host (namespace nodes): no privileged
+    /// containers, and the node isolation policy (docs/security.md).
+    pub isolated: bool,
 }
 
 /// etcd's TLS: its own CA, its serving and peer certificates, the apiserver's client one.
@@ -273,7 +273,7 @@ impl Spec {
                         egress_selector: Some(self.egress_config()),
                         hardening: Some(super::Hardening {
                             authorization_config: f.authorization_config.clone(),
-                            allow_privileged: !self.namespace_nodes,
+                            allow_privileged: !self.isolated,
                             etcd: super::EtcdClient {
                                 ca: f.etcd.ca.clone(),
                                 cert: f.etcd.apiserver.cert.clone(),

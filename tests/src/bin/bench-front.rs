@@ -12,6 +12,12 @@
 //!
 //! Both clients are the same reqwest build with the same settings (HTTP/2 by ALPN, one
 //! connection pool, no timeouts beyond 10 s per request).
+//!
+//! Then the flood: the broker runs with an open-file limit of `--nofile`, and `--idle`
+//! handshaken TLS connections that send nothing are opened to the front from `--sources`
+//! addresses on the internet, more than that limit allows. The front's answer rate through it
+//! is measured again (rounds of the front side), the connections it took and refused
+//! counted, and how long until it closes the held ones (its idle timeout, `--idle-timeout`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,6 +37,19 @@ struct Args {
     seconds: u64,
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
+    /// Idle TLS connections opened during the flood.
+    #[arg(long, default_value_t = 5000)]
+    idle: usize,
+    /// Source addresses they come from.
+    #[arg(long, default_value_t = 100)]
+    sources: u32,
+    /// The broker's open-file limit (below `--idle`).
+    #[arg(long, default_value_t = 4096)]
+    nofile: u64,
+    /// The front's idle timeout for this run (longer than the flood's rounds, so that the
+    /// connections stay open through them).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    idle_timeout: Duration,
 }
 
 /// CPU time (user + system, ms) a process has used so far, all its threads.
@@ -118,7 +137,17 @@ fn main() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let world = testbed::world::World::new(0)?;
     let host = &world.operator;
-    let b = Broker::start(&world, BrokerOptions::default())?;
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            nofile: Some(args.nofile),
+            front_toml: format!(
+                "idle_timeout = \"{}\"\n",
+                humantime::format_duration(args.idle_timeout)
+            ),
+            ..Default::default()
+        },
+    )?;
     let dir = testbed::tmp::TempDir::new("bench-front")?;
     let key = dir.path().join("user.key");
     let out = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))
@@ -195,15 +224,16 @@ fn main() -> Result<()> {
     // CPU per request: the front's (the broker process), and the apiserver's, per side.
     let cpu = std::sync::Mutex::new(Vec::<(&'static str, f64, f64)>::new());
     let cpu_ref = &cpu;
+    let (direct, front) = (&direct, &front);
     let results = host.run(move || -> Result<Vec<(&'static str, f64, f64)>> {
         let rt = tokio::runtime::Runtime::new()?;
         rt.block_on(async {
             // Warm both (connections, caches).
-            round(&direct, 1, conc).await?;
-            round(&front, 1, conc).await?;
+            round(direct, 1, conc).await?;
+            round(front, 1, conc).await?;
             let mut out = Vec::new();
             for r in 0..rounds {
-                for side in [&direct, &front] {
+                for side in [direct, front] {
                     let (b0, a0) = (cpu_ms(broker_pid)?, cpu_ms(api_pid)?);
                     let (rps, mut lat) = round(side, secs, conc).await?;
                     let n = rps * secs as f64;
@@ -259,5 +289,176 @@ fn main() -> Result<()> {
     );
     println!("ratio_rps_min={r_min:.3}");
     println!("ratio_rps_max={r_max:.3}");
+    flood::run(&world, &b, front, &args, f_rps)?;
     Ok(())
+}
+
+mod flood {
+    //! More idle TLS connections than the broker's open-file limit, from many addresses.
+
+    use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+    use std::sync::Arc;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use anyhow::{Context, Result};
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrIn, bind, connect, socket};
+
+    use super::{Args, Side, median, round};
+
+    /// The flood's source addresses: 198.18.0.0/15, the benchmarking range.
+    fn source(i: u32) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 1)) + i)
+    }
+
+    /// A TCP connection from `from` to `to`, handshaken as a TLS client; `None` when refused.
+    fn tls(
+        cfg: &Arc<rustls::ClientConfig>,
+        from: Ipv4Addr,
+        to: SocketAddrV4,
+    ) -> Option<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .ok()?;
+        bind(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &SockaddrIn::from(SocketAddrV4::new(from, 0)),
+        )
+        .ok()?;
+        connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(to)).ok()?;
+        let tcp = TcpStream::from(fd);
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        let conn = rustls::ClientConnection::new(
+            cfg.clone(),
+            rustls::pki_types::ServerName::IpAddress((*to.ip()).into()),
+        )
+        .ok()?;
+        let mut s = rustls::StreamOwned::new(conn, tcp);
+        while s.conn.is_handshaking() {
+            s.conn.complete_io(&mut s.sock).ok()?;
+        }
+        // HTTP/2's client preface and an empty SETTINGS frame, then nothing: a connection
+        // that is up and idle (HTTP/1.1 would be closed at the header-read timeout first).
+        std::io::Write::write_all(
+            &mut s,
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0",
+        )
+        .ok()?;
+        std::io::Write::flush(&mut s).ok()?;
+        Some(s)
+    }
+
+    fn open_files(pid: u32) -> usize {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    pub fn run(
+        world: &testbed::world::World,
+        b: &testbed::broker::Broker<'_>,
+        front: &Side,
+        args: &Args,
+        before_rps: f64,
+    ) -> Result<()> {
+        // The bench holds every connection itself.
+        let _ = nix::sys::resource::setrlimit(
+            nix::sys::resource::Resource::RLIMIT_NOFILE,
+            65536,
+            65536,
+        );
+        for i in 0..args.sources {
+            testbed::link::addr(&world.internet, "lo", &format!("{}/32", source(i)))?;
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        for c in socialweb_wire::ca::certificates(&std::fs::read(b.front_ca())?)
+            .map_err(anyhow::Error::msg)?
+        {
+            roots.add(rustls::pki_types::CertificateDer::from(c.der))?;
+        }
+        let mut cfg = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        let cfg = Arc::new(cfg);
+        let to: SocketAddr = b.front_url().trim_start_matches("https://").parse()?;
+        let SocketAddr::V4(to) = to else {
+            anyhow::bail!("the front is not IPv4")
+        };
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let ns = std::fs::File::open(world.internet.path())?;
+        let (idle, sources) = (args.idle, args.sources);
+        let flooder = std::thread::spawn(move || -> Result<Vec<f64>> {
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+            let t = Instant::now();
+            let held: Vec<_> = (0..idle)
+                .filter_map(|i| tls(&cfg, source(i as u32 % sources), to))
+                .collect();
+            let _ = ready_tx.send((held.len(), t.elapsed()));
+            let _ = done_rx.recv();
+            drop(held);
+            // Fresh connections left idle: how long from each one's handshake until the front
+            // closes it (a read sees EOF).
+            let fresh: Vec<_> = (0..20)
+                .filter_map(|i| tls(&cfg, source(i), to).map(|s| (Instant::now(), s)))
+                .collect();
+            let mut closed = Vec::new();
+            for (opened, mut s) in fresh {
+                s.sock.set_read_timeout(Some(Duration::from_secs(600)))?;
+                let mut buf = [0u8; 64];
+                loop {
+                    match std::io::Read::read(&mut s, &mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                }
+                closed.push(opened.elapsed().as_secs_f64());
+            }
+            Ok(closed)
+        });
+        let (held, took) = ready_rx.recv().context("the flood thread")?;
+        let fds = open_files(b.broker_pid());
+        eprintln!(
+            "flood: {held} of {} connections held ({:?}), broker has {fds} files open",
+            args.idle, took
+        );
+        let rps: Vec<f64> = b.host.run(|| -> Result<Vec<f64>> {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(async {
+                let mut v = Vec::new();
+                for _ in 0..args.rounds {
+                    v.push(round(front, args.seconds, args.concurrency).await?.0);
+                }
+                Ok(v)
+            })
+        })??;
+        let _ = done_tx.send(());
+        let closed = flooder
+            .join()
+            .map_err(|_| anyhow::anyhow!("the flood thread panicked"))??;
+        let (during, lo, hi) = median(rps);
+        println!("flood_idle_connections_tried={}", args.idle);
+        println!("flood_sources={}", args.sources);
+        println!("broker_nofile_limit={}", args.nofile);
+        println!("flood_connections_held={held}");
+        println!("flood_connections_refused={}", args.idle - held);
+        println!("broker_open_files_during_flood={fds}");
+        println!("front_rps_during_flood={during:.0}");
+        println!("front_rps_during_flood_min={lo:.0}");
+        println!("front_rps_during_flood_max={hi:.0}");
+        println!(
+            "ratio_rps_during_flood_vs_before={:.3}",
+            during / before_rps
+        );
+        let (close, close_lo, close_hi) = median(closed);
+        println!("idle_timeout_s={}", args.idle_timeout.as_secs());
+        println!("idle_connection_closed_after_s={close:.1}");
+        println!("idle_connection_closed_after_s_range={close_lo:.1}..{close_hi:.1}");
+        Ok(())
+    }
 }

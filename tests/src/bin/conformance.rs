@@ -261,6 +261,9 @@ fn main() -> Result<()> {
             providers: 2,
             // The nodes spread over both providers.
             provider_capacity: n.div_ceil(2),
+            // The operator's own cluster: some of the suite's tests run hostNetwork Pods,
+            // which the node isolation policy (docs/security.md) refuses on DIDs' clusters.
+            clusters_toml: "isolate_operators_clusters = false\n".into(),
             ..Default::default()
         },
     )?;
