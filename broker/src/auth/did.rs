@@ -46,9 +46,20 @@ fn dns_name(host: &str) -> bool {
                 && !l.starts_with('-')
                 && !l.ends_with('-')
         })
-        && !labels
-            .last()
-            .is_some_and(|t| t.bytes().all(|b| b.is_ascii_digit()))
+        && !labels.last().is_some_and(|t| ends_in_a_number(t))
+}
+
+/// Whether a URL parser reads a host whose last label is `label` as an IPv4 address (the
+/// WHATWG URL standard's "ends in a number": decimal, or `0x` and hex digits), so that
+/// `127.0.0.0x1` is refused as the address it is.
+fn ends_in_a_number(label: &str) -> bool {
+    let hex = label
+        .strip_prefix("0x")
+        .or_else(|| label.strip_prefix("0X"));
+    match hex {
+        Some(h) => h.bytes().all(|b| b.is_ascii_hexdigit()),
+        None => label.bytes().all(|b| b.is_ascii_digit()),
+    }
 }
 
 /// Where a `did:web`'s document is: `did:web:host%3Aport:a:b` is
@@ -107,7 +118,13 @@ pub fn did_web_url(did: &str) -> Result<url::Url, String> {
     } else {
         format!("https://{authority}/{}/did.json", path.join("/"))
     };
-    url::Url::parse(&u).map_err(|_| bad("not a URL"))
+    let u = url::Url::parse(&u).map_err(|_| bad("not a URL"))?;
+    // The parser is the judge of what the host is: a name here, whatever the checks above
+    // missed, or nothing is fetched.
+    match u.host() {
+        Some(url::Host::Domain(_)) => Ok(u),
+        _ => Err(bad("the host must be a DNS name, not an address")),
+    }
 }
 
 /// Whether `did` is a `did:plc`: 24 of a-z and 2-7.
@@ -387,6 +404,9 @@ mod tests {
             "did:web:127.0.0.1%3A8443",
             "did:web:2130706433",
             "did:web:0x7f.1",
+            "did:web:127.0.0.0x1",
+            "did:web:60.000.0X00d00",
+            "did:web:a.0x",
             "did:web:[::1]",
             "did:web:%5B%3A%3A1%5D",
             "did:web:localhost",

@@ -39,8 +39,10 @@ struct Args {
     /// Operations of each kind per round and side.
     #[arg(long, default_value_t = 20)]
     per_round: usize,
-    /// MiB of log the log Pod writes.
-    #[arg(long, default_value_t = 16)]
+    /// MiB of log the log Pod writes. At most 8: the kubelet rotates a container's log at
+    /// 10 MiB (its default containerLogMaxSize, with the CRI's prefix on every line), and
+    /// `kubectl logs` reads only the current file.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=8))]
     log_mib: u32,
     /// Fresh nodes for the Running-to-first-answer gap.
     #[arg(long, default_value_t = 3)]
