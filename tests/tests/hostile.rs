@@ -606,7 +606,7 @@ fn the_front_bounds_every_connection() {
     let b = Broker::start(
         &world,
         BrokerOptions {
-            front_toml: "max_connections_per_source = 4\nhandshake_timeout = \"2s\"\nheader_read_timeout = \"2s\"\nidle_timeout = \"3s\"\n".into(),
+            front_toml: "max_connections = 4\nmax_connections_per_source = 4\nhandshake_timeout = \"2s\"\nheader_read_timeout = \"2s\"\nidle_timeout = \"3s\"\n".into(),
             ..Default::default()
         },
     )
@@ -643,9 +643,10 @@ fn the_front_bounds_every_connection() {
     assert_eq!(&first, b"HTTP/1.1 200");
     assert!(closed_after(idle) < Duration::from_secs(30));
 
-    // One address holds at most four connections; the fifth is closed before its handshake,
-    // and another address is served meanwhile.
-    let held: Vec<_> = (0..4).map(|_| handshaken(&b, &world.internet)).collect();
+    // One address holds at most four connections; the fifth is closed before its handshake.
+    // The four fill the front (max_connections = 4), idle: another address that sends a
+    // request is served in the place of the one idle longest, which is closed.
+    let mut held: Vec<_> = (0..4).map(|_| handshaken(&b, &world.internet)).collect();
     let fifth = world
         .internet
         .run(|| TcpStream::connect(addr))
@@ -677,8 +678,22 @@ fn the_front_bounds_every_connection() {
     assert_eq!(
         String::from_utf8_lossy(&o.stdout),
         "200",
-        "another address is served"
+        "another address is served at max_connections"
     );
+    let shed = held
+        .iter_mut()
+        .map(|s| {
+            s.sock
+                .set_read_timeout(Some(Duration::from_millis(500)))
+                .unwrap();
+            !matches!(
+                s.read(&mut probe),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+            )
+        })
+        .filter(|closed| *closed)
+        .count();
+    assert_eq!(shed, 1, "one idle connection made room, the others held");
     drop(held);
 }
 

@@ -1,8 +1,10 @@
 //! The front's listener: it faces the internet, so every connection is bounded (docs/security.md).
 //!
-//! - At most `max_connections` at once, and `max_per_source` from one address: beyond them a
-//!   new connection is closed at once, before its handshake; the cap stays under the
-//!   process's file-descriptor limit, so a flood cannot take the daemon down.
+//! - At most `max_connections` at once, and `max_per_source` from one address. Beyond the
+//!   per-source cap a new connection is closed at once, before its handshake; at the global
+//!   cap it takes the place of the connection idle longest, and is refused only when every
+//!   connection has a request in flight. The cap stays under the process's file-descriptor
+//!   limit, so a flood cannot take the daemon down, nor shut out a client that works.
 //! - The TLS handshake within `handshake_timeout`; then each request's headers within
 //!   `header_read_timeout` (HTTP/1.1: also the wait for the next request on a kept-alive
 //!   connection); an HTTP/2 connection with no request in flight for `idle_timeout` is closed,
@@ -59,54 +61,112 @@ impl Limits {
     }
 }
 
-/// Connections open now, in all and by source address.
+/// Connections open now, in all and by source address, each with its activity, so that a
+/// connection arriving at `max_connections` can take the place of the one idle longest.
 #[derive(Debug, Default)]
 pub struct Counts {
-    total: AtomicUsize,
-    by_source: Mutex<HashMap<IpAddr, usize>>,
+    inner: Mutex<Open>,
 }
 
-/// One connection's place in [`Counts`], given back when dropped.
+#[derive(Debug, Default)]
+struct Open {
+    next: u64,
+    by_source: HashMap<IpAddr, usize>,
+    conns: HashMap<u64, Held>,
+}
+
+#[derive(Debug)]
+struct Held {
+    source: IpAddr,
+    activity: Arc<Activity>,
+    shed: CancellationToken,
+}
+
+impl Open {
+    /// Gives back connection `id`'s place; false if it was given back already (shed).
+    fn remove(&mut self, id: u64) -> bool {
+        let Some(h) = self.conns.remove(&id) else {
+            return false;
+        };
+        if let Some(n) = self.by_source.get_mut(&h.source) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_source.remove(&h.source);
+            }
+        }
+        true
+    }
+
+    /// The connection with no request in flight for longest, if any is idle.
+    fn idlest(&self) -> Option<u64> {
+        self.conns
+            .iter()
+            .filter_map(|(id, h)| h.activity.idle_for().map(|d| (d, *id)))
+            .max()
+            .map(|(_, id)| id)
+    }
+}
+
+/// One connection's place in [`Counts`], given back when dropped: its activity, and the
+/// signal that it was shed to make room.
 #[derive(Debug)]
 pub struct Slot {
     counts: Arc<Counts>,
-    source: IpAddr,
+    id: u64,
+    pub activity: Arc<Activity>,
+    pub shed: CancellationToken,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.counts.total.fetch_sub(1, Ordering::Relaxed);
-        let mut m = self.counts.by_source.lock().expect("lock");
-        if let Some(n) = m.get_mut(&self.source) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.source);
-            }
-        }
+        self.counts.inner.lock().expect("lock").remove(self.id);
     }
 }
 
 impl Counts {
-    /// A slot for a connection from `source`, or why there is none.
+    /// A slot for a connection from `source`, or why there is none. At `max_connections`
+    /// the connection idle longest (handshaking, or no request in flight) is shed for it:
+    /// a flood of idle connections, from however many addresses, cannot shut out a client
+    /// that sends requests. Only when every connection is busy is the new one refused.
     pub fn admit(self: &Arc<Self>, source: IpAddr, l: &Limits) -> Result<Slot, &'static str> {
-        let mut m = self.by_source.lock().expect("lock");
-        if self.total.load(Ordering::Relaxed) >= l.max_connections {
-            return Err("the front is at max_connections");
-        }
-        let n = m.entry(source).or_insert(0);
-        if *n >= l.max_per_source {
+        let mut open = self.inner.lock().expect("lock");
+        if open.by_source.get(&source).copied().unwrap_or(0) >= l.max_per_source {
             return Err("this address is at max_connections_per_source");
         }
-        *n += 1;
-        self.total.fetch_add(1, Ordering::Relaxed);
+        if open.conns.len() >= l.max_connections {
+            let Some(id) = open.idlest() else {
+                return Err("the front is at max_connections, every connection busy");
+            };
+            if let Some(h) = open.conns.get(&id) {
+                h.shed.cancel();
+            }
+            open.remove(id);
+        }
+        let (id, activity, shed) = (
+            open.next,
+            Arc::new(Activity::default()),
+            CancellationToken::new(),
+        );
+        open.next += 1;
+        *open.by_source.entry(source).or_insert(0) += 1;
+        open.conns.insert(
+            id,
+            Held {
+                source,
+                activity: activity.clone(),
+                shed: shed.clone(),
+            },
+        );
         Ok(Slot {
             counts: self.clone(),
-            source,
+            id,
+            activity,
+            shed,
         })
     }
 
     pub fn total(&self) -> usize {
-        self.total.load(Ordering::Relaxed)
+        self.inner.lock().expect("lock").conns.len()
     }
 }
 
@@ -287,14 +347,40 @@ mod tests {
             c.admit(a, &l).unwrap_err(),
             "this address is at max_connections_per_source"
         );
-        let _b1 = c.admit(b, &l).unwrap();
-        assert_eq!(
-            c.admit(b, &l).unwrap_err(),
-            "the front is at max_connections"
-        );
+        let b1 = c.admit(b, &l).unwrap();
         drop(a1);
         assert_eq!(c.total(), 2);
         assert!(c.admit(b, &l).is_ok(), "a freed slot is free again");
+        drop(b1);
+    }
+
+    #[test]
+    fn at_the_cap_the_connection_idle_longest_makes_room_and_busy_ones_stay() {
+        let c = Arc::new(Counts::default());
+        let src = |i: u8| IpAddr::from([192, 0, 2, i]);
+        let l = limits();
+        let oldest = c.admit(src(1), &l).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let busy = c.admit(src(2), &l).unwrap();
+        let _request = busy.activity.start();
+        let newer = c.admit(src(3), &l).unwrap();
+        let fourth = c.admit(src(4), &l).unwrap();
+        assert!(oldest.shed.is_cancelled(), "the idlest was shed");
+        assert!(!busy.shed.is_cancelled() && !newer.shed.is_cancelled());
+        assert_eq!(c.total(), 3);
+        drop(oldest);
+        assert_eq!(c.total(), 3, "a shed slot is given back once");
+        let _fifth = c.admit(src(5), &l).unwrap();
+        assert!(newer.shed.is_cancelled());
+        let _request4 = fourth.activity.start();
+        // Left: busy, fourth (both with a request in flight) and the fifth, idle.
+        let sixth = c.admit(src(6), &l).unwrap();
+        let _request6 = sixth.activity.start();
+        assert_eq!(
+            c.admit(src(7), &l).unwrap_err(),
+            "the front is at max_connections, every connection busy",
+            "the sixth took the fifth's place, and no idle one is left"
+        );
     }
 
     #[test]

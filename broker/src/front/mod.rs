@@ -161,7 +161,7 @@ async fn connection(
         leaf,
         admitted: Mutex::new(None),
         on_admit: tokio::sync::Notify::new(),
-        activity: Arc::new(listener::Activity::default()),
+        activity: slot.activity.clone(),
         cut: CancellationToken::new(),
         tunnels: tokio_util::task::TaskTracker::new(),
     });
@@ -187,6 +187,10 @@ async fn connection(
         }
         _ = listener::idle(&conn.activity, &limits), if conn.tunnels.is_empty() => {
             debug!(%peer, "connection closed: idle for {:?}", limits.idle_timeout);
+            return;
+        }
+        _ = slot.shed.cancelled() => {
+            debug!(%peer, "connection closed: idle longest when the front was full");
             return;
         }
         _ = stop.cancelled() => { conn.cut.cancel(); return; }
@@ -343,5 +347,5 @@ async fn handle(
             ),
         );
     };
-    proxy::forward(up, req, &tail, &who.did, &conn.tunnels, conn.cut.clone()).await
+    proxy::forward(up, req, &tail, &who.did, conn).await
 }

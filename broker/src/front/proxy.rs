@@ -18,7 +18,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::CertificateDer;
-use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::access::OWNERS_GROUP;
@@ -181,16 +180,18 @@ fn outbound(
     Ok(out)
 }
 
-/// Joins the two upgraded sides into a byte tunnel in `tunnels`, until either closes or
-/// `cut`; answers the client's Upgrade with the apiserver's headers.
+/// Joins the two upgraded sides into a byte tunnel in the connection's tunnels, until either
+/// closes or the connection is cut; answers the client's Upgrade with the apiserver's
+/// headers. A tunnel counts as a request in flight: its connection is never idle.
 fn tunnel(
     mut resp: Response<hyper::body::Incoming>,
     client_side: hyper::upgrade::OnUpgrade,
-    tunnels: &tokio_util::task::TaskTracker,
-    cut: CancellationToken,
+    conn: &super::Conn,
 ) -> Response<Body> {
     let server_side = hyper::upgrade::on(&mut resp);
-    tunnels.spawn(async move {
+    let (cut, busy) = (conn.cut.clone(), conn.activity.start());
+    conn.tunnels.spawn(async move {
+        let _busy = busy;
         let (c, s) = tokio::join!(client_side, server_side);
         let (Ok(c), Ok(s)) = (c, s) else {
             debug!("an upgrade did not complete on one side");
@@ -212,14 +213,13 @@ fn tunnel(
 }
 
 /// Forwards `req` (whose apiserver path is `tail`) to `up` as `did`; an upgraded stream
-/// runs in `tunnels` until either side closes or `cut`.
-pub async fn forward(
+/// runs in `conn`'s tunnels until either side closes or the connection is cut.
+pub(super) async fn forward(
     up: &Upstream,
     mut req: Request<hyper::body::Incoming>,
     tail: &str,
     did: &str,
-    tunnels: &tokio_util::task::TaskTracker,
-    cut: CancellationToken,
+    conn: &super::Conn,
 ) -> Response<Body> {
     let upgrade = is_upgrade(req.headers());
     let out = match outbound(up, &req, tail, did, upgrade.as_ref()) {
@@ -254,7 +254,7 @@ pub async fn forward(
             .and_then(|u| u.to_str().ok())
             .unwrap_or("?");
         tracing::info!(did, "upgrade to {protocol} through the front");
-        return tunnel(resp, client_side, tunnels, cut);
+        return tunnel(resp, client_side, conn);
     }
     let (mut parts, body) = resp.into_parts();
     let names: Vec<HeaderName> = parts.headers.keys().cloned().collect();

@@ -16,8 +16,10 @@
 //! Then the flood: the broker runs with an open-file limit of `--nofile`, and `--idle`
 //! handshaken TLS connections that send nothing are opened to the front from `--sources`
 //! addresses on the internet, more than that limit allows. The front's answer rate through it
-//! is measured again (rounds of the front side), the connections it took and refused
-//! counted, and how long until it closes the held ones (its idle timeout, `--idle-timeout`).
+//! is measured again (rounds of the front side), the connections it holds counted (at its
+//! cap, each new one takes the place of the one idle longest), and how long until it closes
+//! an idle one (its idle timeout, `--idle-timeout`, or the HTTP/2 keep-alive first: a ping
+//! every 30 s, 20 s for the answer, which the flood never gives).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -352,6 +354,20 @@ mod flood {
         Some(s)
     }
 
+    /// Connections the front holds now: established TCP on its port, in the host namespace.
+    fn established(b: &testbed::broker::Broker<'_>, port: u16) -> Result<usize> {
+        let o = b.host.output(
+            "ss",
+            &[
+                "-Htn",
+                "state",
+                "established",
+                &format!("( sport = :{port} )"),
+            ],
+        )?;
+        Ok(String::from_utf8_lossy(&o.stdout).lines().count())
+    }
+
     fn open_files(pid: u32) -> usize {
         std::fs::read_dir(format!("/proc/{pid}/fd"))
             .map(|d| d.count())
@@ -421,10 +437,12 @@ mod flood {
             }
             Ok(closed)
         });
-        let (held, took) = ready_rx.recv().context("the flood thread")?;
+        let (handshaken, took) = ready_rx.recv().context("the flood thread")?;
         let fds = open_files(b.broker_pid());
+        let open = established(b, to.port())?;
         eprintln!(
-            "flood: {held} of {} connections held ({:?}), broker has {fds} files open",
+            "flood: {handshaken} of {} connections handshaken ({:?}), {open} open at the front, \
+             broker has {fds} files open",
             args.idle, took
         );
         let rps: Vec<f64> = b.host.run(|| -> Result<Vec<f64>> {
@@ -445,8 +463,12 @@ mod flood {
         println!("flood_idle_connections_tried={}", args.idle);
         println!("flood_sources={}", args.sources);
         println!("broker_nofile_limit={}", args.nofile);
-        println!("flood_connections_held={held}");
-        println!("flood_connections_refused={}", args.idle - held);
+        println!("flood_connections_handshaken={handshaken}");
+        println!("flood_connections_open_at_front={open}");
+        println!(
+            "flood_connections_shed_or_refused={}",
+            args.idle.saturating_sub(open)
+        );
         println!("broker_open_files_during_flood={fds}");
         println!("front_rps_during_flood={during:.0}");
         println!("front_rps_during_flood_min={lo:.0}");
