@@ -507,9 +507,17 @@ async fn tunnel_up(s: &Arc<Shared>, mesh: &Mesh) {
     let t = s
         .steps
         .until_done("tunnel", retry(), || async {
-            let listen = api_listen_addr(&id.server_url)?;
-            if let std::net::IpAddr::V4(ip) = listen.ip() {
-                crate::dns::bind::ensure(&mesh::routes::handle().await?, ip).await?;
+            let node_local = api_listen_addr(&id.server_url)?;
+            // The `kubernetes` Service's endpoint, on the same port (the apiserver's).
+            let endpoint = SocketAddr::new(
+                socialweb_wire::tunnel::KUBERNETES_ENDPOINT_ADDR.into(),
+                node_local.port(),
+            );
+            let listen = vec![node_local, endpoint];
+            for a in &listen {
+                if let std::net::IpAddr::V4(ip) = a.ip() {
+                    crate::dns::bind::ensure(&mesh::routes::handle().await?, ip).await?;
+                }
             }
             let node_ip = id
                 .node_ip
@@ -537,7 +545,7 @@ async fn tunnel_up(s: &Arc<Shared>, mesh: &Mesh) {
             Ok((
                 t,
                 Some(format!(
-                    "the apiserver on {listen} through the broker, {}",
+                    "the apiserver on {node_local} and {endpoint} through the broker, {}",
                     st.path
                 )),
             ))

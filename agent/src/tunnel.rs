@@ -3,7 +3,8 @@
 //! runs, and every TCP connection either side needs carried as one stream on it.
 //!
 //! - The apiserver, node-local: the agent listens on `server_url`'s address (169.254.20.11 on
-//!   the node, and the `kubernetes` Service's endpoint), and each connection the kubelet,
+//!   the node) and on the `kubernetes` Service's endpoint (100.100.20.11: Endpoints refuse
+//!   link-local addresses), and each connection the kubelet,
 //!   kube-proxy, the agent itself or a Pod opens there becomes an `api` stream to the broker,
 //!   which connects it to this cluster's apiserver. TLS stays end to end.
 //! - The apiserver's `cluster` egress: the broker opens `connect <ip>:<port>` streams (logs,
@@ -45,8 +46,9 @@ const WAIT_FOR_TUNNEL: Duration = Duration::from_secs(10);
 pub struct TunnelConfig {
     pub broker: BrokerEndpoint,
     pub relay_url: Url,
-    /// Where the apiserver is offered on the node (`server_url`'s address).
-    pub listen: SocketAddr,
+    /// Where the apiserver is offered on the node: `server_url`'s address, and the
+    /// `kubernetes` Service's endpoint (both must be on the node already).
+    pub listen: Vec<SocketAddr>,
     /// This node's address; the service CIDR (the pod CIDR comes later, with the Node).
     pub node_ip: std::net::IpAddr,
     pub service_cidr: IpNet,
@@ -94,9 +96,14 @@ impl Tunnel {
     /// Binds the local apiserver listener (its address must be on the node already) and
     /// starts keeping the connection to the broker up, on the mesh's `endpoint`.
     pub async fn start(endpoint: Endpoint, cfg: TunnelConfig) -> Result<Tunnel> {
-        let listener = TcpListener::bind(cfg.listen)
-            .await
-            .with_context(|| format!("listening on {} for the apiserver", cfg.listen))?;
+        let mut listeners = Vec::new();
+        for a in &cfg.listen {
+            listeners.push(
+                TcpListener::bind(a)
+                    .await
+                    .with_context(|| format!("listening on {a} for the apiserver"))?,
+            );
+        }
         let broker = EndpointId::from_bytes(&cfg.broker.endpoint)
             .context("the identity's broker.endpoint is not an endpoint id")?;
         let t = Tunnel {
@@ -116,7 +123,9 @@ impl Tunnel {
             }),
         };
         tokio::spawn(t.clone().keep_connected());
-        tokio::spawn(t.clone().serve_local(listener));
+        for l in listeners {
+            tokio::spawn(t.clone().serve_local(l));
+        }
         Ok(t)
     }
 
@@ -148,7 +157,13 @@ impl Tunnel {
         let conn = i.conn.load_full();
         TunnelStatus {
             broker: i.broker.to_string(),
-            listen: i.cfg.listen.to_string(),
+            listen: i
+                .cfg
+                .listen
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
             connected: conn.is_some(),
             path: conn
                 .as_ref()
@@ -288,7 +303,7 @@ impl Tunnel {
                 r = listener.accept() => match r {
                     Ok((tcp, _)) => tcp,
                     Err(e) => {
-                        warn!("accepting on {}: {e}", self.inner.cfg.listen);
+                        warn!("accepting for the apiserver: {e}");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }

@@ -270,6 +270,30 @@ fn nodes_of_two_providers_behind_nat_join_and_serve_through_the_brokers_endpoint
         "pod to pod across providers by IP (first packet) and by Service name",
     );
 
+    // In-cluster clients: `kubernetes.default` has an endpoint (Endpoints refuse a
+    // link-local one) and reaches the apiserver through the node's tunnel, the Pod's own
+    // service account token and CA verifying it.
+    let sa = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let o = u.exec(
+        &b,
+        "web-2",
+        &[
+            "probe",
+            "get",
+            "--ca",
+            &format!("{sa}/ca.crt"),
+            "--bearer-file",
+            &format!("{sa}/token"),
+            "https://kubernetes.default.svc/version",
+        ],
+    );
+    assert!(
+        o.status.success() && text(&o).contains("gitVersion"),
+        "the apiserver from a Pod at kubernetes.default: {}",
+        text(&o)
+    );
+    step(t, "a Pod reaches its apiserver at kubernetes.default");
+
     // The mesh says how each pair is connected.
     for node in [node_of("web-1"), node_of("web-2")] {
         let st: Value =

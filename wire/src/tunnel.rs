@@ -24,9 +24,15 @@ pub const ALPN: &[u8] = b"socialweb/tunnel/1";
 /// The longest header or reply line, newline included.
 pub const MAX_LINE: usize = 256;
 
-/// The node-local address the agent serves the apiserver on (and the apiserver advertises:
-/// the `kubernetes` Service's endpoint), beside node-local DNS at 169.254.20.10.
+/// The node-local address the agent serves the apiserver on to the node (the kubelet,
+/// kube-proxy, the agent), beside node-local DNS at 169.254.20.10.
 pub const NODE_LOCAL_API_ADDR: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 20, 11);
+
+/// The `kubernetes` Service's endpoint, which the agent serves the apiserver on as well:
+/// Endpoints and EndpointSlices refuse link-local (and loopback) addresses, so the apiserver
+/// cannot advertise [`NODE_LOCAL_API_ADDR`]. An address of the shared range (RFC 6598) that
+/// no node routes elsewhere, node-local on every node, as Tailscale's 100.100.100.100 is.
+pub const KUBERNETES_ENDPOINT_ADDR: std::net::Ipv4Addr = std::net::Ipv4Addr::new(100, 100, 20, 11);
 
 /// The kubelet's port, which the apiserver reaches for logs, exec, attach and port-forward.
 pub const KUBELET_PORT: u16 = 10250;

@@ -183,6 +183,7 @@ pub fn serving_names(bind: IpAddr) -> Vec<String> {
     let mut names = vec![
         bind.to_string(),
         socialweb_wire::tunnel::NODE_LOCAL_API_ADDR.to_string(),
+        socialweb_wire::tunnel::KUBERNETES_ENDPOINT_ADDR.to_string(),
         "127.0.0.1".into(),
         "10.43.0.1".into(),
         "localhost".into(),
@@ -355,7 +356,7 @@ mod tests {
                 bind: "127.0.0.1".parse().unwrap(),
                 port: 6443,
                 etcd_url: "http://127.0.0.1:2379".into(),
-                advertise: Some("169.254.20.11".parse().unwrap()),
+                advertise: Some("100.100.20.11".parse().unwrap()),
                 egress_selector: Some("/run/egress.yaml".into()),
                 hardening: None,
             },
@@ -370,7 +371,7 @@ mod tests {
             &a,
             "--requestheader-client-ca-file=/pki/front-proxy/ca.crt"
         ));
-        assert!(has(&a, "--advertise-address=169.254.20.11"));
+        assert!(has(&a, "--advertise-address=100.100.20.11"));
         assert!(!has(&a, "--advertise-address=127.0.0.1"));
         assert!(has(&a, "--egress-selector-config-file=/run/egress.yaml"));
         assert!(has(&a, "--enable-aggregator-routing=true"));

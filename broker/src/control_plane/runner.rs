@@ -269,7 +269,9 @@ impl Spec {
                         bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
                         port: self.ports.api,
                         etcd_url: format!("https://127.0.0.1:{}", self.ports.etcd_client),
-                        advertise: Some(IpAddr::V4(socialweb_wire::tunnel::NODE_LOCAL_API_ADDR)),
+                        advertise: Some(IpAddr::V4(
+                            socialweb_wire::tunnel::KUBERNETES_ENDPOINT_ADDR,
+                        )),
                         egress_selector: Some(self.egress_config()),
                         hardening: Some(super::Hardening {
                             authorization_config: f.authorization_config.clone(),
