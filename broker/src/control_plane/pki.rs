@@ -177,14 +177,7 @@ impl Pki {
     /// A serving certificate for the given names and addresses; kept if it exists.
     pub fn server(&self, name: &str, sans: &[String]) -> Result<Pair> {
         self.ensure(name, || {
-            let mut p = CertificateParams::new(sans.to_vec())?;
-            p.distinguished_name.push(DnType::CommonName, name);
-            p.key_usages = vec![
-                KeyUsagePurpose::DigitalSignature,
-                KeyUsagePurpose::KeyEncipherment,
-            ];
-            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-            Ok(p)
+            serving(name, sans, vec![ExtendedKeyUsagePurpose::ServerAuth])
         })
     }
 
@@ -192,17 +185,14 @@ impl Pki {
     /// where a member is both); kept if it exists.
     pub fn peer(&self, name: &str, sans: &[String]) -> Result<Pair> {
         self.ensure(name, || {
-            let mut p = CertificateParams::new(sans.to_vec())?;
-            p.distinguished_name.push(DnType::CommonName, name);
-            p.key_usages = vec![
-                KeyUsagePurpose::DigitalSignature,
-                KeyUsagePurpose::KeyEncipherment,
-            ];
-            p.extended_key_usages = vec![
-                ExtendedKeyUsagePurpose::ServerAuth,
-                ExtendedKeyUsagePurpose::ClientAuth,
-            ];
-            Ok(p)
+            serving(
+                name,
+                sans,
+                vec![
+                    ExtendedKeyUsagePurpose::ServerAuth,
+                    ExtendedKeyUsagePurpose::ClientAuth,
+                ],
+            )
         })
     }
 
@@ -237,6 +227,22 @@ impl Pki {
         write_private(&path, serde_json::to_string_pretty(&kc)?.as_bytes(), 0o600)?;
         Ok(path)
     }
+}
+
+/// The params of a certificate for `sans` named `name`, with the extended usages `ext`.
+fn serving(
+    name: &str,
+    sans: &[String],
+    ext: Vec<ExtendedKeyUsagePurpose>,
+) -> Result<CertificateParams> {
+    let mut p = CertificateParams::new(sans.to_vec())?;
+    p.distinguished_name.push(DnType::CommonName, name);
+    p.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    p.extended_key_usages = ext;
+    Ok(p)
 }
 
 #[cfg(test)]

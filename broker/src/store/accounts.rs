@@ -60,6 +60,19 @@ fn invite_of(r: &AnyRow) -> Result<Invite> {
 }
 
 /// Takes one from `owner`'s count and the users' count, in a deletion's transaction.
+/// `did`'s account row, made at `t` (in milliseconds) if it has none.
+async fn ensure_account(tx: &mut Transaction<'static, Any>, did: &str, t: i64) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO accounts (did, clusters, created_at) VALUES ($1, 0, $2) \
+         ON CONFLICT (did) DO NOTHING",
+    )
+    .bind(did)
+    .bind(t)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 pub(super) async fn uncount(tx: &mut Transaction<'static, Any>, cluster: &str) -> Result<()> {
     let owner: Option<String> = sqlx::query("SELECT owner FROM clusters WHERE name = $1")
         .bind(cluster)
@@ -90,14 +103,7 @@ impl Store {
                 .limits
                 .map(|(p, t)| (i64::from(p), i64::from(t)))
                 .unwrap_or((i64::MAX, i64::MAX));
-            sqlx::query(
-                "INSERT INTO accounts (did, clusters, created_at) VALUES ($1, 0, $2) \
-                 ON CONFLICT (did) DO NOTHING",
-            )
-            .bind(owner)
-            .bind(t)
-            .execute(&mut *tx)
-            .await?;
+            ensure_account(&mut tx, owner, t).await?;
             let r = sqlx::query(
                 "UPDATE accounts SET clusters = clusters + 1 WHERE did = $1 AND clusters < $2",
             )
@@ -234,14 +240,7 @@ impl Store {
         if r.rows_affected() == 0 {
             return Ok(false);
         }
-        sqlx::query(
-            "INSERT INTO accounts (did, clusters, created_at) VALUES ($1, 0, $2) \
-             ON CONFLICT (did) DO NOTHING",
-        )
-        .bind(did)
-        .bind(t)
-        .execute(&mut *tx)
-        .await?;
+        ensure_account(&mut tx, did, t).await?;
         sqlx::query("UPDATE accounts SET admitted_via = $1 WHERE did = $2")
             .bind(format!("invite:{id}"))
             .bind(did)

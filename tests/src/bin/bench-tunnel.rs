@@ -131,14 +131,18 @@ struct Bench<'w> {
     egress: PathBuf,
 }
 
+/// `kubectl` with kubeconfig `kc`, on the operator's host.
+fn kubectl(host: &Netns, kube: &Path, kc: &Path, args: &[&str]) -> Command {
+    let mut c = host.command(&kube.to_string_lossy());
+    c.arg("kubectl")
+        .arg(format!("--kubeconfig={}", kc.display()))
+        .args(args);
+    c
+}
+
 /// One kubectl call's output, on the operator's host.
 fn kubectl_out(host: &Netns, kube: &Path, kc: &Path, args: &[&str]) -> Result<String> {
-    let out = host
-        .command(&kube.to_string_lossy())
-        .arg("kubectl")
-        .arg(format!("--kubeconfig={}", kc.display()))
-        .args(args)
-        .output()?;
+    let out = kubectl(host, kube, kc, args).output()?;
     Ok(format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -149,12 +153,7 @@ fn kubectl_out(host: &Netns, kube: &Path, kc: &Path, args: &[&str]) -> Result<St
 /// One kubectl call on the operator's host (where the broker and its apiservers are), timed.
 fn kubectl_time(host: &Netns, kube: &Path, kc: &Path, args: &[&str]) -> Result<(f64, usize)> {
     let t = Instant::now();
-    let out = host
-        .command(&kube.to_string_lossy())
-        .arg("kubectl")
-        .arg(format!("--kubeconfig={}", kc.display()))
-        .args(args)
-        .output()?;
+    let out = kubectl(host, kube, kc, args).output()?;
     let secs = t.elapsed().as_secs_f64();
     if !out.status.success() {
         bail!(
