@@ -16,6 +16,7 @@ pub mod backoff;
 pub mod ctl;
 pub mod directory;
 pub mod dns;
+pub mod guest_port;
 pub mod join;
 pub mod mesh;
 pub mod node;

@@ -9,6 +9,8 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use socialweb_wire::guest::Event;
+
 use crate::backoff::Backoff;
 use crate::supervise::{ChildStatus, timestamp};
 
@@ -104,9 +106,11 @@ impl Steps {
                     Ok(()) => info!(file = %file.display(), "every step done: node ready"),
                     Err(e) => warn!("writing the readiness file {}: {e}", file.display()),
                 }
+                crate::guest_port::report(&Event::Ready);
             } else if !all_done && file.exists() {
                 let _ = std::fs::remove_file(file);
                 warn!(file = %file.display(), "a step is no longer done: readiness file removed");
+                crate::guest_port::report(&Event::NotReady(name.to_string()));
             }
         }
     }

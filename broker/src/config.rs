@@ -99,6 +99,11 @@ pub struct Market {
     /// host, for trusted tenants only: see `access.tenants_trusted`) or `vm`. RFPs ask for
     /// at least this; a provider with less does not bid.
     pub isolation: socialweb_market::Isolation,
+    /// The node image RFPs name, so a provider boots exactly it: a node image directory
+    /// (its `nodeimage.json`'s fingerprint is read at start) or a fingerprint
+    /// (`sha256:<64 hex>`) or name (`socialweb-node-<16 hex>`). Default: the embedded
+    /// provider's `local_provider.image`, else `local` (a provider's own binaries).
+    pub image: Option<String>,
 }
 
 /// A provider of the market, as `[[market.providers]]` names it.
@@ -141,6 +146,45 @@ pub struct LocalProvider {
     /// A node image directory (`socialweb-image-builder build --out`): nodes run from its
     /// root filesystem, as rented VMs do, instead of the host's `agent` and CNI plugins.
     pub image: Option<PathBuf>,
+    /// What a node is: `namespace` (namespaces on this machine: trusted tenants only) or
+    /// `vm` (a qemu guest booted from `image`, its own kernel).
+    pub machine: MachineKind,
+    /// How VMs run (`machine = "vm"`).
+    pub vm: Vm,
+}
+
+/// `local_provider.machine`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MachineKind {
+    #[default]
+    Namespace,
+    Vm,
+}
+
+/// `[local_provider.vm]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Vm {
+    /// `auto` (KVM when a probe guest runs under it within 5 s, else TCG), `kvm` or `tcg`.
+    pub accel: socialweb_provider::vm::AccelChoice,
+    /// A guest that has not reported ready by then fails its lease, with its console's last
+    /// lines as the reason.
+    #[serde(with = "humantime_serde_compat")]
+    pub boot_timeout: Duration,
+    pub qemu: PathBuf,
+    pub qemu_img: PathBuf,
+}
+
+impl Default for Vm {
+    fn default() -> Vm {
+        Vm {
+            accel: Default::default(),
+            boot_timeout: Duration::from_secs(600),
+            qemu: "qemu-system-x86_64".into(),
+            qemu_img: "qemu-img".into(),
+        }
+    }
 }
 
 /// The mesh relay: a public listener (docs/operations.md), HTTPS with the front's certificate,
@@ -352,6 +396,7 @@ impl Default for Market {
             boot_timeout: Duration::from_secs(300),
             request_timeout: Duration::from_secs(10),
             isolation: socialweb_market::Isolation::Namespace,
+            image: None,
         }
     }
 }
@@ -369,6 +414,8 @@ impl Default for LocalProvider {
             kubelet_config_patch: None,
             brokers: Vec::new(),
             image: None,
+            machine: MachineKind::Namespace,
+            vm: Vm::default(),
         }
     }
 }
@@ -447,6 +494,16 @@ pub const ENV: &[(&str, &str)] = &[
     ("SOCIALWEB_BROKER_SERVICE_ADDR", "service_addr"),
     ("SOCIALWEB_BROKER_KUBE_DIR", "kube_dir"),
 ];
+
+/// Whether `market.image` is something an RFP can name.
+fn image_ref_ok(i: &str) -> bool {
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    i == "local"
+        || i.strip_prefix("sha256:").is_some_and(|h| hex(h, 64))
+        || i.strip_prefix("socialweb-node-")
+            .is_some_and(|h| hex(h, 16))
+        || std::path::Path::new(i).join("nodeimage.json").is_file()
+}
 
 fn parse_num<T: std::str::FromStr>(var: &str, v: &str) -> Result<T, ConfigError>
 where
@@ -590,6 +647,51 @@ impl Config {
         for (i, pin) in self.local_provider.brokers.iter().enumerate() {
             socialweb_market_tls::parse_pin(pin)
                 .map_err(|e| err(&format!("local_provider.brokers[{i}]"), e.to_string()))?;
+        }
+        self.validate_machines()
+    }
+
+    /// A VM provider boots a node image, and what only a machine of namespaces can be given
+    /// (the host's seed archives, a kubelet patch on the agent's command line) is refused by
+    /// name rather than ignored.
+    fn validate_machines(&self) -> Result<(), ConfigError> {
+        if let Some(i) = &self.market.image
+            && !image_ref_ok(i)
+        {
+            return Err(err(
+                "market.image",
+                format!(
+                    "{i:?} is neither a directory with nodeimage.json, a fingerprint (sha256:<64 hex>), a name (socialweb-node-<16 hex>) nor \"local\""
+                ),
+            ));
+        }
+        let lp = &self.local_provider;
+        if lp.machine != MachineKind::Vm {
+            return Ok(());
+        }
+        if lp.image.is_none() {
+            return Err(err(
+                "local_provider.image",
+                "required with machine = \"vm\": the node image directory its guests boot",
+            ));
+        }
+        if !lp.seed_images.is_empty() {
+            return Err(err(
+                "local_provider.seed_images",
+                "not taken with machine = \"vm\": a guest imports the node image's seed disk (put the archives in the image config's `images`)",
+            ));
+        }
+        if lp.kubelet_config_patch.is_some() {
+            return Err(err(
+                "local_provider.kubelet_config_patch",
+                "not taken with machine = \"vm\": a guest's agent runs as the node image's unit starts it",
+            ));
+        }
+        if lp.vm.boot_timeout < Duration::from_secs(10) {
+            return Err(err(
+                "local_provider.vm.boot_timeout",
+                "must be at least 10s (a guest boots its kernel, systemd and the agent)",
+            ));
         }
         Ok(())
     }

@@ -68,6 +68,17 @@ pub fn provider_config(cfg: &Config) -> ProviderConfig {
         seed_images: lp.seed_images.clone(),
         kubelet_config_patch: lp.kubelet_config_patch.clone(),
         image: lp.image.clone(),
+        machine: match lp.machine {
+            crate::config::MachineKind::Namespace => socialweb_provider::MachineKind::Namespace,
+            crate::config::MachineKind::Vm => {
+                socialweb_provider::MachineKind::Vm(socialweb_provider::vm::VmSettings {
+                    accel: lp.vm.accel,
+                    boot_timeout: lp.vm.boot_timeout,
+                    qemu: lp.vm.qemu.clone(),
+                    qemu_img: lp.vm.qemu_img.clone(),
+                })
+            }
+        },
         name: "local".into(),
         price_micros_per_hour: 0,
     }
@@ -257,6 +268,30 @@ fn resolver(cfg: &Config) -> Result<Resolver> {
     )
 }
 
+/// What RFPs name the node image by: `market.image` (a directory's fingerprint, read from
+/// its `nodeimage.json`, or a fingerprint or name as given), else the embedded provider's
+/// image, else `local` (a provider's own binaries).
+fn rfp_image(cfg: &Config) -> Result<String> {
+    let dir = match (&cfg.market.image, &cfg.local_provider.image) {
+        (Some(i), _) if !std::path::Path::new(i).join("nodeimage.json").is_file() => {
+            return Ok(i.clone());
+        }
+        (Some(i), _) => std::path::PathBuf::from(i),
+        (None, Some(dir)) => dir.clone(),
+        (None, None) => return Ok("local".into()),
+    };
+    let file = dir.join("nodeimage.json");
+    let v: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&file)
+            .with_context(|| format!("market.image: reading {}", file.display()))?,
+    )
+    .with_context(|| format!("market.image: parsing {}", file.display()))?;
+    v["fingerprint"]
+        .as_str()
+        .map(str::to_string)
+        .with_context(|| format!("market.image: {} has no fingerprint", file.display()))
+}
+
 /// The provisioner's settings: the `[market]` and `[node]` sections, the relay and the
 /// tunnel endpoint, the clusters' resolvers, the node image.
 fn provision_settings(
@@ -268,7 +303,7 @@ fn provision_settings(
     Ok(Settings {
         limits: Limits::new(cfg.market.bid_deadline, cfg.market.boot_timeout),
         node: cfg.node,
-        image: std::env::var("SOCIALWEB_BROKER_IMAGE").unwrap_or_else(|_| "local".into()),
+        image: rfp_image(cfg)?,
         relay_url,
         relay_ca,
         tunnel: socialweb_wire::BrokerEndpoint {

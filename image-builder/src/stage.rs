@@ -141,12 +141,14 @@ pub fn install(cfg: &Config, root: &Path, image_json: &[u8]) -> Result<()> {
         "/lib/systemd/system/systemd-networkd.socket",
     )?;
     // The identity disk, read-only at /etc/socialweb; a node without one boots and says so
-    // (the agent's unit has a condition on the document).
+    // (the agent's unit has a condition on the document). The root grows to its disk at
+    // boot (systemd-growfs): a provider gives each VM the root disk its RFP asks for, larger
+    // than the image's file, and containerd's content store needs the room.
     put(
         root,
         "/etc/fstab",
         format!(
-            "# socialweb node image\nLABEL=socialweb-root / ext4 defaults,noatime 0 1\n\
+            "# socialweb node image\nLABEL=socialweb-root / ext4 defaults,noatime,x-systemd.growfs 0 1\n\
              LABEL={IDENTITY_LABEL} /etc/socialweb auto ro,nofail,x-systemd.device-timeout=90s 0 0\n"
         )
         .as_bytes(),

@@ -54,6 +54,9 @@ pub struct BrokerOptions {
     pub node_mem_mib: u64,
     /// Nodes run from this node image (`testbed::nodeimage`) instead of the host's binaries.
     pub image: Option<PathBuf>,
+    /// Nodes are qemu guests booted from `image` (`machine = "vm"`), and the broker rents
+    /// only VMs (`market.isolation = "vm"`).
+    pub vm: bool,
     /// Lines for the configuration's `[front]` section.
     pub front_toml: String,
     /// Lines for the `[access]` section. Default: registration open and the tenants trusted
@@ -84,6 +87,7 @@ impl Default for BrokerOptions {
             node_vcpu: 2,
             node_mem_mib: 2048,
             image: None,
+            vm: false,
             front_toml: String::new(),
             access_toml: "registration = \"open\"\ntenants_trusted = true\n".into(),
             extra_seeds: Vec::new(),
@@ -163,10 +167,21 @@ impl NodeSoftware {
             .map(|p| format!("{p:?}"))
             .collect::<Vec<_>>()
             .join(", "),
-            patch: toml_inline(&test_kubelet_patch()),
-            image: match &opts.image {
-                Some(i) => format!("image = {i:?}\n"),
-                None => String::new(),
+            // A guest's agent runs as the image's unit starts it: no patch to give.
+            patch: if opts.vm {
+                String::new()
+            } else {
+                format!(
+                    "kubelet_config_patch = {}\n",
+                    toml_inline(&test_kubelet_patch())
+                )
+            },
+            image: match (&opts.image, opts.vm) {
+                (Some(i), true) => format!(
+                    "image = {i:?}\nmachine = \"vm\"\n[local_provider.vm]\naccel = \"auto\"\nboot_timeout = \"15m\"\n"
+                ),
+                (Some(i), false) => format!("image = {i:?}\n"),
+                (None, _) => String::new(),
             },
         })
     }
@@ -174,7 +189,7 @@ impl NodeSoftware {
     /// A `[local_provider]` section listening on `listen` with `prefix`.
     fn section(&self, listen: &str, prefix: &str, capacity: u32, brokers: &[String]) -> String {
         format!(
-            "[local_provider]\nlisten = \"{listen}\"\ncapacity = {capacity}\nprefix = \"{prefix}\"\nagent = {agent:?}\ncni_bin_dir = {cni:?}\nseed_images = [{seeds}]\nkubelet_config_patch = {patch}\nbrokers = {brokers:?}\n{image}",
+            "[local_provider]\nlisten = \"{listen}\"\ncapacity = {capacity}\nprefix = \"{prefix}\"\nagent = {agent:?}\ncni_bin_dir = {cni:?}\nseed_images = [{seeds}]\n{patch}brokers = {brokers:?}\n{image}",
             agent = self.agent,
             cni = self.cni,
             seeds = self.seeds,
@@ -731,7 +746,39 @@ impl<'w> Broker<'w> {
     }
 
     /// Destroys every machine the provider made (their network namespaces and cgroups).
+    /// Every provider's guest directories (`<state>/local-provider/nodes/<lease>`) that
+    /// exist, with the pid of the qemu running there, if one still does.
+    pub fn guests(&self) -> Vec<(PathBuf, Option<u32>)> {
+        let states = std::iter::once(&self.state).chain(self.providers.iter().map(|p| &p.state));
+        let mut out = Vec::new();
+        for state in states {
+            let nodes = state.join("local-provider/nodes");
+            for dir in std::fs::read_dir(&nodes).into_iter().flatten().flatten() {
+                let dir = dir.path();
+                let pid = std::fs::read_to_string(dir.join("qemu.pid"))
+                    .ok()
+                    .and_then(|p| p.trim().parse::<u32>().ok())
+                    .filter(|pid| {
+                        // Its qemu, not a pid reused since.
+                        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                            String::from_utf8_lossy(&c).contains(&*dir.to_string_lossy())
+                        })
+                    });
+                out.push((dir, pid));
+            }
+        }
+        out
+    }
+
     fn destroy_machines(&self) {
+        for (_, pid) in self.guests() {
+            if let Some(pid) = pid {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
         let prefixes: Vec<&str> = std::iter::once(self.prefix.as_str())
             .chain(self.providers.iter().map(|p| p.prefix.as_str()))
             .collect();
@@ -804,9 +851,9 @@ diskMiB = 20480
 
 [market]
 bid_deadline = "{deadline}"
-boot_timeout = "120s"
+boot_timeout = "{boot}"
 request_timeout = "{timeout}"
-
+{isolation}
 {market}
 {local}
 [clusters]
@@ -833,6 +880,9 @@ did_web_nameservers = ["{RESOLVER_ADDR}:53"]
         mem = opts.node_mem_mib,
         deadline = humantime::format_duration(opts.bid_deadline),
         timeout = humantime::format_duration(opts.request_timeout),
+        // A guest under TCG boots and joins in minutes.
+        boot = if opts.vm { "15m" } else { "120s" },
+        isolation = if opts.vm { "isolation = \"vm\"\n" } else { "" },
         local = sw.section(PROVIDER_ADDR, prefix, opts.provider_capacity, &[]),
     )
 }

@@ -23,6 +23,7 @@ pub mod resolver;
 pub mod root;
 pub mod tmp;
 pub mod topology;
+pub mod user;
 pub mod world;
 
 pub use netns::Netns;

@@ -1,8 +1,9 @@
 //! The node image in the tests: the reference config's base (`image-builder/node.toml`) with
 //! this build's agent and CNI plugin and the Kubernetes we ship, built by the real
 //! `socialweb-image-builder`. The suite's image also seeds the `busybox` test image and carries
-//! a boot report (a oneshot unit that prints the agent's status on the serial console once
-//! the agent has tried to reach its control plane, then powers the VM off), and is cached in
+//! a boot report (a oneshot unit that, on a kernel command line with `socialweb.boot_report`,
+//! prints the agent's status on the serial console once the agent has tried to reach its
+//! control plane, then powers the VM off; a provider's VM runs on), and is cached in
 //! `~/.cache/socialweb/nodeimage-test`, rebuilt whenever its fingerprint changes.
 
 use std::path::{Path, PathBuf};
@@ -144,6 +145,8 @@ pub fn build_with(
 const BOOT_REPORT_UNIT: &str = "[Unit]
 Description=The boot check's report: the agent's status on the serial console
 After=socialweb-agent.service
+# Only for the boot check: a node the provider boots from the same image runs on.
+ConditionKernelCommandLine=socialweb.boot_report
 
 [Service]
 Type=oneshot

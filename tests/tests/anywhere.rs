@@ -6,26 +6,19 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
 use testbed::tmp::TempDir;
+use testbed::user::{User, text};
 use testbed::world::{OPERATOR_ADDR, World};
 
 fn step(t: Instant, what: &str) {
     eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Two web pods, one per node (so one per provider: each provider runs one node), a Service
@@ -75,67 +68,6 @@ spec:
     m
 }
 
-/// A user with a DID and a kubeconfig for cluster `name` (owned by that DID).
-struct User {
-    kubeconfig: PathBuf,
-}
-
-fn user(b: &Broker<'_>, dir: &Path, cluster: &str) -> User {
-    let key = dir.join("user.key");
-    let o = Command::new(testbed::cni::workspace_bin("socialweb-broker"))
-        .args(["api", "keygen", "--out"])
-        .arg(&key)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let did = String::from_utf8_lossy(&o.stdout).trim().to_string();
-    let created = b
-        .cli_json(&["cluster", "create", cluster, "--owner", &did])
-        .unwrap();
-    assert_eq!(created["state"], "ready", "{created}\n{}", b.diagnostics());
-    let kubeconfig = dir.join("user.kubeconfig");
-    b.api(
-        &key,
-        &[
-            "kubeconfig",
-            cluster,
-            "--lifetime",
-            "2h",
-            "--out",
-            kubeconfig.to_str().unwrap(),
-        ],
-    )
-    .unwrap();
-    User { kubeconfig }
-}
-
-impl User {
-    /// kubectl through the front, from the internet: stdout, or panics with everything.
-    fn ok(&self, b: &Broker<'_>, args: &[&str]) -> String {
-        let o = b.kubectl_as(&self.kubeconfig, &[], args).output().unwrap();
-        assert!(
-            o.status.success(),
-            "kubectl {}: {}\n{}",
-            args.join(" "),
-            text(&o),
-            b.diagnostics()
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    }
-
-    fn json(&self, b: &Broker<'_>, args: &[&str]) -> Value {
-        let mut a = args.to_vec();
-        a.extend(["-o", "json"]);
-        serde_json::from_str(&self.ok(b, &a)).unwrap()
-    }
-
-    fn exec(&self, b: &Broker<'_>, pod: &str, cmd: &[&str]) -> Output {
-        let mut args = vec!["exec", pod, "--"];
-        args.extend_from_slice(cmd);
-        b.kubectl_as(&self.kubeconfig, &[], &args).output().unwrap()
-    }
-}
-
 /// Each Node's name with its InternalIP.
 fn node_ips(u: &User, b: &Broker<'_>) -> BTreeMap<String, String> {
     u.json(b, &["get", "nodes"])["items"]
@@ -172,7 +104,7 @@ fn up(world: &World) -> (Broker<'_>, TempDir, User) {
     )
     .unwrap();
     let dir = TempDir::new("anywhere").unwrap();
-    let u = user(&b, dir.path(), "any");
+    let u = User::new(&b, dir.path(), "any");
     let manifest = dir.path().join("web.yaml");
     std::fs::write(&manifest, workload()).unwrap();
     u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);

@@ -219,7 +219,7 @@ fn the_image_boots_under_qemu_into_an_agent_that_reports_its_status() {
     .arg(image.join("initrd.img"))
     .args([
         "-append",
-        "root=LABEL=socialweb-root rw console=ttyS0 panic=-1 quiet",
+        "root=LABEL=socialweb-root rw console=ttyS0 panic=-1 quiet socialweb.boot_report",
     ])
     .arg("-drive")
     .arg(format!(

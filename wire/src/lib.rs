@@ -3,6 +3,7 @@
 //! use them. Each contract is versioned and documented in `docs/`.
 
 pub mod ca;
+pub mod guest;
 pub mod identity;
 pub mod mesh;
 pub mod seeds;

@@ -45,6 +45,7 @@ mod tests {
             price_micros_per_hour: price,
             eta_ms: eta,
             expires_at: String::new(),
+            machine: None,
         }
     }
 

@@ -191,6 +191,7 @@ mod tests {
             price_micros_per_hour: price,
             eta_ms: 1000,
             expires_at: String::new(),
+            machine: None,
         }
     }
 

@@ -78,6 +78,10 @@ pub struct Bid {
     pub price_micros_per_hour: u64,
     /// How long the provider expects the node to take to boot, in milliseconds.
     pub eta_ms: u64,
+    /// What the node will be, for the client's records: `namespace`, `vm/kvm`, `vm/tcg`
+    /// (the VM's accelerator). Optional: a provider may not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
     /// RFC 3339; accepting after it fails.
     pub expires_at: String,
 }
@@ -159,7 +163,8 @@ pub struct ErrorBody {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorDetail {
-    /// `bad_request`, `not_found`, `conflict`, `expired`, `no_capacity`, `internal`.
+    /// `bad_request`, `not_found`, `conflict`, `expired`, `no_capacity`, `image_not_held`,
+    /// `internal`.
     pub code: String,
     pub message: String,
 }

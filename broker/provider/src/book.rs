@@ -36,6 +36,9 @@ pub(crate) struct LeaseEntry {
     pub agent: Option<(u32, u64)>,
     /// The acceptance's identity, kept to start the agent again.
     pub identity: serde_json::Value,
+    /// The qemu guest that is its node (a VM provider's lease).
+    #[serde(default)]
+    pub guest: Option<crate::vm::GuestRecord>,
 }
 
 /// Everything the provider has agreed to.
@@ -52,6 +55,10 @@ pub(crate) struct Offer {
     pub capacity: u32,
     pub name: String,
     pub price_micros_per_hour: u64,
+    /// How isolated its nodes are, and what they are (said in its bids).
+    pub isolation: socialweb_market::Isolation,
+    pub machine: String,
+    pub eta_ms: u64,
 }
 
 pub(crate) fn now_text() -> String {
@@ -107,8 +114,8 @@ impl Book {
             && req.spec.mem_mib <= max.mem_mib
             && req.spec.disk_mib <= max.disk_mib;
         let live = self.live().count() as u32;
-        // This provider's nodes are namespaces: no bid on an RFP that needs more.
-        let isolated = req.isolation <= socialweb_market::Isolation::Namespace;
+        // No bid on an RFP that needs more isolation than this provider's nodes have.
+        let isolated = req.isolation <= offer.isolation;
         let mut bids = Vec::new();
         if fits && isolated && live < offer.capacity && bid {
             let expires = SystemTime::now()
@@ -119,7 +126,8 @@ impl Book {
                 rfp_id: req.id.clone(),
                 provider: offer.name.clone(),
                 price_micros_per_hour: offer.price_micros_per_hour,
-                eta_ms: 3000,
+                eta_ms: offer.eta_ms,
+                machine: Some(offer.machine.clone()),
                 expires_at: humantime::format_rfc3339_seconds(expires).to_string(),
             });
         } else {
@@ -186,6 +194,7 @@ impl Book {
                 machine: None,
                 agent: None,
                 identity: a.identity,
+                guest: None,
             },
         );
         Ok((lease, true))
@@ -306,6 +315,9 @@ mod tests {
             capacity,
             name: "local".into(),
             price_micros_per_hour: 0,
+            isolation: socialweb_market::Isolation::Namespace,
+            machine: "namespace".into(),
+            eta_ms: 3000,
         }
     }
 

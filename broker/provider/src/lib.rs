@@ -9,6 +9,7 @@
 //! - [`nodes`]: a lease's machine made, its agent started and kept running, torn down.
 //! - [`server`]: the protocol's HTTP surface.
 //! - [`machine`], [`network`], [`oci`]: machines of namespaces, their links, the pause image.
+//! - [`vm`]: machines that are qemu guests booted from the node image (`machine = "vm"`).
 //!
 //! It keeps its own record of what it runs, so it can be asked what is really leased, and a
 //! provider that restarts adopts the machines it left running instead of losing them.
@@ -19,6 +20,8 @@ pub mod network;
 mod nodes;
 pub mod oci;
 mod server;
+pub mod vm;
+mod vm_nodes;
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -57,9 +60,21 @@ pub struct ProviderConfig {
     /// would ([`machine::Machine::create_from_image`]); `agent`, `kube_dir`'s node parts and
     /// `cni_bin_dir` are then not used. `None`: nodes run the host's binaries.
     pub image: Option<PathBuf>,
+    /// What a node is: namespaces on this machine, or a VM booted from `image`.
+    pub machine: MachineKind,
     /// Its name in bids.
     pub name: String,
     pub price_micros_per_hour: u64,
+}
+
+/// What a lease's node is on this machine.
+#[derive(Debug, Clone)]
+pub enum MachineKind {
+    /// Network namespaces (and a mount namespace) on this machine's kernel: for tenants the
+    /// provider trusts (`Isolation::Namespace`).
+    Namespace,
+    /// A qemu guest booted from the node image: its own kernel (`Isolation::Vm`).
+    Vm(vm::VmSettings),
 }
 
 impl ProviderConfig {
@@ -69,6 +84,9 @@ impl ProviderConfig {
             capacity: self.capacity,
             name: self.name.clone(),
             price_micros_per_hour: self.price_micros_per_hour,
+            isolation: socialweb_market::Isolation::Namespace,
+            machine: "namespace".into(),
+            eta_ms: 3000,
         }
     }
 }
@@ -84,6 +102,10 @@ struct Inner {
     cfg: ProviderConfig,
     ledger: Ledger,
     stop: CancellationToken,
+    /// The node image it holds (read and checked at start), if any.
+    image: Option<vm::NodeImage>,
+    /// Its VMs' accelerator and why (a VM provider only).
+    accel: Option<(vm::Accel, String)>,
 }
 
 /// Problems the server turns into error answers.
@@ -95,6 +117,9 @@ pub enum ProviderError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// An RFP for a node image this provider does not hold.
+    #[error("{0}")]
+    ImageNotHeld(String),
     #[error("{0}")]
     Expired(String),
     #[error("{0}")]
@@ -114,8 +139,29 @@ impl Provider {
     /// Loads the records in `cfg.dir` (adopting machines that still run) and starts the
     /// monitor that boots, watches and restarts agents.
     pub fn start(cfg: ProviderConfig) -> Result<Provider> {
-        machine::check_cgroups()?;
-        network::machine_nat(&cfg.prefix, cfg.subnet)?;
+        let image = cfg
+            .image
+            .as_deref()
+            .map(vm::NodeImage::load)
+            .transpose()
+            .context("local_provider.image")?;
+        let accel = match (&cfg.machine, &image) {
+            (MachineKind::Namespace, _) => {
+                machine::check_cgroups()?;
+                network::machine_nat(&cfg.prefix, cfg.subnet)?;
+                None
+            }
+            (MachineKind::Vm(_), None) => {
+                anyhow::bail!(
+                    "local_provider.image: required with machine = \"vm\" (the node image its guests boot)"
+                )
+            }
+            (MachineKind::Vm(s), Some(image)) => {
+                let (accel, why) = vm::choose_accel(s, image)?;
+                info!(accel = accel.as_str(), image = %image.name, "local provider: VMs run under {} ({why})", accel.as_str().to_uppercase());
+                Some((accel, why))
+            }
+        };
         socialweb_proc::owner_only::dir(&cfg.dir)
             .with_context(|| format!("creating {} (owner-only)", cfg.dir.display()))?;
         let ledger = Ledger::open(&cfg.dir)?;
@@ -124,6 +170,8 @@ impl Provider {
                 cfg,
                 ledger,
                 stop: CancellationToken::new(),
+                image,
+                accel,
             }),
         };
         for id in p.adopt() {
@@ -137,6 +185,43 @@ impl Provider {
     /// Stops watching (machines keep running; a later start adopts them).
     pub fn stop(&self) {
         self.inner.stop.cancel();
+    }
+
+    /// What it bids with: its config's offer, the isolation of its machines, what they are.
+    fn offer(&self) -> Offer {
+        let mut o = self.inner.cfg.offer();
+        if let Some((accel, _)) = &self.inner.accel {
+            o.isolation = socialweb_market::Isolation::Vm;
+            o.machine = format!("vm/{}", accel.as_str());
+            // A guest under TCG boots in minutes, under KVM in seconds.
+            o.eta_ms = if *accel == vm::Accel::Kvm {
+                10_000
+            } else {
+                120_000
+            };
+        }
+        o
+    }
+
+    /// Refuses an RFP for an image it does not hold: a provider with a node image boots that
+    /// one (by fingerprint or name), one without runs this machine's binaries (`local`).
+    fn holds(&self, wanted: &str) -> Result<(), ProviderError> {
+        let ok = match &self.inner.image {
+            Some(image) => image.is(wanted),
+            None => wanted == "local",
+        };
+        if ok {
+            return Ok(());
+        }
+        Err(ProviderError::ImageNotHeld(match &self.inner.image {
+            Some(image) => format!(
+                "image: {wanted:?} is not held here; this provider boots {} ({})",
+                image.fingerprint, image.name
+            ),
+            None => format!(
+                "image: {wanted:?} is not held here; this provider runs its machine's own binaries (\"local\") and holds no node image"
+            ),
+        }))
     }
 
     fn net(&self, slot: u8) -> NodeNet {
@@ -161,8 +246,9 @@ impl Provider {
     /// Takes an RFP; bids at once if it can run the node.
     pub fn rfp(&self, req: RfpRequest) -> Result<Rfp, ProviderError> {
         req.validate().map_err(ProviderError::BadRequest)?;
+        self.holds(&req.image)?;
         let bid = !failpoint("provider::no_bid");
-        let offer = self.inner.cfg.offer();
+        let offer = self.offer();
         self.inner.ledger.write(|b| b.rfp(req, &offer, bid))
     }
 
@@ -181,7 +267,7 @@ impl Provider {
         // The identity is untrusted input to this provider too: parsed where it is defined.
         let id = socialweb_wire::NodeIdentity::from_json(a.identity.to_string().as_bytes())
             .map_err(|e| ProviderError::BadRequest(format!("identity: {e}")))?;
-        let offer = self.inner.cfg.offer();
+        let offer = self.offer();
         let acceptance = Acceptance {
             bid_id,
             lease_id: &a.lease_id,
@@ -189,8 +275,10 @@ impl Provider {
             identity: a.identity.clone(),
         };
         let (lease, new) = self.inner.ledger.write(|b| {
-            b.accept(acceptance, &offer, |slot| {
-                self.net(slot).node_addr.to_string()
+            b.accept(acceptance, &offer, |slot| match self.inner.cfg.machine {
+                // Every user-mode NAT guest is 10.0.2.15 behind this machine.
+                MachineKind::Vm(_) => network::GUEST_ADDR.to_string(),
+                MachineKind::Namespace => self.net(slot).node_addr.to_string(),
             })
         })?;
         if new {
@@ -216,7 +304,7 @@ impl Provider {
             }
             Some((e.clone(), was_live))
         })?;
-        if was_live || entry.machine.is_some() {
+        if was_live || entry.machine.is_some() || entry.guest.is_some() {
             self.teardown(&entry);
             info!(lease = %id, "local provider: released");
         }

@@ -26,6 +26,25 @@ impl Provider {
         self.inner.ledger.write(|b| {
             let mut resume = Vec::new();
             for e in b.leases.values_mut().filter(|e| e.lease.state.live()) {
+                if let Some(g) = &e.guest {
+                    if g.running() {
+                        info!(lease = %e.lease.id, pid = g.pid, "local provider: adopted a running guest");
+                    } else {
+                        set_state(
+                            &mut e.lease,
+                            LeaseState::Failed,
+                            Some("the guest ended while the provider was down".into()),
+                        );
+                    }
+                    continue;
+                }
+                if e.lease.state == LeaseState::Booting
+                    && e.machine.is_none()
+                    && matches!(self.inner.cfg.machine, crate::MachineKind::Vm(_))
+                {
+                    resume.push(e.lease.id.clone());
+                    continue;
+                }
                 let machine = e.machine.clone().and_then(Machine::adopt);
                 match (e.lease.state, machine) {
                     (_, Some(_)) => {
@@ -55,6 +74,14 @@ impl Provider {
             Err(anyhow::anyhow!(
                 "injected boot failure (failpoint provider::fail_boot)"
             ))
+        } else if let crate::MachineKind::Vm(_) = self.inner.cfg.machine {
+            match self.boot_guest(&entry) {
+                Ok(g) => {
+                    self.inner.ledger.update(id, |e| e.guest = Some(g));
+                    return;
+                }
+                Err(e) => Err(e),
+            }
         } else {
             self.make_machine(&entry)
         };
@@ -93,14 +120,22 @@ impl Provider {
             Machine { record: m.clone() }.destroy();
             let _ = std::fs::remove_dir_all(&m.dir);
         }
-        self.net(e.slot).remove();
+        match &e.guest {
+            Some(g) => self.remove_guest(g),
+            None => self.net(e.slot).remove(),
+        }
+        if let crate::MachineKind::Vm(_) = self.inner.cfg.machine {
+            // (A boot cut short before its record was written leaves a directory.)
+            let _ = std::fs::remove_dir_all(self.node_dir(&e.lease.id));
+        }
         self.inner.ledger.update(&e.lease.id, |x| {
             x.machine = None;
             x.agent = None;
+            x.guest = None;
         });
     }
 
-    fn node_dir(&self, lease: &str) -> PathBuf {
+    pub(crate) fn node_dir(&self, lease: &str) -> PathBuf {
         self.inner.cfg.dir.join("nodes").join(lease)
     }
 
@@ -242,7 +277,7 @@ impl Provider {
             let entries: Vec<LeaseEntry> = self.inner.ledger.read(|b| {
                 b.leases
                     .values()
-                    .filter(|e| e.lease.state.live() && e.machine.is_some())
+                    .filter(|e| e.lease.state.live() && (e.machine.is_some() || e.guest.is_some()))
                     .cloned()
                     .collect()
             });
@@ -253,6 +288,10 @@ impl Provider {
     }
 
     async fn look_at(&self, e: LeaseEntry) {
+        if let Some(g) = &e.guest {
+            self.look_at_guest(&e, g);
+            return;
+        }
         let Some(record) = e.machine.clone() else {
             return;
         };

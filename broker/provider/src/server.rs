@@ -24,6 +24,7 @@ impl IntoResponse for ProviderError {
             ProviderError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             ProviderError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ProviderError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            ProviderError::ImageNotHeld(_) => (StatusCode::UNPROCESSABLE_ENTITY, "image_not_held"),
             ProviderError::Expired(_) => (StatusCode::GONE, "expired"),
             ProviderError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };

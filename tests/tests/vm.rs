@@ -1,0 +1,239 @@
+//! Rented nodes that are VMs (docs/market.md, "Machine kinds"): a provider machine on the
+//! real topology boots each lease's node from the built node image as a qemu guest behind
+//! user-mode NAT (KVM where it runs guests, TCG here, where nested guests hang), and the
+//! guest joins through the broker's public endpoints alone. The one-node loop end to end --
+//! zero nodes, a Pod, a guest, the Pod's log through the front, teardown with the guest gone
+//! and its disks removed -- with the first guest's kernel panicking (its lease fails with the
+//! console's last lines and the broker rents another), and a privileged Pod with the host's
+//! PID namespace and `/` mounted that sees the guest's processes and files and nothing of the
+//! machines outside it. Needs root, qemu-system-x86_64, qemu-img and mke2fs.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use testbed::broker::{Broker, BrokerOptions};
+use testbed::k8s::wait_for;
+use testbed::tmp::TempDir;
+use testbed::user::User;
+use testbed::world::World;
+
+fn step(t: Instant, what: &str) {
+    eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
+}
+
+/// A Pod with everything a tenant may ask of its node: privileged, the host's PID
+/// namespace, the host's `/` at `/host`. It says what it sees, then sleeps.
+fn escape_pod(marker: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: escape, namespace: default}}
+spec:
+  hostPID: true
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: socialweb.local/busybox:1
+    imagePullPolicy: Never
+    securityContext: {{privileged: true}}
+    volumeMounts: [{{name: root, mountPath: /host}}]
+    command: ["sh", "-c", "echo started; if [ -e /host{marker} ]; then echo marker=seen; else echo marker=absent; fi; echo comms=$(cat /proc/[0-9]*/comm | sort -u | tr '\n' ','); echo fstab=$(grep -c socialweb-root /host/etc/fstab); echo root_mib=$(df -m /host | tail -1 | awk '{{print $2}}'); echo done; sleep 3600"]
+  volumes: [{{name: root, hostPath: {{path: /}}}}]
+"#
+    )
+}
+
+/// The provider's own view of its leases.
+fn leases(b: &Broker<'_>) -> Vec<Value> {
+    let url = format!("{}/v1/leases", b.providers[0].url);
+    let auth = b.provider_curl_args();
+    let mut args: Vec<&str> = vec!["-sf", "--max-time", "5"];
+    args.extend(auth.iter().map(String::as_str));
+    args.push(&url);
+    let out = b.host.exec("curl", &args).unwrap_or_default();
+    serde_json::from_str::<Value>(&out).unwrap_or_default()["leases"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn field<'a>(log: &'a str, key: &str) -> &'a str {
+    log.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key}= in the Pod's log:\n{log}"))
+}
+
+#[test]
+fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the_guest() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the VM test builds the node image and runs qemu: run as root (./x test)"
+    );
+    let t = Instant::now();
+    let image = testbed::nodeimage::test_image().unwrap();
+    step(t, "the node image is built");
+    // A file the operator's host and the provider's machine have (they share this
+    // filesystem here) and no guest has.
+    let marker = format!("/var/lib/socialweb-host-marker-{}", std::process::id());
+    std::fs::write(&marker, "the host's\n").unwrap();
+    let world = World::new(1).unwrap();
+    let mut b = Broker::start(
+        &world,
+        BrokerOptions {
+            providers: 1,
+            provider_capacity: 2,
+            max_nodes: 1,
+            hold: Duration::from_secs(5),
+            image: Some(image),
+            vm: true,
+            // The first guest's kernel panics (its init exits): a guest that never reports.
+            provider_failpoints: Some("provider::guest_panics=1*return".into()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let dir = TempDir::new("vm").unwrap();
+    let u = User::new(&b, dir.path(), "vm");
+    assert!(
+        b.guests().is_empty(),
+        "zero nodes before a Pod: {:?}",
+        b.guests()
+    );
+    let provider_log = std::fs::read_to_string(b.log("provider-1")).unwrap_or_default();
+    assert!(
+        provider_log.contains("VMs run under"),
+        "the provider says its accelerator: {provider_log}"
+    );
+    let manifest = dir.path().join("escape.yaml");
+    std::fs::write(&manifest, escape_pod(&marker)).unwrap();
+    u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
+    step(t, "a cluster at zero nodes, a privileged Pod applied");
+
+    // The first lease fails with the panic on the console as its reason.
+    let failed = wait_for(
+        "the panicking guest's lease to fail",
+        Duration::from_secs(300),
+        || Ok(leases(&b).into_iter().find(|l| l["state"] == "failed")),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let reason = failed["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("the guest ended before it reported ready")
+            && reason.contains("console's last lines")
+            && reason.contains("Kernel panic"),
+        "{failed}"
+    );
+    step(
+        t,
+        "the first guest panicked; its lease failed with the console's last lines",
+    );
+
+    let out = b
+        .kubectl_as(
+            &u.kubeconfig,
+            &[],
+            &[
+                "wait",
+                "--for=condition=Ready",
+                "pod/escape",
+                "--timeout=900s",
+            ],
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the Pod on a VM node: {}\n{}",
+        testbed::user::text(&out),
+        b.diagnostics()
+    );
+    let running: Vec<Value> = leases(&b)
+        .into_iter()
+        .filter(|l| l["state"] == "running")
+        .collect();
+    assert_eq!(running.len(), 1, "another lease, running: {:?}", leases(&b));
+    let guests: Vec<_> = b
+        .guests()
+        .into_iter()
+        .filter(|(_, p)| p.is_some())
+        .collect();
+    assert_eq!(guests.len(), 1, "one qemu runs the node: {guests:?}");
+    step(t, "another guest booted and joined; the Pod is Ready");
+
+    // Its log, through the front.
+    let log = wait_for("the Pod's report", Duration::from_secs(60), || {
+        let log = u.ok(&b, &["logs", "escape"]);
+        Ok(log.contains("done").then_some(log))
+    })
+    .unwrap();
+    eprintln!("{log}");
+    assert_eq!(
+        field(&log, "marker"),
+        "absent",
+        "the host's file is not the guest's"
+    );
+    let comms = field(&log, "comms");
+    for inside in ["socialweb-agent", "kubelet", "containerd", "systemd"] {
+        assert!(comms.contains(inside), "the guest's {inside} seen: {comms}");
+    }
+    for outside in [
+        "socialweb-broke",
+        "qemu-system-x86",
+        "kube-apiserver",
+        "etcd",
+    ] {
+        assert!(
+            !comms.split(',').any(|c| c == outside),
+            "{outside} is the host's, seen from the guest: {comms}"
+        );
+    }
+    assert_eq!(field(&log, "fstab"), "1", "the guest's own files at /host");
+    let root_mib: u64 = field(&log, "root_mib").parse().unwrap();
+    assert!(
+        root_mib > 10_000,
+        "the root grew to the RFP's 20 GiB disk: {root_mib} MiB"
+    );
+    step(
+        t,
+        "the privileged Pod saw the guest's processes and files, nothing outside",
+    );
+
+    // A provider that restarts adopts the guest that still runs: the same qemu, the lease
+    // still running, the Pod untouched.
+    b.kill_provider(0);
+    b.start_provider(0).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let after: Vec<_> = b
+        .guests()
+        .into_iter()
+        .filter(|(_, p)| p.is_some())
+        .collect();
+    assert_eq!(after, guests, "the same guest after the provider's restart");
+    let lease = &running[0]["id"];
+    assert!(
+        leases(&b)
+            .iter()
+            .any(|l| &l["id"] == lease && l["state"] == "running"),
+        "{:?}",
+        leases(&b)
+    );
+    assert!(u.ok(&b, &["get", "pod", "escape"]).contains("Running"));
+    step(t, "the provider restarted and adopted the running guest");
+
+    // Teardown: the work stops, the node goes, the guest is powered off, its disks removed.
+    u.ok(&b, &["delete", "pod", "escape", "--wait=true"]);
+    wait_for("the guest to be gone", Duration::from_secs(180), || {
+        Ok(b.guests().is_empty().then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}: {:?}\n{}", b.guests(), b.diagnostics()));
+    assert!(
+        leases(&b)
+            .iter()
+            .all(|l| l["state"] != "running" && l["state"] != "booting"),
+        "{:?}",
+        leases(&b)
+    );
+    step(t, "teardown: no guest, no disks");
+
+    let _ = std::fs::remove_file(&marker);
+}
