@@ -268,7 +268,7 @@ pub fn build(
     // The seed disk: the sandbox image first, then the config's images in its order.
     let pause = std::fs::read(&cfg.pause)?;
     let mut archives = vec![{
-        let bytes = seeds::pause_image(&pause)?;
+        let bytes = socialweb_oci::pause_image(socialweb_oci::PAUSE_IMAGE, &pause)?;
         seeds::Archive {
             name: "00-pause.tar".into(),
             sha256: format!("sha256:{}", digest::hex(&Sha256::digest(&bytes))),

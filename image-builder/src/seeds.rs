@@ -1,21 +1,17 @@
 //! The seed disk (`socialweb_wire::seeds`): a tar stream of image archives behind a manifest,
 //! written straight onto the disk. Archives are streamed in, so their size does not matter;
 //! every header is fixed (mode, owner, time 0), so the same archives give the same bytes.
-//! Also the sandbox image, made here from our `pause` binary so that nothing is pulled.
+//! The sandbox image on it is made from our `pause` binary by `socialweb_oci`.
 
 use std::io::{Read, Write};
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use serde_json::json;
 use sha2::{Digest, Sha256};
 use socialweb_wire::seeds::{MANIFEST, SeedImage, SeedManifest};
 
 use crate::digest::hex;
 use crate::progress::Task;
-
-/// The sandbox image containerd is configured with (the agent's default `--sandbox-image`).
-pub const PAUSE_IMAGE: &str = "socialweb.local/pause:3.10";
 
 fn header(size: u64) -> tar::Header {
     let mut h = tar::Header::new_gnu();
@@ -25,59 +21,6 @@ fn header(size: u64) -> tar::Header {
     h.set_mtime(0);
     h.set_size(size);
     h
-}
-
-/// A one-layer OCI image-layout archive holding `/pause`, for `reference`.
-pub fn pause_image(pause: &[u8]) -> Result<Vec<u8>> {
-    let mut layer = tar::Builder::new(Vec::new());
-    let mut h = header(pause.len() as u64);
-    h.set_mode(0o755);
-    layer.append_data(&mut h, "pause", pause)?;
-    let layer = layer.into_inner()?;
-    let digest = |b: &[u8]| hex(&Sha256::digest(b));
-    let config = serde_json::to_vec(&json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {"Entrypoint": ["/pause"], "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", digest(&layer))]},
-    }))?;
-    let manifest = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": format!("sha256:{}", digest(&config)), "size": config.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": format!("sha256:{}", digest(&layer)), "size": layer.len()}],
-    }))?;
-    let index = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": format!("sha256:{}", digest(&manifest)),
-            "size": manifest.len(),
-            "annotations": {
-                "io.containerd.image.name": PAUSE_IMAGE,
-                "org.opencontainers.image.ref.name": "3.10",
-            },
-        }],
-    }))?;
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in [
-        (
-            "oci-layout".to_string(),
-            br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
-        ),
-        ("index.json".to_string(), index),
-        (format!("blobs/sha256/{}", digest(&layer)), layer.clone()),
-        (format!("blobs/sha256/{}", digest(&config)), config.clone()),
-        (
-            format!("blobs/sha256/{}", digest(&manifest)),
-            manifest.clone(),
-        ),
-    ] {
-        b.append_data(&mut header(data.len() as u64), name, data.as_slice())?;
-    }
-    Ok(b.into_inner()?)
 }
 
 /// One archive for the disk: its name on the disk and where its bytes come from.

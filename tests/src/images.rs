@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
-pub use socialweb_provider::oci::{PAUSE_IMAGE, layer, write_image, write_pause};
+pub use socialweb_oci::{PAUSE_IMAGE, layer, write_image, write_pause};
 /// Reference of the image test pods run.
 pub const BUSYBOX_IMAGE: &str = "socialweb.local/busybox:1";
 
@@ -147,22 +147,6 @@ pub const CONFORMANCE_IMAGES: &[(&str, &[&str], &[&str])] = &[
 /// The pause image under the name the suite gives it (`imageutils.GetPauseImageName`).
 pub const CONFORMANCE_PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.1";
 
-fn sha256_file(path: &Path) -> Result<(String, u64)> {
-    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut n = 0u64;
-    loop {
-        let r = std::io::Read::read(&mut f, &mut buf)?;
-        if r == 0 {
-            break;
-        }
-        h.update(&buf[..r]);
-        n += r as u64;
-    }
-    Ok((h.finalize().iter().map(|b| format!("{b:02x}")).collect(), n))
-}
-
 /// Writes the conformance images into `out` (one OCI image-layout archive holding every name
 /// of [`CONFORMANCE_IMAGES`], which `ctr images import` imports as as many images sharing one
 /// layer), from a root filesystem tarball and the `agnhost` binary (with `localhost.crt` and
@@ -173,7 +157,6 @@ pub fn write_conformance_images(
     agnhost: &Path,
     work: &Path,
 ) -> Result<()> {
-    use serde_json::json;
     // The layer: the root filesystem with /agnhost (and the agnhost-2 link) appended.
     let layer_path = work.join("layer.tar");
     std::fs::copy(rootfs_tar, &layer_path)
@@ -210,114 +193,28 @@ pub fn write_conformance_images(
         ])
         .status()?;
     anyhow::ensure!(status.success(), "tar -r onto the layer failed ({status})");
-    let (layer_digest, layer_size) = sha256_file(&layer_path)?;
-
-    let hex = |b: &[u8]| -> String {
-        Sha256::digest(b)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
-    };
-    let mut blobs: Vec<(String, Vec<u8>)> = Vec::new();
-    let mut manifests = Vec::new();
-    for (reference, entrypoint, cmd) in CONFORMANCE_IMAGES {
-        let or_null = |v: &[&str]| {
-            if v.is_empty() {
-                serde_json::Value::Null
-            } else {
-                json!(v)
-            }
-        };
-        let config = serde_json::to_vec(&json!({
-            "architecture": "amd64",
-            "os": "linux",
-            "config": {
-                "Entrypoint": or_null(entrypoint),
-                "Cmd": or_null(cmd),
-                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-                "WorkingDir": "/",
-            },
-            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
-        }))?;
-        let config_digest = hex(&config);
-        let manifest = serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                       "digest": format!("sha256:{config_digest}"), "size": config.len()},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                        "digest": format!("sha256:{layer_digest}"), "size": layer_size}],
-        }))?;
-        let manifest_digest = hex(&manifest);
-        manifests.push(json!({
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": format!("sha256:{manifest_digest}"),
-            "size": manifest.len(),
-            "annotations": {
-                "io.containerd.image.name": reference,
-                "org.opencontainers.image.ref.name": reference.rsplit(':').next().unwrap_or("latest"),
-            },
-        }));
-        blobs.push((config_digest, config));
-        blobs.push((manifest_digest, manifest));
-    }
-    let index = serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": manifests}))?;
+    let images: Vec<socialweb_oci::Image<'_>> = CONFORMANCE_IMAGES
+        .iter()
+        .map(|(reference, entrypoint, cmd)| socialweb_oci::Image {
+            reference,
+            entrypoint,
+            cmd,
+            env: &["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        })
+        .collect();
     let file = std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
-    let mut b = tar::Builder::new(std::io::BufWriter::new(file));
-    fn put<W: std::io::Write>(
-        b: &mut tar::Builder<W>,
-        name: &str,
-        size: u64,
-        data: &mut dyn std::io::Read,
-    ) -> std::io::Result<()> {
-        let mut h = tar::Header::new_gnu();
-        h.set_mode(0o644);
-        h.set_size(size);
-        h.set_mtime(0);
-        b.append_data(&mut h, name, data)
-    }
-    put(
-        &mut b,
-        "oci-layout",
-        30,
-        &mut &br#"{"imageLayoutVersion":"1.0.0"}"#[..],
-    )?;
-    put(
-        &mut b,
-        "index.json",
-        index.len() as u64,
-        &mut index.as_slice(),
-    )?;
-    put(
-        &mut b,
-        &format!("blobs/sha256/{layer_digest}"),
-        layer_size,
-        &mut std::fs::File::open(&layer_path)?,
-    )?;
-    let mut seen = std::collections::HashSet::new();
-    for (digest, data) in &blobs {
-        if seen.insert(digest.clone()) {
-            put(
-                &mut b,
-                &format!("blobs/sha256/{digest}"),
-                data.len() as u64,
-                &mut data.as_slice(),
-            )?;
-        }
-    }
-    b.into_inner()?.into_inner().map_err(|e| e.into_error())?;
+    socialweb_oci::write_layout(
+        std::io::BufWriter::new(file),
+        &socialweb_oci::Layer::File(layer_path.clone()),
+        &images,
+    )?
+    .into_inner()
+    .map_err(|e| e.into_error())?;
     std::fs::remove_file(&layer_path)?;
     Ok(())
 }
 
 /// The pause image under the suite's name ([`CONFORMANCE_PAUSE_IMAGE`]).
 pub fn write_conformance_pause(out: &Path, pause_binary: &Path) -> Result<()> {
-    let bin = std::fs::read(pause_binary)
-        .with_context(|| format!("reading {}", pause_binary.display()))?;
-    write_image(
-        out,
-        CONFORMANCE_PAUSE_IMAGE,
-        layer(&[("pause", 0o755, bin)], &[])?,
-        &["/pause"],
-    )
+    socialweb_oci::write_pause_as(out, pause_binary, CONFORMANCE_PAUSE_IMAGE)
 }

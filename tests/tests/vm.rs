@@ -70,7 +70,8 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
         "the VM test builds the node image and runs qemu: run as root (./x test)"
     );
     let t = Instant::now();
-    let image = testbed::nodeimage::test_image().unwrap();
+    let image_dir = testbed::nodeimage::test_image().unwrap();
+    let image = image_dir.clone();
     step(t, "the node image is built");
     // A file the operator's host and the provider's machine have (they share this
     // filesystem here) and no guest has.
@@ -103,6 +104,36 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
     assert!(
         provider_log.contains("VMs run under"),
         "the provider says its accelerator: {provider_log}"
+    );
+    // An RFP for an image it does not hold is refused, naming the one it boots.
+    let held = std::fs::read_to_string(image_dir.join("nodeimage.json")).unwrap();
+    let held: Value = serde_json::from_str(&held).unwrap();
+    let other = format!("sha256:{}", "0".repeat(64));
+    let rfp = serde_json::json!({"id": "wrong-image", "spec": {"vcpu": 1, "memMiB": 1024, "diskMiB": 4096},
+        "image": other, "bid_deadline_ms": 1000, "isolation": "vm"});
+    let url = format!("{}/v1/rfps", b.providers[0].url);
+    let auth = b.provider_curl_args();
+    let body = rfp.to_string();
+    let mut args: Vec<&str> = vec![
+        "-s",
+        "--max-time",
+        "5",
+        "-w",
+        "\n%{http_code}",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        &body,
+    ];
+    args.extend(auth.iter().map(String::as_str));
+    args.push(&url);
+    let answer = b.host.exec("curl", &args).unwrap();
+    assert!(answer.ends_with("\n422"), "{answer}");
+    assert!(
+        answer.contains("image_not_held")
+            && answer.contains(&other)
+            && answer.contains(held["fingerprint"].as_str().unwrap()),
+        "{answer}"
     );
     let manifest = dir.path().join("escape.yaml");
     std::fs::write(&manifest, escape_pod(&marker)).unwrap();

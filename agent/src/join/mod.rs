@@ -232,3 +232,11 @@ pub fn upstreams(id: &NodeIdentity, except: std::net::IpAddr) -> Vec<std::net::S
         .filter(|a| a.ip() != except)
         .collect()
 }
+
+#[cfg(test)]
+mod sandbox_tests {
+    #[test]
+    fn the_sandbox_image_is_the_one_the_image_writer_makes() {
+        assert_eq!(super::DEFAULT_SANDBOX_IMAGE, socialweb_oci::PAUSE_IMAGE);
+    }
+}

@@ -8,7 +8,7 @@
 //! - [`book`]: its records (`provider.json`) and the market's rules over them.
 //! - [`nodes`]: a lease's machine made, its agent started and kept running, torn down.
 //! - [`server`]: the protocol's HTTP surface.
-//! - [`machine`], [`network`], [`oci`]: machines of namespaces, their links, the pause image.
+//! - [`machine`], [`network`]: machines of namespaces and their links.
 //! - [`vm`]: machines that are qemu guests booted from the node image (`machine = "vm"`).
 //!
 //! It keeps its own record of what it runs, so it can be asked what is really leased, and a
@@ -18,7 +18,6 @@ mod book;
 pub mod machine;
 pub mod network;
 mod nodes;
-pub mod oci;
 mod server;
 pub mod vm;
 mod vm_nodes;

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use crate::book::{LeaseEntry, set_state};
 use crate::machine::{self, Machine, MachineRecord};
 use crate::network::NodeNet;
-use crate::{Provider, failpoint, oci};
+use crate::{Provider, failpoint};
 
 /// How often the monitor looks at every live lease's machine.
 const MONITOR_EVERY: Duration = Duration::from_millis(250);
@@ -189,7 +189,7 @@ impl Provider {
         let m = Machine::create(&net.netns_path(), dir, &net.netns)?;
         let seeds = m.var_lib("socialweb/images");
         std::fs::create_dir_all(&seeds)?;
-        oci::write_pause(&seeds.join("pause.tar"), &cfg.kube_dir.join("pause"))?;
+        socialweb_oci::write_pause(&seeds.join("pause.tar"), &cfg.kube_dir.join("pause"))?;
         self.seed(&seeds)?;
         let bin = dir.join("bin");
         std::fs::create_dir_all(&bin)?;

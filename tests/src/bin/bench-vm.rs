@@ -1,0 +1,206 @@
+//! `bench/vm`: how long a rented node that is a VM takes, from the provider accepting the
+//! lease to the Node Ready, phase by phase, against the same node image run as a machine of
+//! namespaces by the same provider (no VM), on the real topology (one provider machine).
+//!
+//! Each boot is a fresh broker and cluster on the same world, a Pod applied at zero nodes:
+//!
+//! - `accepted`: the provider's lease `created_at`;
+//! - `vmm`: qemu started (the provider's guest record);
+//! - `agent`: the guest's agent said `started` on the status port;
+//! - `guest_ready`: it said `ready` (every bring-up step done);
+//! - `node_ready`: the Node's Ready condition seen true through the front (polled, 200 ms).
+//!
+//! The provider sees the status port every 250 ms, so the guest's phases are that coarse.
+//! Rounds interleave (vm, namespace, vm, ...). The seeds' firecracker guest reached Ready
+//! 5.5 s after its VMM started (a quoted figure: no firecracker here, and KVM, which it needs,
+//! hangs nested guests on this machine).
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use serde_json::Value;
+use testbed::broker::{Broker, BrokerOptions};
+use testbed::tmp::TempDir;
+use testbed::user::User;
+use testbed::world::World;
+
+/// The seeds' firecracker guest: VMM start to Node Ready.
+const FIRECRACKER_SEED_READY_MS: f64 = 5500.0;
+
+#[derive(Debug, Parser)]
+#[command(about = "A VM node's boot, phase by phase, against the same image as namespaces")]
+struct Args {
+    /// Boots of each kind (interleaved).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=20))]
+    rounds: u8,
+}
+
+const POD: &str = r#"apiVersion: v1
+kind: Pod
+metadata: {name: work, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: socialweb.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sleep", "3600"]
+"#;
+
+fn ms_of(rfc3339: &str) -> Result<f64> {
+    let t = humantime::parse_rfc3339(rfc3339).with_context(|| format!("a time: {rfc3339}"))?;
+    Ok(t.duration_since(SystemTime::UNIX_EPOCH)?.as_secs_f64() * 1e3)
+}
+
+fn now_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1e3)
+        .unwrap_or(0.0)
+}
+
+/// One boot's phases, milliseconds since 1970.
+#[derive(Debug, Default)]
+struct Boot {
+    applied: f64,
+    accepted: f64,
+    vmm: Option<f64>,
+    agent: Option<f64>,
+    guest_ready: Option<f64>,
+    node_ready: f64,
+    accel: Option<String>,
+}
+
+fn node_ready(u: &User, b: &Broker<'_>) -> bool {
+    let out = b
+        .kubectl_as(&u.kubeconfig, &[], &["get", "nodes", "-o", "json"])
+        .output();
+    let Ok(out) = out else { return false };
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["items"].as_array().is_some_and(|items| {
+        items.iter().any(|n| {
+            n["status"]["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+        })
+    })
+}
+
+/// The provider's book, as it keeps it.
+fn book(b: &Broker<'_>) -> Result<Value> {
+    let path = b.providers[0].state.join("local-provider/provider.json");
+    Ok(serde_json::from_slice(&std::fs::read(&path)?)?)
+}
+
+fn one_boot(world: &World, image: &Path, vm: bool, round: u8) -> Result<Boot> {
+    let b = Broker::start(
+        world,
+        BrokerOptions {
+            providers: 1,
+            provider_capacity: 1,
+            max_nodes: 1,
+            hold: Duration::from_secs(600),
+            image: Some(image.to_path_buf()),
+            vm,
+            ..Default::default()
+        },
+    )?;
+    let dir = TempDir::new("bench-vm")?;
+    let u = User::new(&b, dir.path(), &format!("bench{round}"));
+    let manifest = dir.path().join("pod.yaml");
+    std::fs::write(&manifest, POD)?;
+    let mut boot = Boot {
+        applied: now_ms(),
+        ..Default::default()
+    };
+    u.ok(&b, &["apply", "-f", manifest.to_str().unwrap_or_default()]);
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while !node_ready(&u, &b) {
+        if Instant::now() > deadline {
+            bail!("no Node Ready after 900 s:\n{}", b.diagnostics());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    boot.node_ready = now_ms();
+    let book = book(&b)?;
+    let lease = book["leases"]
+        .as_object()
+        .and_then(|l| l.values().find(|e| e["lease"]["state"] == "running"))
+        .context("no running lease in the provider's book")?;
+    boot.accepted = ms_of(lease["lease"]["created_at"].as_str().unwrap_or_default())?;
+    let g = &lease["guest"];
+    boot.vmm = g["vmm_started_ms"].as_f64();
+    boot.agent = g["agent_started_ms"].as_f64();
+    boot.guest_ready = g["ready_ms"].as_f64();
+    boot.accel = g["accel"].as_str().map(str::to_string);
+    Ok(boot)
+}
+
+fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn print(name: &str, v: Vec<f64>) -> f64 {
+    let (p50, min, max) = stats(v);
+    println!("{name}_p50_ms={p50:.0}");
+    println!("{name}_min_ms={min:.0}");
+    println!("{name}_max_ms={max:.0}");
+    p50
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let image = testbed::nodeimage::test_image()?;
+    let world = World::new(1)?;
+    let (mut vms, mut nss) = (Vec::new(), Vec::new());
+    for round in 1..=args.rounds {
+        for vm in [true, false] {
+            let kind = if vm { "vm" } else { "namespace" };
+            eprintln!("round {round}/{}: a {kind} node", args.rounds);
+            let boot = one_boot(&world, &image, vm, round)?;
+            eprintln!(
+                "  {kind}: accepted to Node Ready {:.1} s",
+                (boot.node_ready - boot.accepted) / 1e3
+            );
+            if vm { &mut vms } else { &mut nss }.push(boot);
+        }
+    }
+    let accel = vms[0].accel.clone().unwrap_or_else(|| "unknown".into());
+    println!("vm_accel={accel}");
+    println!("rounds={}", args.rounds);
+    let phase =
+        |f: &dyn Fn(&Boot) -> Option<f64>| -> Vec<f64> { vms.iter().filter_map(f).collect() };
+    print("vm_accepted_to_vmm", phase(&|b| Some(b.vmm? - b.accepted)));
+    print("vm_vmm_to_agent", phase(&|b| Some(b.agent? - b.vmm?)));
+    print(
+        "vm_agent_to_guest_ready",
+        phase(&|b| Some(b.guest_ready? - b.agent?)),
+    );
+    let vmm_ready = print(
+        "vm_vmm_to_node_ready",
+        phase(&|b| Some(b.node_ready - b.vmm?)),
+    );
+    let vm_total = print(
+        "vm_accepted_to_node_ready",
+        phase(&|b| Some(b.node_ready - b.accepted)),
+    );
+    print(
+        "vm_pod_applied_to_node_ready",
+        phase(&|b| Some(b.node_ready - b.applied)),
+    );
+    let ns_total = print(
+        "namespace_accepted_to_node_ready",
+        nss.iter().map(|b| b.node_ready - b.accepted).collect(),
+    );
+    println!("ratio_vm_vs_namespace={:.2}", vm_total / ns_total);
+    println!("firecracker_seed_vmm_to_ready_ms={FIRECRACKER_SEED_READY_MS:.0}");
+    println!(
+        "ratio_vm_vs_firecracker_seed={:.2}",
+        vmm_ready / FIRECRACKER_SEED_READY_MS
+    );
+    Ok(())
+}
