@@ -5,15 +5,56 @@
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use socialweb_wire::guest::{Event, GUEST_PATH, line};
+use socialweb_wire::guest::{Event, GUEST_PATH, PORT_NAME, line};
 use tracing::{debug, warn};
 
 /// Writes `e` to the status port, if the machine has one. Never blocks: a port nobody reads
 /// on the host loses the line rather than the agent's progress.
 pub fn report(e: &Event) {
-    report_to(Path::new(GUEST_PATH), e)
+    if let Some(port) = find_port() {
+        report_to(&port, e)
+    }
+}
+
+/// Says `started` once the port is there: the agent may start before the guest's kernel has
+/// loaded the virtio console driver (udev loads it), so it looks for the port for a minute
+/// on a thread of its own. Without a port (a machine of namespaces), it finds none and ends.
+pub fn report_started(node: &str) {
+    let e = Event::Started(node.to_string());
+    let spawned = std::thread::Builder::new()
+        .name("guest-port".into())
+        .spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < deadline {
+                if let Some(port) = find_port() {
+                    report_to(&port, &e);
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+    if let Err(err) = spawned {
+        warn!("the status port's thread: {err}");
+    }
+}
+
+/// The port's device: udev's `/dev/virtio-ports/<name>` link, or, before udev has made it
+/// (the agent may start first), the `vport` device whose name sysfs gives as ours.
+fn find_port() -> Option<PathBuf> {
+    if Path::new(GUEST_PATH).exists() {
+        return Some(PathBuf::from(GUEST_PATH));
+    }
+    std::fs::read_dir("/sys/class/virtio-ports")
+        .ok()?
+        .flatten()
+        .find(|d| {
+            std::fs::read_to_string(d.path().join("name")).is_ok_and(|n| n.trim() == PORT_NAME)
+        })
+        .map(|d| Path::new("/dev").join(d.file_name()))
+        .filter(|p| p.exists())
 }
 
 fn report_to(port: &Path, e: &Event) {

@@ -172,7 +172,7 @@ fn retry() -> Backoff {
 pub async fn run(opts: RunOptions) -> Result<()> {
     let id = read_identity(&opts.identity)?;
     info!(node = %id.node, cluster = %id.cluster, "identity read");
-    crate::guest_port::report(&socialweb_wire::guest::Event::Started(id.node.clone()));
+    crate::guest_port::report_started(&id.node);
     let join = opts.peers.is_none();
     let m = &opts.machine;
     let steps = Steps::new(

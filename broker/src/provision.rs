@@ -476,7 +476,8 @@ impl Provisioner {
             match self.accept(c, p, &bid.id).await {
                 Ok(lease) => {
                     info!(cluster = %c.name, node = %p.node, lease = %lease.id, bid = %bid.id,
-                          price = bid.price_micros_per_hour, eta_ms = bid.eta_ms, "bid accepted");
+                          price = bid.price_micros_per_hour, eta_ms = bid.eta_ms,
+                          machine = bid.machine.as_deref().unwrap_or("unsaid"), "bid accepted");
                     return Ok(());
                 }
                 Err(e) if !e.transient() => {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the upstream Kubernetes conformance suite for `./x conformance`, from the same pinned
-# k8s.io/kubernetes module as image-builder/kubernetes (go.mod here pins the same version and
-# replaces; tools.go names the packages), and caches it outside the repo:
+# k8s.io/kubernetes module as image-builder/kubernetes, and caches it outside the repo. go.mod
+# here pins the same version (checked) and has no replace lines of its own: the build takes
+# image-builder/kubernetes/go.mod's (the staging modules at the release's versions), so the
+# two cannot drift; tools.go names the packages.
 #   e2e.test  the suite (`go test -c k8s.io/kubernetes/test/e2e`)
 #   ginkgo    its runner, at the github.com/onsi/ginkgo/v2 version the module pins
 #   agnhost   test/images/agnhost, the binary of the suite's main test image (packed into an
@@ -24,7 +26,18 @@ kube_version="$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' ../k
   echo "build.sh: go.mod pins k8s.io/kubernetes $version but image-builder/kubernetes pins $kube_version" >&2
   exit 1
 }
-inputs_hash="$(cat go.mod go.sum tools.go build.sh | sha256sum | cut -c1-12)"
+if grep -q '^replace\|^replace (' go.mod; then
+  echo "build.sh: go.mod has replace lines of its own; they come from image-builder/kubernetes/go.mod" >&2
+  exit 1
+fi
+# The module the suite is built from: go.mod here with the Kubernetes build's replaces.
+replaces() {
+  awk '/^replace \(/ {block=1; next} block && /^\)/ {block=0; next}
+       block && NF {print "replace " $0} /^replace [^(]/ {print}' ../kubernetes/go.mod
+}
+[ -n "$(replaces)" ] || { echo "build.sh: no replace lines in image-builder/kubernetes/go.mod" >&2; exit 1; }
+effective_mod() { cat go.mod; echo; replaces; }
+inputs_hash="$( { effective_mod; cat go.sum tools.go build.sh; } | sha256sum | cut -c1-12)"
 cache="${SOCIALWEB_CACHE:-$HOME/.cache/socialweb}"
 out="$cache/conformance-$version-$inputs_hash"
 if [ -x "$out/e2e.test" ] && [ -x "$out/ginkgo" ] && [ -x "$out/agnhost" ] && [ -f "$out/localhost.crt" ]; then
@@ -44,6 +57,11 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
   ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
+mod="$tmp/mod"
+mkdir -p "$mod"
+effective_mod >"$mod/go.mod"
+cp go.sum tools.go "$mod/"
+cd "$mod"
 go mod download
 # agnhost runs in the test pods, whose image has no libc: a static binary.
 CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/agnhost" k8s.io/kubernetes/test/images/agnhost
@@ -53,6 +71,8 @@ chmod 644 "$tmp/localhost.crt" "$tmp/localhost.key"
 echo "build.sh: agnhost after $(( $(date +%s) - start ))s" >&2
 go build -trimpath -o "$tmp/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
 go test -c -trimpath -ldflags "$ldflags" -o "$tmp/e2e.test" k8s.io/kubernetes/test/e2e
+cd "$here"
+rm -rf "$mod"
 mv "$tmp" "$out"
 trap - EXIT
 echo "build.sh: built in $(( $(date +%s) - start ))s: $(du -h "$out/e2e.test" | cut -f1) e2e.test, $(du -h "$out/agnhost" | cut -f1) agnhost" >&2

@@ -189,6 +189,28 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
         .filter(|(_, p)| p.is_some())
         .collect();
     assert_eq!(guests.len(), 1, "one qemu runs the node: {guests:?}");
+    // The guest said `started` and `ready` on its status port, in that order, after qemu
+    // started (the provider's book; the lease is running by `ready` alone).
+    let book: Value = serde_json::from_slice(
+        &std::fs::read(b.providers[0].state.join("local-provider/provider.json")).unwrap(),
+    )
+    .unwrap();
+    let guest = &book["leases"][running[0]["id"].as_str().unwrap()]["guest"];
+    let at = |k: &str| {
+        guest[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no {k}: {guest}"))
+    };
+    assert!(
+        at("vmm_started_ms") <= at("agent_started_ms") && at("agent_started_ms") <= at("ready_ms"),
+        "{guest}"
+    );
+    eprintln!(
+        "qemu to agent started {} ms, to ready {} ms ({})",
+        at("agent_started_ms") - at("vmm_started_ms"),
+        at("ready_ms") - at("vmm_started_ms"),
+        guest["accel"]
+    );
     step(t, "another guest booted and joined; the Pod is Ready");
 
     // Its log, through the front.

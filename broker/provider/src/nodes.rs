@@ -125,8 +125,13 @@ impl Provider {
             None => self.net(e.slot).remove(),
         }
         if let crate::MachineKind::Vm(_) = self.inner.cfg.machine {
-            // (A boot cut short before its record was written leaves a directory.)
-            let _ = std::fs::remove_dir_all(self.node_dir(&e.lease.id));
+            // (A boot cut short before its record was written leaves a directory, and
+            // maybe a qemu.)
+            let files = crate::vm::GuestFiles {
+                dir: self.node_dir(&e.lease.id),
+            };
+            crate::vm::kill_leftover(&files);
+            let _ = std::fs::remove_dir_all(&files.dir);
         }
         self.inner.ledger.update(&e.lease.id, |x| {
             x.machine = None;

@@ -359,6 +359,32 @@ pub fn qemu_args(
     a
 }
 
+/// Kills a qemu left running in `files.dir` by a provider that crashed between starting it
+/// and writing its record (its pidfile names it; its command line names the directory, so a
+/// reused pid is left alone).
+pub fn kill_leftover(files: &GuestFiles) {
+    let Some(pid) = std::fs::read_to_string(files.pidfile())
+        .ok()
+        .and_then(|p| p.trim().parse::<u32>().ok())
+    else {
+        return;
+    };
+    let ours = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*files.dir.to_string_lossy()));
+    if ours {
+        GuestRecord {
+            dir: files.dir.clone(),
+            pid,
+            started: socialweb_proc::start_time(pid).unwrap_or(0),
+            accel: Accel::Tcg,
+            vmm_started_ms: 0,
+            agent_started_ms: None,
+            ready_ms: None,
+        }
+        .stop();
+    }
+}
+
 /// What survives a provider restart: enough to find the guest, follow it and remove it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GuestRecord {

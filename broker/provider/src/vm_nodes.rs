@@ -43,6 +43,7 @@ impl Provider {
         let files = GuestFiles {
             dir: self.node_dir(&e.lease.id),
         };
+        vm::kill_leftover(&files);
         let _ = std::fs::remove_dir_all(&files.dir);
         std::fs::create_dir_all(&files.dir)?;
         vm::make_disks(

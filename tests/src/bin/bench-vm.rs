@@ -125,11 +125,22 @@ fn one_boot(world: &World, image: &Path, vm: bool, round: u8) -> Result<Boot> {
         std::thread::sleep(Duration::from_millis(200));
     }
     boot.node_ready = now_ms();
-    let book = book(&b)?;
-    let lease = book["leases"]
-        .as_object()
-        .and_then(|l| l.values().find(|e| e["lease"]["state"] == "running"))
-        .context("no running lease in the provider's book")?;
+    // The Node is Ready before the agent's last steps (DNS, the mesh) are done: wait for the
+    // provider to see the guest's `ready` too.
+    let lease = loop {
+        let book = book(&b)?;
+        let running = book["leases"]
+            .as_object()
+            .and_then(|l| l.values().find(|e| e["lease"]["state"] == "running"))
+            .cloned();
+        if let Some(l) = running {
+            break l;
+        }
+        if Instant::now() > deadline {
+            bail!("no running lease in the provider's book:\n{book}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     boot.accepted = ms_of(lease["lease"]["created_at"].as_str().unwrap_or_default())?;
     let g = &lease["guest"];
     boot.vmm = g["vmm_started_ms"].as_f64();
@@ -145,6 +156,10 @@ fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
 }
 
 fn print(name: &str, v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        eprintln!("{name}: no boot recorded this phase");
+        return f64::NAN;
+    }
     let (p50, min, max) = stats(v);
     println!("{name}_p50_ms={p50:.0}");
     println!("{name}_min_ms={min:.0}");
@@ -179,6 +194,10 @@ fn main() -> Result<()> {
     print(
         "vm_agent_to_guest_ready",
         phase(&|b| Some(b.guest_ready? - b.agent?)),
+    );
+    print(
+        "vm_agent_to_node_ready",
+        phase(&|b| Some(b.node_ready - b.agent?)),
     );
     let vmm_ready = print(
         "vm_vmm_to_node_ready",
