@@ -167,7 +167,7 @@ pub enum MachineKind {
 #[serde(deny_unknown_fields, default)]
 pub struct Vm {
     /// `auto` (KVM when a probe guest runs under it within 5 s, else TCG), `kvm` or `tcg`.
-    pub accel: socialweb_provider::vm::AccelChoice,
+    pub accel: socialweb_provider::AccelChoice,
     /// A guest that has not reported ready by then fails its lease, with its console's last
     /// lines as the reason.
     #[serde(with = "humantime_serde_compat")]

@@ -71,7 +71,7 @@ pub fn provider_config(cfg: &Config) -> ProviderConfig {
         machine: match lp.machine {
             crate::config::MachineKind::Namespace => socialweb_provider::MachineKind::Namespace,
             crate::config::MachineKind::Vm => {
-                socialweb_provider::MachineKind::Vm(socialweb_provider::vm::VmSettings {
+                socialweb_provider::MachineKind::Vm(socialweb_provider::VmSettings {
                     accel: lp.vm.accel,
                     boot_timeout: lp.vm.boot_timeout,
                     qemu: lp.vm.qemu.clone(),

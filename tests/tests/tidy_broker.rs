@@ -12,8 +12,17 @@ use syn::visit::Visit;
 /// The longest a function may be, in lines from its signature to its closing brace.
 const MAX_LINES: usize = 80;
 
-/// What the broker may name of the provider crate: how to configure, start and serve it.
-const PROVIDER_ENTRY: &[&str] = &["Provider", "ProviderConfig", "Listen", "serve"];
+/// What the broker may name of the provider crate: how to configure (the config and the kinds
+/// of machine it names), start and serve it.
+const PROVIDER_ENTRY: &[&str] = &[
+    "Provider",
+    "ProviderConfig",
+    "MachineKind",
+    "VmSettings",
+    "AccelChoice",
+    "Listen",
+    "serve",
+];
 
 fn broker_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

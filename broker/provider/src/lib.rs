@@ -35,6 +35,7 @@ use network::NodeNet;
 use socialweb_market::{Accept, Lease, LeaseState, NodeSpec, Rfp, RfpRequest};
 
 pub use server::{Listen, serve};
+pub use vm::{AccelChoice, VmSettings};
 
 /// How the local provider is set up.
 #[derive(Debug, Clone)]

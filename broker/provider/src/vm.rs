@@ -275,6 +275,33 @@ impl GuestFiles {
     }
 }
 
+/// The guest's disks: the root overlay, the identity disk and the seed disk (read-only).
+fn disk_args(image: &NodeImage, files: &GuestFiles) -> Vec<String> {
+    let root = format!(
+        "file={},if=virtio,format=qcow2,cache=unsafe,discard=unmap",
+        files.root_disk().display()
+    );
+    let id = format!(
+        "file={},if=virtio,format=raw,readonly=on",
+        files.identity_disk().display()
+    );
+    let seeds = format!(
+        "file={},if=none,id=seeds,format=raw,readonly=on",
+        image.seeds.display()
+    );
+    let device = "virtio-blk-pci,drive=seeds,serial=socialweb-seeds".to_string();
+    vec![
+        "-drive".into(),
+        root,
+        "-drive".into(),
+        id,
+        "-drive".into(),
+        seeds,
+        "-device".into(),
+        device,
+    ]
+}
+
 /// qemu's command line for one guest (after the program's name).
 pub fn qemu_args(
     image: &NodeImage,
@@ -315,23 +342,12 @@ pub fn qemu_args(
         "-append",
         append.trim_end(),
     ]);
-    let root = format!(
-        "file={},if=virtio,format=qcow2,cache=unsafe,discard=unmap",
-        files.root_disk().display()
+    push(
+        &disk_args(image, files)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
     );
-    let id = format!(
-        "file={},if=virtio,format=raw,readonly=on",
-        files.identity_disk().display()
-    );
-    let seeds = format!(
-        "file={},if=none,id=seeds,format=raw,readonly=on",
-        image.seeds.display()
-    );
-    push(&["-drive", &root, "-drive", &id, "-drive", &seeds]);
-    push(&[
-        "-device",
-        "virtio-blk-pci,drive=seeds,serial=socialweb-seeds",
-    ]);
     // User-mode NAT: the guest's connections leave from this machine's own sockets; no
     // port is forwarded in.
     push(&[
