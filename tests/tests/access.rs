@@ -14,6 +14,7 @@ use serde_json::Value;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
 use testbed::tmp::TempDir;
+use testbed::user::text;
 use testbed::world::World;
 
 fn step(t: Instant, what: &str) {
@@ -85,14 +86,6 @@ fn keygen(dir: &Path, name: &str) -> (PathBuf, String) {
 
 fn run(mut c: Command) -> Output {
     c.output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Runs `kubectl` and returns stdout, panicking with everything on failure.

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use socialweb_market::NodeSpec;
 use socialweb_proc::same;
 use socialweb_wire::guest::{self, Event};
@@ -99,23 +98,6 @@ fn str_field<'a>(v: &'a serde_json::Value, path: &[&str], file: &Path) -> Result
     })
 }
 
-fn sha256_file(path: &Path) -> Result<(String, u64)> {
-    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut n = 0u64;
-    loop {
-        let k = f.read(&mut buf)?;
-        if k == 0 {
-            break;
-        }
-        h.update(&buf[..k]);
-        n += k as u64;
-    }
-    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    Ok((hex, n))
-}
-
 impl NodeImage {
     /// Reads `dir/nodeimage.json` and checks every file it lists (size and SHA-256), so that
     /// a guest boots exactly the bytes the fingerprint names.
@@ -135,7 +117,7 @@ impl NodeImage {
         for (name, meta) in files {
             let path = dir.join(name);
             let want = meta["sha256"].as_str().unwrap_or_default();
-            let (got, bytes) = sha256_file(&path)?;
+            let (got, bytes) = socialweb_oci::sha256_file(&path)?;
             if Some(bytes) != meta["bytes"].as_u64() || got != want.trim_start_matches("sha256:") {
                 bail!(
                     "{}: {} is not the file the image lists ({} bytes, sha256 {got}; listed: {} bytes, {want})",
@@ -388,16 +370,7 @@ pub fn kill_leftover(files: &GuestFiles) {
     let ours = std::fs::read(format!("/proc/{pid}/cmdline"))
         .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*files.dir.to_string_lossy()));
     if ours {
-        GuestRecord {
-            dir: files.dir.clone(),
-            pid,
-            started: socialweb_proc::start_time(pid).unwrap_or(0),
-            accel: Accel::Tcg,
-            vmm_started_ms: 0,
-            agent_started_ms: None,
-            ready_ms: None,
-        }
-        .stop();
+        stop_qemu(pid, socialweb_proc::start_time(pid).unwrap_or(0));
     }
 }
 
@@ -539,20 +512,26 @@ impl GuestRecord {
 
     /// Powers the guest off (qemu ends it: SIGTERM, then SIGKILL after 10 s).
     pub fn stop(&self) {
-        use nix::sys::signal::{Signal, kill};
-        use nix::unistd::Pid;
-        if !self.running() {
-            return;
-        }
-        let pid = Pid::from_raw(self.pid as i32);
-        let _ = kill(pid, Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.running() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        if self.running() {
-            let _ = kill(pid, Signal::SIGKILL);
-        }
+        stop_qemu(self.pid, self.started);
+    }
+}
+
+/// Ends qemu `pid` (started at `started`, so a reused pid is left alone): SIGTERM, which it
+/// answers by shutting the guest down, then SIGKILL after 10 s.
+fn stop_qemu(pid: u32, started: u64) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    if !same(pid, started) {
+        return;
+    }
+    let p = Pid::from_raw(pid as i32);
+    let _ = kill(p, Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while same(pid, started) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if same(pid, started) {
+        let _ = kill(p, Signal::SIGKILL);
     }
 }
 

@@ -29,6 +29,24 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// Lowercase hex SHA-256 of a file, and its size, read in 1 MiB pieces (a layer or a disk
+/// image may be GiBs).
+pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let k = f.read(&mut buf)?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
+    }
+    Ok((h.finalize().iter().map(|b| format!("{b:02x}")).collect(), n))
+}
+
 fn header(size: u64, mode: u32) -> tar::Header {
     let mut h = tar::Header::new_gnu();
     h.set_mode(mode);
@@ -89,22 +107,7 @@ impl Layer {
     fn digest_and_size(&self) -> Result<(String, u64)> {
         match self {
             Layer::Bytes(b) => Ok((sha256_hex(b), b.len() as u64)),
-            Layer::File(p) => {
-                let mut f =
-                    std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?;
-                let mut h = Sha256::new();
-                let mut buf = vec![0u8; 1 << 20];
-                let mut n = 0u64;
-                loop {
-                    let k = f.read(&mut buf)?;
-                    if k == 0 {
-                        break;
-                    }
-                    h.update(&buf[..k]);
-                    n += k as u64;
-                }
-                Ok((h.finalize().iter().map(|b| format!("{b:02x}")).collect(), n))
-            }
+            Layer::File(p) => sha256_file(p),
         }
     }
 }
