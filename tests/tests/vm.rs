@@ -215,8 +215,13 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
 
     // Its log, through the front.
     let log = wait_for("the Pod's report", Duration::from_secs(60), || {
-        let log = u.ok(&b, &["logs", "escape"]);
-        Ok(log.contains("done").then_some(log))
+        // (The kubelet of a guest under TCG may be slow to answer its first TLS handshake
+        // through the tunnel: a failed read is tried again.)
+        let o = b
+            .kubectl_as(&u.kubeconfig, &[], &["logs", "escape"])
+            .output()?;
+        let log = String::from_utf8_lossy(&o.stdout).into_owned();
+        Ok((o.status.success() && log.contains("done")).then_some(log))
     })
     .unwrap();
     eprintln!("{log}");
