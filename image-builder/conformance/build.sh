@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Builds the upstream Kubernetes conformance suite for `./x conformance`, from the same pinned
-# k8s.io/kubernetes module as image-builder/kubernetes, and caches it outside the repo. go.mod
-# here pins the same version (checked) and has no replace lines of its own: the build takes
-# image-builder/kubernetes/go.mod's (the staging modules at the release's versions), so the
-# two cannot drift; tools.go names the packages.
+# k8s.io/kubernetes module as image-builder/kubernetes, and caches it outside the repo; the
+# module (module.sh) is go.mod here with image-builder/kubernetes/go.mod's replace lines, so the
+# staging modules' versions have one source; tools.go names the packages.
 #   e2e.test  the suite (`go test -c k8s.io/kubernetes/test/e2e`)
 #   ginkgo    its runner, at the github.com/onsi/ginkgo/v2 version the module pins
 #   agnhost   test/images/agnhost, the binary of the suite's main test image (packed into an
@@ -14,30 +13,14 @@
 #
 # Prints the directory holding them.
 # Cache: ${SOCIALWEB_CACHE:-$HOME/.cache/socialweb}/conformance-<version>-<hash of the inputs>/
+# (the module, go.sum, tools.go, this script and module.sh)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
 export GOFLAGS="${GOFLAGS:-} -mod=mod"
 export GOTOOLCHAIN=local
-version="$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' go.mod)"
-[ -n "$version" ] || { echo "build.sh: no k8s.io/kubernetes version in go.mod" >&2; exit 1; }
-kube_version="$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' ../kubernetes/go.mod)"
-[ "$version" = "$kube_version" ] || {
-  echo "build.sh: go.mod pins k8s.io/kubernetes $version but image-builder/kubernetes pins $kube_version" >&2
-  exit 1
-}
-if grep -q '^replace\|^replace (' go.mod; then
-  echo "build.sh: go.mod has replace lines of its own; they come from image-builder/kubernetes/go.mod" >&2
-  exit 1
-fi
-# The module the suite is built from: go.mod here with the Kubernetes build's replaces.
-replaces() {
-  awk '/^replace \(/ {block=1; next} block && /^\)/ {block=0; next}
-       block && NF {print "replace " $0} /^replace [^(]/ {print}' ../kubernetes/go.mod
-}
-[ -n "$(replaces)" ] || { echo "build.sh: no replace lines in image-builder/kubernetes/go.mod" >&2; exit 1; }
-effective_mod() { cat go.mod; echo; replaces; }
-inputs_hash="$( { effective_mod; cat go.sum tools.go build.sh; } | sha256sum | cut -c1-12)"
+. "$here/module.sh"
+inputs_hash="$( { effective_mod; cat go.sum tools.go build.sh module.sh; } | sha256sum | cut -c1-12)"
 cache="${SOCIALWEB_CACHE:-$HOME/.cache/socialweb}"
 out="$cache/conformance-$version-$inputs_hash"
 if [ -x "$out/e2e.test" ] && [ -x "$out/ginkgo" ] && [ -x "$out/agnhost" ] && [ -f "$out/localhost.crt" ]; then
@@ -58,9 +41,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 mod="$tmp/mod"
-mkdir -p "$mod"
-effective_mod >"$mod/go.mod"
-cp go.sum tools.go "$mod/"
+make_module "$mod"
 cd "$mod"
 go mod download
 # agnhost runs in the test pods, whose image has no libc: a static binary.

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The root filesystem of the conformance suite's test images (agnhost, jessie-dnsutils, busybox,
-# nginx, httpd, as socialweb-conformance names them): a minimal Debian made by debootstrap with
-# the tools the suite's pods run (dig for the DNS probes, getent, curl, nc, ip, iptables,
-# busybox for its applets) -- what the upstream agnhost image (a Debian base with these
-# packages) holds. debootstrap installs what the mirror has that day, so the result is cached
+# The root filesystem of the conformance suite's test images (agnhost, jessie-dnsutils, nginx,
+# httpd, nonroot, nonewprivs, nautilus, sample-apiserver, etcd, as socialweb-conformance names
+# them; busybox is an image of its own): a minimal Debian made by debootstrap with the tools the
+# suite's pods run (dig for the DNS probes, getent, curl, nc, ip, iptables) -- what the upstream
+# agnhost image (a Debian base with these packages) holds -- and Debian's Apache httpd and nginx
+# for the httpd and nginx images, configured as the upstream images are (httpd.conf, nginx.conf).
+# debootstrap installs what the mirror has that day, so the result is cached
 # as a tarball keyed by the package list and this script, and reused from then on.
 #
 # Prints the path of the tarball.
@@ -12,8 +14,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 suite=bookworm
 mirror="${SOCIALWEB_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-packages=busybox,ca-certificates,curl,dnsutils,iproute2,iptables,iputils-ping,netcat-openbsd,procps
-hash="$( (cat "$here/rootfs.sh"; echo "$suite $packages") | sha256sum | cut -c1-12)"
+packages=apache2-bin,busybox,ca-certificates,curl,dnsutils,iproute2,iptables,iputils-ping,media-types,netcat-openbsd,nginx,procps
+hash="$( (cat "$here/rootfs.sh" "$here/httpd.conf" "$here/nginx.conf"; echo "$suite $packages") | sha256sum | cut -c1-12)"
 cache="${SOCIALWEB_CACHE:-$HOME/.cache/socialweb}"
 out="$cache/conformance-rootfs-$hash.tar"
 if [ -f "$out" ]; then
@@ -32,6 +34,13 @@ debootstrap --variant=minbase --include="$packages" "$suite" "$tmp/root" "$mirro
 rm -rf "$tmp/root/var/cache/apt/"* "$tmp/root/var/lib/apt/lists/"* \
   "$tmp/root/usr/share/doc" "$tmp/root/usr/share/man" "$tmp/root/usr/share/locale" \
   "$tmp/root/var/log/"*
+# httpd and nginx as the upstream images lay them out; their pages come with the images
+# (socialweb-conformance adds httpd's from the module).
+install -D -m 644 "$here/httpd.conf" "$tmp/root/usr/local/apache2/conf/httpd.conf"
+mkdir -p "$tmp/root/usr/local/apache2/htdocs" "$tmp/root/usr/share/nginx/html"
+install -m 644 "$here/nginx.conf" "$tmp/root/etc/nginx/nginx.conf"
+rm -rf "$tmp/root/etc/nginx/sites-enabled" "$tmp/root/etc/nginx/conf.d"
+printf '<html><body><h1>Welcome to nginx!</h1></body></html>\n' >"$tmp/root/usr/share/nginx/html/index.html"
 # Containers get /etc/hosts, /etc/resolv.conf and /etc/hostname from the kubelet.
 : >"$tmp/root/etc/hostname"
 tar --numeric-owner --sort=name --mtime=@0 -C "$tmp/root" -cf "$tmp/rootfs.tar" .

@@ -64,15 +64,30 @@ pub struct Credentials {
     /// The service-account signing key and its public half.
     pub sa_key: PathBuf,
     pub sa_pub: PathBuf,
-    /// The CA of the front's client certificate, for request-header authentication: a request
-    /// presenting a certificate of this CA named [`FRONT_PROXY_NAME`] is taken to be from the
-    /// user and groups its `X-Remote-User`/`X-Remote-Group` headers name (docs/api.md). A CA
-    /// of its own, not the cluster CA, so no other certificate can claim that.
-    pub front_proxy_ca: Option<PathBuf>,
+    /// Request-header authentication: the front's and the aggregator's.
+    pub front_proxy: Option<FrontProxy>,
+}
+
+/// The request-header CA and the apiserver's own certificate of it.
+#[derive(Debug, Clone)]
+pub struct FrontProxy {
+    /// The CA of the front's client certificate: a request presenting a certificate of this
+    /// CA named [`FRONT_PROXY_NAME`] (or [`AGGREGATOR_NAME`]) is taken to be from the user and
+    /// groups its `X-Remote-User`/`X-Remote-Group` headers name (docs/api.md). A CA of its
+    /// own, not the cluster CA, so no other certificate can claim that.
+    pub ca: PathBuf,
+    /// The apiserver's client certificate of that CA, named [`AGGREGATOR_NAME`]: what its
+    /// aggregator presents to an aggregated API server (an APIService's Pods), which checks
+    /// it against the CA the apiserver publishes in kube-system's
+    /// `extension-apiserver-authentication` ConfigMap before it believes the headers.
+    pub aggregator_cert: PathBuf,
+    pub aggregator_key: PathBuf,
 }
 
 /// The CommonName of the front's request-header client certificate.
 pub const FRONT_PROXY_NAME: &str = "socialweb:front";
+/// The CommonName of the aggregator's.
+pub const AGGREGATOR_NAME: &str = "socialweb:aggregator";
 
 /// Where the apiserver listens and where its datastore is.
 #[derive(Debug, Clone)]
@@ -251,10 +266,15 @@ pub fn apiserver_args(a: &Apiserver, c: &Credentials) -> Vec<OsString> {
             arg("kubelet-certificate-authority", &h.kubelet_ca),
         ]);
     }
-    if let Some(ca) = &c.front_proxy_ca {
+    if let Some(f) = &c.front_proxy {
         args.extend([
-            arg("requestheader-client-ca-file", ca),
-            arg("requestheader-allowed-names", FRONT_PROXY_NAME),
+            arg("requestheader-client-ca-file", &f.ca),
+            arg(
+                "requestheader-allowed-names",
+                format!("{FRONT_PROXY_NAME},{AGGREGATOR_NAME}"),
+            ),
+            arg("proxy-client-cert-file", &f.aggregator_cert),
+            arg("proxy-client-key-file", &f.aggregator_key),
             arg("requestheader-username-headers", "X-Remote-User"),
             arg("requestheader-group-headers", "X-Remote-Group"),
             arg("requestheader-extra-headers-prefix", "X-Remote-Extra-"),
@@ -341,7 +361,11 @@ mod tests {
             kubelet_client_key: p("kc.key"),
             sa_key: p("sa.key"),
             sa_pub: p("sa.pub"),
-            front_proxy_ca: Some(p("front-proxy/ca.crt")),
+            front_proxy: Some(FrontProxy {
+                ca: p("front-proxy/ca.crt"),
+                aggregator_cert: p("front-proxy/aggregator.crt"),
+                aggregator_key: p("front-proxy/aggregator.key"),
+            }),
         }
     }
 
@@ -366,7 +390,14 @@ mod tests {
         assert!(has(&a, "--authorization-mode=Node,RBAC"));
         assert!(has(&a, "--enable-admission-plugins=NodeRestriction"));
         assert!(has(&a, "--service-account-key-file=/pki/sa.pub"));
-        assert!(has(&a, "--requestheader-allowed-names=socialweb:front"));
+        assert!(has(
+            &a,
+            "--requestheader-allowed-names=socialweb:front,socialweb:aggregator"
+        ));
+        assert!(has(
+            &a,
+            "--proxy-client-cert-file=/pki/front-proxy/aggregator.crt"
+        ));
         assert!(has(
             &a,
             "--requestheader-client-ca-file=/pki/front-proxy/ca.crt"

@@ -168,6 +168,7 @@ impl Spec {
             &format!("socialweb {} front-proxy CA", self.cluster),
         )?;
         let front = front_proxy.client("front", super::FRONT_PROXY_NAME, &[])?;
+        let aggregator = front_proxy.client("aggregator", super::AGGREGATOR_NAME, &[])?;
         let etcd = self.etcd_pki()?;
         let guard_addr =
             std::net::SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), self.ports.guard);
@@ -202,7 +203,11 @@ impl Spec {
                 kubelet_client_key: kubelet_client.key,
                 sa_pub: sa_key.with_extension("pub"),
                 sa_key,
-                front_proxy_ca: Some(front_proxy.ca_cert()),
+                front_proxy: Some(super::FrontProxy {
+                    ca: front_proxy.ca_cert(),
+                    aggregator_cert: aggregator.cert,
+                    aggregator_key: aggregator.key,
+                }),
             },
             url,
         })

@@ -120,6 +120,8 @@ pub struct Image<'a> {
     pub entrypoint: &'a [&'a str],
     pub cmd: &'a [&'a str],
     pub env: &'a [&'a str],
+    /// The user it runs as (`1234`, `nobody:nogroup`); none for root.
+    pub user: Option<&'a str>,
 }
 
 impl<'a> Image<'a> {
@@ -130,6 +132,7 @@ impl<'a> Image<'a> {
             entrypoint,
             cmd: &[],
             env: &["PATH=/bin"],
+            user: None,
         }
     }
 }
@@ -144,15 +147,20 @@ pub fn write_layout<W: Write>(w: W, layer: &Layer, images: &[Image<'_>]) -> Resu
     let mut blobs: Vec<(String, Vec<u8>)> = Vec::new();
     let mut manifests = Vec::new();
     for image in images {
+        let mut run = json!({
+            "Entrypoint": or_null(image.entrypoint),
+            "Cmd": or_null(image.cmd),
+            "Env": image.env,
+            "WorkingDir": "/",
+        });
+        // Only when set: the configs (and digests) of images without a user stay as they were.
+        if let Some(user) = image.user {
+            run["User"] = json!(user);
+        }
         let config = serde_json::to_vec(&json!({
             "architecture": "amd64",
             "os": "linux",
-            "config": {
-                "Entrypoint": or_null(image.entrypoint),
-                "Cmd": or_null(image.cmd),
-                "Env": image.env,
-                "WorkingDir": "/",
-            },
+            "config": run,
             "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
         }))?;
         let config_digest = sha256_hex(&config);
@@ -311,12 +319,14 @@ mod tests {
                 entrypoint: &["/bin/x"],
                 cmd: &[],
                 env: &[],
+                user: None,
             },
             Image {
                 reference: "r/b:2",
                 entrypoint: &[],
                 cmd: &["run"],
                 env: &[],
+                user: Some("1234"),
             },
         ];
         let a = write_layout(Vec::new(), &Layer::File(layer_file.clone()), &images).unwrap();
@@ -330,6 +340,22 @@ mod tests {
         );
         let index: Value = serde_json::from_slice(&files[1].1).unwrap();
         assert_eq!(index["manifests"].as_array().unwrap().len(), 2);
+        // The configs: a user only where one was given.
+        let users: Vec<Option<String>> = files
+            .iter()
+            .filter_map(|(_, data)| serde_json::from_slice::<Value>(data).ok())
+            .filter(|v| v["rootfs"]["type"] == "layers")
+            .map(|v| {
+                v["config"]
+                    .get("User")
+                    .map(|u| u.as_str().unwrap().to_string())
+            })
+            .collect();
+        assert_eq!(users.len(), 2);
+        assert!(
+            users.contains(&None) && users.contains(&Some("1234".into())),
+            "{users:?}"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 }

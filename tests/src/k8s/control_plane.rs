@@ -164,7 +164,7 @@ impl<'a> ControlPlane<'a> {
             kubelet_client_key: kubelet_client.key.clone(),
             sa_pub: sa_key.with_extension("pub"),
             sa_key: sa_key.clone(),
-            front_proxy_ca: None,
+            front_proxy: None,
         };
         let apiserver = start(
             "apiserver",
