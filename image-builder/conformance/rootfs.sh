@@ -5,8 +5,8 @@
 # suite's pods run (dig for the DNS probes, getent, curl, nc, ip, iptables) -- what the upstream
 # agnhost image (a Debian base with these packages) holds -- and Debian's Apache httpd and nginx
 # for the httpd and nginx images, configured as the upstream images are (httpd.conf, nginx.conf).
-# debootstrap installs what the mirror has that day, so the result is cached
-# as a tarball keyed by the package list and this script, and reused from then on.
+# debootstrap installs what the mirror has that day, so the result is cached as a tarball keyed
+# by the package list, this script and the two configuration files, and reused from then on.
 #
 # Prints the path of the tarball.
 # Cache: ${SOCIALWEB_CACHE:-$HOME/.cache/socialweb}/conformance-rootfs-<hash>.tar

@@ -170,6 +170,7 @@ fn main() -> Result<()> {
         &ginkgo,
         &agnhost,
         &args.rootfs,
+        &args.images_dir.join("busybox"),
         &args.images_dir.join("nnp"),
     ] {
         if !p.is_file() {
