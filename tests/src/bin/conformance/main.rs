@@ -412,15 +412,7 @@ impl Suite<'_> {
         })?;
         let cases = report::selected(report::parse_junit(&xml)?);
         let outcomes = report::outcomes(&part.name, cases, known);
-        let mut results = String::new();
-        for o in &outcomes {
-            results.push_str(&format!(
-                "{} {:>7.1}s {}\n",
-                o.verdict.word(),
-                o.case.seconds,
-                o.case.name
-            ));
-        }
+        let results: String = outcomes.iter().map(|o| o.line() + "\n").collect();
         std::fs::write(dir.join("results.txt"), &results)?;
         Ok((outcomes, seconds))
     }
@@ -430,12 +422,7 @@ impl Suite<'_> {
 /// and its figures.
 fn print_part(part: &Part, outcomes: &[Outcome], seconds: f64, known: &Path) {
     for o in outcomes {
-        println!(
-            "{} {:>7.1}s {}",
-            o.verdict.word(),
-            o.case.seconds,
-            o.case.name
-        );
+        println!("{}", o.line());
     }
     for o in outcomes
         .iter()

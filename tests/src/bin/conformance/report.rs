@@ -110,6 +110,18 @@ pub struct Outcome {
     pub known: bool,
 }
 
+impl Outcome {
+    /// Its line in a part's results.txt and in the runner's output.
+    pub fn line(&self) -> String {
+        format!(
+            "{} {:>7.1}s {}",
+            self.verdict.word(),
+            self.case.seconds,
+            self.case.name
+        )
+    }
+}
+
 pub fn outcomes(part: &str, cases: Vec<Case>, known: &[String]) -> Vec<Outcome> {
     cases
         .into_iter()
