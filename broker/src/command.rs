@@ -35,6 +35,23 @@ pub enum Command {
         /// A user's invite code, redeemed when registration is by invite.
         #[serde(default)]
         invite: Option<String>,
+        /// Its own idle time before hibernating, in seconds (0: never; `None`: the broker's
+        /// `clusters.hibernate_after`). The operator's to give.
+        #[serde(default)]
+        hibernate_after_secs: Option<u64>,
+    },
+    /// Sets a cluster's own `hibernate_after` (`None`: back to the broker's).
+    SetHibernateAfter {
+        name: String,
+        #[serde(default)]
+        secs: Option<u64>,
+    },
+    /// Wakes a hibernating cluster (the operator's, whose admin kubeconfig reaches the
+    /// apiserver directly, not through the front); answered once it is ready or `wait_secs`
+    /// pass.
+    WakeCluster {
+        name: String,
+        wait_secs: u64,
     },
     DeleteCluster {
         name: String,
@@ -80,6 +97,8 @@ impl Command {
         match self {
             Command::CreateCluster { .. } => "create a cluster",
             Command::DeleteCluster { .. } => "delete a cluster",
+            Command::SetHibernateAfter { .. } => "set a cluster's hibernate_after",
+            Command::WakeCluster { .. } => "wake a cluster",
             Command::ListClusters => "list clusters",
             Command::ShowCluster { .. } => "show a cluster",
             Command::Leases => "list the provider's leases",
@@ -97,10 +116,19 @@ impl Command {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum ClusterState {
-    Starting { detail: String },
+    Starting {
+        detail: String,
+    },
     Ready,
+    /// Its control plane stopped while idle, since `since` (Unix milliseconds); the first
+    /// request at the front wakes it.
+    Hibernating {
+        since: i64,
+    },
     Deleting,
-    Failed { error: String },
+    Failed {
+        error: String,
+    },
 }
 
 /// A cluster, as `cluster list` and `cluster create` answer.
@@ -117,6 +145,8 @@ pub struct ClusterInfo {
     pub nodes: usize,
     /// The DID it belongs to (`None`: the operator's).
     pub owner: Option<String>,
+    /// Its idle time before hibernating, in seconds, its own or the broker's (0: never).
+    pub hibernate_after_secs: u64,
 }
 
 /// A cluster with its decisions and provisions, as `cluster show` answers.

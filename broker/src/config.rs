@@ -330,6 +330,12 @@ pub struct ClusterDefaults {
     /// on namespace nodes too, as every DID's cluster does (docs/security.md). The upstream
     /// conformance run turns it off: some of its tests run hostNetwork Pods.
     pub isolate_operators_clusters: bool,
+    /// How long a cluster with no nodes, no lease, no request at the front and nothing
+    /// inside it that will act by itself stays awake before its control plane stops
+    /// (docs/hibernation.md); `0` never. A cluster's own (`cluster create
+    /// --hibernate-after`, `cluster set`) overrides it.
+    #[serde(with = "humantime_serde_compat")]
+    pub hibernate_after: Duration,
 }
 
 impl Default for Config {
@@ -450,6 +456,7 @@ impl Default for ClusterDefaults {
             port_base: 16443,
             port_count: 1000,
             isolate_operators_clusters: true,
+            hibernate_after: Duration::from_secs(600),
         }
     }
 }
@@ -493,6 +500,10 @@ pub const ENV: &[(&str, &str)] = &[
     ("SOCIALWEB_BROKER_MARKET_URL", "market.url"),
     ("SOCIALWEB_BROKER_SERVICE_ADDR", "service_addr"),
     ("SOCIALWEB_BROKER_KUBE_DIR", "kube_dir"),
+    (
+        "SOCIALWEB_BROKER_HIBERNATE_AFTER",
+        "clusters.hibernate_after",
+    ),
 ];
 
 /// Whether `market.image` is something an RFP can name.
@@ -503,6 +514,27 @@ fn image_ref_ok(i: &str) -> bool {
         || i.strip_prefix("socialweb-node-")
             .is_some_and(|h| hex(h, 16))
         || std::path::Path::new(i).join("nodeimage.json").is_file()
+}
+
+/// A cluster's idle time before it hibernates: `0` (never), or from a second to a year (a
+/// shorter one would stop and start a control plane between a client's requests).
+pub fn hibernate_after_ok(d: Duration) -> Result<(), String> {
+    if d.is_zero() {
+        return Ok(());
+    }
+    if d < Duration::from_secs(1) {
+        return Err(format!(
+            "{} is too short: give 0 (never) or at least 1s",
+            humantime::format_duration(d)
+        ));
+    }
+    if d > Duration::from_secs(365 * 86400) {
+        return Err(format!(
+            "{} is longer than a year: give 0 for never",
+            humantime::format_duration(d)
+        ));
+    }
+    Ok(())
 }
 
 fn parse_num<T: std::str::FromStr>(var: &str, v: &str) -> Result<T, ConfigError>
@@ -577,6 +609,9 @@ impl Config {
                         .map_err(|e| err(var, format!("{v:?}: {e}")))?
                 }
                 "SOCIALWEB_BROKER_KUBE_DIR" => c.kube_dir = v.into(),
+                "SOCIALWEB_BROKER_HIBERNATE_AFTER" => {
+                    c.clusters.hibernate_after = parse_duration(var, &v)?
+                }
                 _ => {}
             }
         }
@@ -741,6 +776,8 @@ impl Config {
         if self.scale.pods_per_node < 1 {
             return Err(err(&o("scale.pods_per_node"), "0 must be at least 1"));
         }
+        hibernate_after_ok(self.clusters.hibernate_after)
+            .map_err(|e| err(&o("clusters.hibernate_after"), e))?;
         if self.scale.hold.is_zero() {
             return Err(err(&o("scale.hold"), "must be longer than 0s"));
         }
@@ -963,6 +1000,37 @@ mod tests {
         assert_eq!(c.scale.pods_per_node, 8);
         assert_eq!(c.scale.hold, Duration::from_secs(120));
         assert_eq!(c.scale.expendable_priority_cutoff, -10);
+        assert_eq!(c.clusters.hibernate_after, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn hibernate_after_is_zero_or_a_sane_time_and_errors_name_the_key() {
+        let var = "SOCIALWEB_BROKER_HIBERNATE_AFTER";
+        assert_eq!(
+            load(&[(var, "0")]).unwrap().clusters.hibernate_after,
+            Duration::ZERO
+        );
+        assert_eq!(
+            load(&[(var, "30m")]).unwrap().clusters.hibernate_after,
+            Duration::from_secs(1800)
+        );
+        for (v, needle) in [
+            ("200ms", "too short"),
+            ("400days", "longer than a year"),
+            ("later", "not a duration"),
+        ] {
+            let e = load(&[(var, v)]).unwrap_err();
+            assert_eq!(e.source_name, var, "{e}");
+            assert!(e.problem.contains(needle), "{v}: {e}");
+        }
+        let e = toml::from_str::<Config>("[clusters]\nhibernate_after = \"5s\"\n")
+            .map(|c| c.validate(&|_| None));
+        assert!(matches!(e, Ok(Ok(()))), "{e:?}");
+        let e = toml::from_str::<Config>("[clusters]\nhibernate_after = \"10ms\"\n")
+            .unwrap()
+            .validate(&|_| None)
+            .unwrap_err();
+        assert_eq!(e.source_name, "clusters.hibernate_after", "{e}");
     }
 
     #[test]

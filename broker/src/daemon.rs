@@ -347,6 +347,7 @@ fn cluster_settings(cfg: &Config) -> ClusterSettings {
         max_total: cfg.access.max_clusters,
         namespace_nodes: cfg.market.isolation == socialweb_market::Isolation::Namespace,
         isolate_operators_clusters: cfg.clusters.isolate_operators_clusters,
+        hibernate_after: cfg.clusters.hibernate_after,
         knobs: Knobs {
             max_nodes: cfg.scale.max_nodes,
             pods_per_node: cfg.scale.pods_per_node,

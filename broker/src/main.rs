@@ -211,9 +211,29 @@ enum ClusterCommand {
         /// (getKubeconfig). Without it the cluster is the operator's alone.
         #[arg(long)]
         owner: Option<String>,
+        /// Its own idle time before its control plane hibernates (`0`: never); without
+        /// it, the broker's `clusters.hibernate_after` (docs/hibernation.md).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        hibernate_after: Option<Duration>,
     },
     /// Every cluster, its state and node count.
     List,
+    /// Change a cluster's settings.
+    Set {
+        name: String,
+        /// Its idle time before hibernating: a duration (`30m`), `0` for never, or
+        /// `default` for the broker's `clusters.hibernate_after`.
+        #[arg(long, value_parser = parse_hibernate_after)]
+        hibernate_after: HibernateAfter,
+    },
+    /// Wake a hibernating cluster and wait for its apiserver (a request at the front wakes
+    /// it too; the admin kubeconfig reaches the apiserver directly and does not).
+    Wake {
+        name: String,
+        /// How long to wait for it to be ready.
+        #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+    },
     /// A cluster's scale decisions and provisions.
     Show { name: String },
     /// Delete a cluster: release every node, stop its control plane, remove its data.
@@ -234,6 +254,22 @@ struct RelayArgs {
     /// Admit anyone (a relay open to the internet relays anyone's traffic; for experiments).
     #[arg(long)]
     open: bool,
+}
+
+/// `cluster set --hibernate-after`: a duration, or the broker's.
+#[derive(Debug, Clone, Copy)]
+enum HibernateAfter {
+    Default,
+    Own(Duration),
+}
+
+fn parse_hibernate_after(s: &str) -> Result<HibernateAfter, String> {
+    if s == "default" {
+        return Ok(HibernateAfter::Default);
+    }
+    humantime::parse_duration(s)
+        .map(HibernateAfter::Own)
+        .map_err(|e| format!("{s:?} is neither a duration such as 30m, nor 0, nor default: {e}"))
 }
 
 fn load(a: &ConfigArgs) -> Result<Config> {
@@ -565,12 +601,38 @@ async fn api_call(
 
 async fn cluster(command: ClusterCommand, c: ClientArgs) -> Result<()> {
     let (req, timeout) = match &command {
-        ClusterCommand::Create { name, wait, owner } => (
+        ClusterCommand::Create {
+            name,
+            wait,
+            owner,
+            hibernate_after,
+        } => (
             Request::CreateCluster {
                 name: name.clone(),
                 wait_secs: wait.as_secs(),
                 owner: owner.clone(),
                 invite: None,
+                hibernate_after_secs: hibernate_after.map(|d| d.as_secs()),
+            },
+            *wait + Duration::from_secs(30),
+        ),
+        ClusterCommand::Set {
+            name,
+            hibernate_after,
+        } => (
+            Request::SetHibernateAfter {
+                name: name.clone(),
+                secs: match hibernate_after {
+                    HibernateAfter::Default => None,
+                    HibernateAfter::Own(d) => Some(d.as_secs()),
+                },
+            },
+            Duration::from_secs(30),
+        ),
+        ClusterCommand::Wake { name, wait } => (
+            Request::WakeCluster {
+                name: name.clone(),
+                wait_secs: wait.as_secs(),
             },
             *wait + Duration::from_secs(30),
         ),
@@ -609,6 +671,7 @@ fn state_word(s: &ClusterState) -> &'static str {
     match s {
         ClusterState::Starting { .. } => "starting",
         ClusterState::Ready => "ready",
+        ClusterState::Hibernating { .. } => "hibernating",
         ClusterState::Deleting => "deleting",
         ClusterState::Failed { .. } => "failed",
     }
@@ -619,20 +682,44 @@ fn print_created(x: &ClusterInfo) {
     match &x.state {
         ClusterState::Starting { detail } => println!("detail     {detail}"),
         ClusterState::Failed { error } => println!("error      {error}"),
+        ClusterState::Hibernating { since } => println!("since      {}", rfc3339(*since)),
         _ => {}
     }
+    println!("hibernate  {}", hibernate_words(x.hibernate_after_secs));
     println!("server     {}", x.server);
     println!("kubeconfig {}", x.kubeconfig.display());
 }
 
+fn rfc3339(ms: i64) -> String {
+    humantime::format_rfc3339_seconds(socialweb_broker_core::from_millis(ms)).to_string()
+}
+
+fn hibernate_words(secs: u64) -> String {
+    match secs {
+        0 => "never".into(),
+        s => format!(
+            "after {} idle",
+            humantime::format_duration(Duration::from_secs(s))
+        ),
+    }
+}
+
 fn print_list(xs: &[ClusterInfo]) {
-    println!("{:<20} {:<10} {:>5}  SERVER", "CLUSTER", "STATE", "NODES");
+    println!(
+        "{:<20} {:<12} {:>5}  {:<22} SERVER",
+        "CLUSTER", "STATE", "NODES", "SINCE"
+    );
     for x in xs {
+        let since = match &x.state {
+            ClusterState::Hibernating { since } => rfc3339(*since),
+            _ => "-".into(),
+        };
         println!(
-            "{:<20} {:<10} {:>5}  {}",
+            "{:<20} {:<12} {:>5}  {:<22} {}",
             x.name,
             state_word(&x.state),
             x.nodes,
+            since,
             x.server
         );
     }

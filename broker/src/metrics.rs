@@ -38,6 +38,12 @@ pub struct Metrics {
     /// Live provisions, set by the daemon after each change.
     pub live_provisions: Gauge,
     pub relay_bytes: Counter,
+    /// Clusters whose control plane hibernates now (docs/hibernation.md).
+    pub hibernating: Gauge,
+    hibernations: Counter,
+    wakes: Counter,
+    wake_failures: Counter,
+    wake_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -54,6 +60,11 @@ impl Default for Metrics {
             orphans_released: Counter::default(),
             live_provisions: Gauge::default(),
             relay_bytes: Counter::default(),
+            hibernating: Gauge::default(),
+            hibernations: Counter::default(),
+            wakes: Counter::default(),
+            wake_failures: Counter::default(),
+            wake_seconds: Histogram::new([0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0]),
         };
         r.register(
             "decisions",
@@ -90,12 +101,42 @@ impl Default for Metrics {
             "Bytes the mesh relay carried",
             m.relay_bytes.clone(),
         );
+        m.register_hibernation(&mut r);
         *m.registry.lock().expect("lock") = r;
         m
     }
 }
 
 impl Metrics {
+    /// Hibernation's metrics (docs/hibernation.md).
+    fn register_hibernation(&self, r: &mut Registry) {
+        r.register(
+            "clusters_hibernating",
+            "Clusters whose control plane is stopped while idle",
+            self.hibernating.clone(),
+        );
+        r.register(
+            "hibernations",
+            "Control planes stopped while idle",
+            self.hibernations.clone(),
+        );
+        r.register(
+            "wakes",
+            "Hibernating clusters woken (one per wake, however many requests asked)",
+            self.wakes.clone(),
+        );
+        r.register(
+            "wake_failures",
+            "Wakes that failed (their held requests were answered 503)",
+            self.wake_failures.clone(),
+        );
+        r.register(
+            "wake_seconds",
+            "Time from a wake's start to its apiserver answering",
+            self.wake_seconds.clone(),
+        );
+    }
+
     pub fn decision(&self, action: &str) {
         self.decisions
             .get_or_create(&ActionLabel {
@@ -118,6 +159,34 @@ impl Metrics {
 
     pub fn decided(&self, seconds: f64) {
         self.decide_seconds.observe(seconds);
+    }
+
+    /// A control plane stopped while idle.
+    pub fn hibernated(&self) {
+        self.hibernations.inc();
+    }
+
+    /// A cluster's life sleeps (`true`) or stopped sleeping (`false`).
+    pub fn asleep(&self, yes: bool) {
+        if yes {
+            self.hibernating.inc();
+        } else {
+            self.hibernating.dec();
+        }
+    }
+
+    /// A wake began.
+    pub fn waking(&self) {
+        self.wakes.inc();
+    }
+
+    /// A wake's apiserver answered after `seconds`.
+    pub fn woke(&self, seconds: f64) {
+        self.wake_seconds.observe(seconds);
+    }
+
+    pub fn wake_failed(&self) {
+        self.wake_failures.inc();
     }
 
     pub fn orphan(&self) {

@@ -54,13 +54,24 @@ impl Services {
                 name,
                 owner,
                 wait_secs,
+                hibernate_after_secs,
                 ..
             } => {
                 let wait = Duration::from_secs(wait_secs);
-                Ok(Reply::Cluster(
-                    c.create(&name, owner.as_deref(), false, wait).await?,
-                ))
+                let new = crate::cluster::New {
+                    name: &name,
+                    owner: owner.as_deref(),
+                    user: false,
+                    hibernate_after_secs,
+                };
+                Ok(Reply::Cluster(c.create(&new, wait).await?))
             }
+            Command::SetHibernateAfter { name, secs } => {
+                Ok(Reply::Cluster(c.set_hibernate_after(&name, secs).await?))
+            }
+            Command::WakeCluster { name, wait_secs } => Ok(Reply::Cluster(
+                c.wake(&name, Duration::from_secs(wait_secs)).await?,
+            )),
             Command::DeleteCluster { name } => {
                 c.delete(&name).await?;
                 Ok(Reply::Deleted { deleted: name })
@@ -110,8 +121,14 @@ impl Services {
                 name,
                 wait_secs,
                 invite,
+                hibernate_after_secs,
                 ..
             } => {
+                if hibernate_after_secs.is_some() {
+                    return Err(ServiceError::Forbidden(
+                        "hibernateAfter: only the operator sets a cluster's hibernation".into(),
+                    ));
+                }
                 if Duration::from_secs(wait_secs) > MAX_WAIT {
                     return Err(ServiceError::Invalid(format!(
                         "waitSeconds: {wait_secs} is over {}",
@@ -123,9 +140,13 @@ impl Services {
                     .await?;
                 c.may_create(did, &name).await?;
                 let wait = Duration::from_secs(wait_secs);
-                Ok(Reply::Cluster(
-                    c.create(&name, Some(did), true, wait).await?,
-                ))
+                let new = crate::cluster::New {
+                    name: &name,
+                    owner: Some(did),
+                    user: true,
+                    hibernate_after_secs: None,
+                };
+                Ok(Reply::Cluster(c.create(&new, wait).await?))
             }
             Command::DeleteCluster { name } => {
                 c.owned_by(did, &name).await?;
@@ -150,6 +171,8 @@ impl Services {
                 Ok(Reply::Certificate(self.access.revoke(did, &serial).await?))
             }
             other @ (Command::ShowCluster { .. }
+            | Command::SetHibernateAfter { .. }
+            | Command::WakeCluster { .. }
             | Command::Leases
             | Command::CreateInvite { .. }
             | Command::ListInvites

@@ -18,6 +18,7 @@ fn op(name: &str) -> NewCluster<'_> {
         owner: None,
         dir: name,
         limits: None,
+        hibernate_after_secs: None,
     }
 }
 
@@ -95,6 +96,9 @@ async fn exercise(url: &str) {
         ..op("owned")
     };
     s.create_cluster(&owned, now).await.unwrap();
+    // Hibernation: the state and its time in one write, and a cluster's own idle time.
+    s.set_hibernating("owned", Some(now)).await.unwrap();
+    s.set_hibernate_after("owned", Some(0)).await.unwrap();
     let cert = CertRecord {
         serial: "0a1b".into(),
         cluster: "demo".into(),
@@ -134,6 +138,31 @@ async fn exercise(url: &str) {
     assert_eq!(
         s.cluster("owned").await.unwrap().unwrap().owner.as_deref(),
         Some("did:key:zDnae")
+    );
+    let owned = s.cluster("owned").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            owned.state.as_str(),
+            owned.hibernating_since,
+            owned.hibernate_after_secs
+        ),
+        ("hibernating", Some(millis(now)), Some(0)),
+        "hibernation survives a restart"
+    );
+    s.set_hibernating("owned", None).await.unwrap();
+    let owned = s.cluster("owned").await.unwrap().unwrap();
+    assert_eq!(
+        (owned.state.as_str(), owned.hibernating_since),
+        ("active", None)
+    );
+    s.set_cluster_state("owned", socialweb_broker_core::ClusterPhase::Deleting)
+        .await
+        .unwrap();
+    s.set_hibernating("owned", Some(now)).await.unwrap();
+    assert_eq!(
+        s.cluster("owned").await.unwrap().unwrap().state.as_str(),
+        "deleting",
+        "a deletion is never undone by hibernating"
     );
     assert_eq!(s.certificates().await.unwrap(), vec![cert.clone()]);
     let revoked = s.revoke_certificate("0a1b", 7).await.unwrap().unwrap();
@@ -183,6 +212,7 @@ async fn concurrent_creates(url: &str) {
                 owner: Some("did:key:zMallory"),
                 dir: n,
                 limits: Some((3, 100)),
+                hibernate_after_secs: None,
             };
             s.create_cluster(&c, now).await
         }
@@ -207,6 +237,7 @@ async fn concurrent_creates(url: &str) {
                 owner: Some(&did),
                 dir: &name,
                 limits: Some((3, 5)),
+                hibernate_after_secs: None,
             };
             s.create_cluster(&c, now).await.map(|_| ())
         }
@@ -226,6 +257,7 @@ async fn concurrent_creates(url: &str) {
         owner: Some("did:key:zMallory"),
         dir: "race-again",
         limits: Some((3, 5)),
+        hibernate_after_secs: None,
     };
     s.create_cluster(&again, now).await.unwrap();
 

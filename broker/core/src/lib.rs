@@ -14,11 +14,13 @@
 //! - [`guard`]: what a tenant's admins may never do on namespace nodes.
 //! - [`reconcile`]: the store's view against the provider's, as a list of fixes.
 //! - [`names`]: cluster names, account hashes and mount paths.
+//! - [`hibernation`]: when an idle cluster's control plane may stop.
 
 pub mod bids;
 pub mod csr;
 pub mod egress;
 pub mod guard;
+pub mod hibernation;
 pub mod names;
 pub mod provision;
 pub mod reconcile;

@@ -25,6 +25,9 @@ pub enum ClusterPhase {
     Active,
     /// Being deleted: its leases are released and its data removed, also after a crash.
     Deleting,
+    /// Its control plane stopped while idle (docs/hibernation.md); its ports stay leased,
+    /// and the first request at the front wakes it.
+    Hibernating,
 }
 
 impl ClusterPhase {
@@ -32,13 +35,18 @@ impl ClusterPhase {
         match self {
             ClusterPhase::Active => "active",
             ClusterPhase::Deleting => "deleting",
+            ClusterPhase::Hibernating => "hibernating",
         }
     }
 
     pub fn parse(s: &str) -> Option<ClusterPhase> {
-        [ClusterPhase::Active, ClusterPhase::Deleting]
-            .into_iter()
-            .find(|p| p.as_str() == s)
+        [
+            ClusterPhase::Active,
+            ClusterPhase::Deleting,
+            ClusterPhase::Hibernating,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == s)
     }
 }
 
@@ -55,6 +63,11 @@ pub struct Cluster {
     /// Its directory under `<state_dir>/clusters` (`None`: made before directories were
     /// unique, at its name).
     pub dir: Option<String>,
+    /// Since when it hibernates (Unix milliseconds; `None` while awake).
+    pub hibernating_since: Option<i64>,
+    /// Its own `hibernate_after` in seconds (0: never; `None`: the broker's
+    /// `clusters.hibernate_after`).
+    pub hibernate_after_secs: Option<i64>,
 }
 
 impl Cluster {
@@ -224,7 +237,11 @@ mod tests {
             assert_eq!(Step::parse(s.as_str()), Some(s));
         }
         assert_eq!(Step::parse("done"), None);
-        for p in [ClusterPhase::Active, ClusterPhase::Deleting] {
+        for p in [
+            ClusterPhase::Active,
+            ClusterPhase::Deleting,
+            ClusterPhase::Hibernating,
+        ] {
             assert_eq!(ClusterPhase::parse(p.as_str()), Some(p));
         }
     }

@@ -71,6 +71,7 @@ pub fn command(method: &str, input: Value) -> Result<Command, ApiError> {
                 owner: None,
                 wait_secs: i.wait_seconds,
                 invite: i.invite,
+                hibernate_after_secs: None,
             }
         }
         DELETE_CLUSTER => Command::DeleteCluster {

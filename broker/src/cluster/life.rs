@@ -1,43 +1,94 @@
-//! One cluster's life while the broker runs: its control plane brought up (adopted after a
-//! crash), the cluster mounted at the front -- first without an upstream, so its users are
-//! told it is starting, then with one -- and its scale driver run until the broker stops or
-//! the cluster is deleted; then the control plane is stopped (nodes and leases stay).
+//! One cluster's life while the broker runs: awake periods and hibernation, until the broker
+//! stops or the cluster is deleted (then the control plane is stopped; nodes and leases stay).
+//!
+//! Awake: its control plane brought up (adopted after a crash), the cluster mounted at the
+//! front -- first as starting, so its requests are held, then with its apiserver -- and its
+//! scale driver run, while [`Clusters::until_idle`] asks the core whether it may hibernate.
+//! Hibernating (docs/hibernation.md): every component stopped, its ports kept, the store
+//! saying so with since when, the front holding its first request and waking it.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
+use futures_util::FutureExt;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use socialweb_broker_core::hibernation::{Observed, Verdict, blockers, verdict};
+use socialweb_broker_core::{ClusterPhase, millis};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::Clusters;
 use crate::command::ClusterState;
+use crate::control_plane::runner::{Files, Spec, stop_leftovers};
 use crate::control_plane::up::{Progress, bring_up};
-use crate::front::Mount;
 use crate::front::proxy::Upstream;
+use crate::front::{Front, Mount, MountState};
 use crate::provision::ClusterCtx;
 use crate::scale::driver::Watches;
 use crate::tunnel::egress::Egress;
 
-/// Tells a bring-up's steps through the cluster's state.
-struct Starting<'a>(&'a watch::Sender<ClusterState>);
+/// How often an awake cluster is looked at for hibernation.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+/// How long Jobs and CronJobs (listed, not watched) that kept it awake are not listed again.
+const RELIST_AFTER: Duration = Duration::from_secs(10);
+
+/// Tells a bring-up's steps through the cluster's state, and opens the front to it as soon
+/// as its apiserver answers.
+struct Starting<'a> {
+    state: &'a watch::Sender<ClusterState>,
+    front: &'a Front,
+    cluster: &'a str,
+    /// When a wake began (`None`: not a wake).
+    wake: Option<(Instant, &'a crate::metrics::Metrics)>,
+}
 
 impl Progress for Starting<'_> {
     fn step(&self, detail: &str) {
-        let _ = self.0.send(ClusterState::Starting {
+        let _ = self.state.send(ClusterState::Starting {
             detail: detail.to_string(),
         });
     }
+
+    fn apiserver_ready(&self, files: &Files) {
+        match upstream(files) {
+            Ok(up) => self
+                .front
+                .set_state(self.cluster, MountState::Up(Box::new(up))),
+            Err(e) => warn!(cluster = %self.cluster, "the front's upstream: {e:#}"),
+        }
+        if let Some((t0, metrics)) = self.wake {
+            let s = t0.elapsed().as_secs_f64();
+            metrics.woke(s);
+            info!(cluster = %self.cluster, seconds = s, "woken: the apiserver answers");
+        }
+    }
+}
+
+/// The front's way to the apiserver: with a certificate only request-header authentication
+/// accepts (its own CA, not the cluster's).
+fn upstream(files: &Files) -> Result<Upstream> {
+    Upstream::new(
+        &files.url,
+        files.ca_pem.as_bytes(),
+        &std::fs::read(&files.front.cert)?,
+        &std::fs::read(&files.front.key)?,
+    )
+}
+
+/// How an awake period ended.
+enum Ended {
+    /// The broker stops, or the cluster is being deleted.
+    Stopped,
+    /// Idle: the control plane is stopped and the store says it hibernates.
+    Hibernated,
 }
 
 impl Clusters {
     /// Starts the cluster's guard (before the apiserver: it asks the guard from its first
     /// request on); the manifests the cluster gets besides the join configuration.
-    async fn guarded(
-        &self,
-        spec: &crate::control_plane::runner::Spec,
-        stop: &CancellationToken,
-    ) -> Result<Vec<String>> {
+    async fn guarded(&self, spec: &Spec, stop: &CancellationToken) -> Result<Vec<String>> {
         let files = spec.prepare()?;
         crate::guard::serve(
             files.guard_addr,
@@ -65,29 +116,120 @@ impl Clusters {
             .cluster(name)
             .await?
             .ok_or_else(|| anyhow::anyhow!("no cluster {name:?} in the store"))?;
-        let mut mount = Mount {
+        self.front.mount(Mount {
             cluster: name.to_string(),
             account_hash: record
                 .owner
                 .as_deref()
                 .map(socialweb_broker_core::names::account_hash),
             users_ca: self.access.users_ca_der(&self.dir_of(&record))?,
-            upstream: None,
-        };
-        self.front.mount(mount.clone());
+            state: MountState::Starting,
+        });
         let spec = self.spec(&record, self.ports(name).await?);
-        let extra = self.guarded(&spec, &stop).await?;
-        let Some(up) = bring_up(spec, &extra, &Starting(state), &stop).await? else {
-            return Ok(());
+        let mut asleep = record.state == ClusterPhase::Hibernating;
+        if asleep {
+            // A hibernating cluster runs nothing, whatever a crash left.
+            stop_leftovers(&spec).await;
+            self.rest(name, state, record.hibernating_since);
+        }
+        loop {
+            let mut woke = None;
+            if asleep {
+                match self.sleep(name, state, &stop).await? {
+                    Some(t0) => woke = Some(t0),
+                    None => return Ok(()),
+                }
+            }
+            match self.awake(&spec, state, &stop, woke).await {
+                Ok(Ended::Stopped) => return Ok(()),
+                Ok(Ended::Hibernated) => asleep = true,
+                // A failed wake leaves it hibernating; the next request tries again.
+                Err(e) if woke.is_some() => {
+                    warn!(cluster = %name, "waking: {e:#}");
+                    self.provisioner.metrics().wake_failed();
+                    self.store
+                        .set_hibernating(name, Some(SystemTime::now()))
+                        .await?;
+                    self.front
+                        .set_state(name, MountState::WakeFailed(format!("{e:#}")));
+                    let _ = state.send(ClusterState::Hibernating {
+                        since: millis(SystemTime::now()),
+                    });
+                    asleep = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Mounts and tells the cluster as hibernating (since `since`, or now).
+    fn rest(&self, name: &str, state: &watch::Sender<ClusterState>, since: Option<i64>) {
+        self.front.set_state(name, MountState::Hibernating);
+        let _ = state.send(ClusterState::Hibernating {
+            since: since.unwrap_or_else(|| millis(SystemTime::now())),
+        });
+    }
+
+    /// Sleeps until a wake is asked for (when, `Some`) or `stop` (`None`). The store says
+    /// the cluster is awake before anything starts: a crash from there on brings it up.
+    async fn sleep(
+        &self,
+        name: &str,
+        state: &watch::Sender<ClusterState>,
+        stop: &CancellationToken,
+    ) -> Result<Option<Instant>> {
+        let metrics = self.provisioner.metrics();
+        metrics.asleep(true);
+        let signal = self.front.wake_signal(name);
+        let asked = tokio::select! {
+            _ = signal.notified() => true,
+            _ = stop.cancelled() => false,
+        };
+        metrics.asleep(false);
+        if !asked {
+            return Ok(None);
+        }
+        let t0 = Instant::now();
+        info!(cluster = %name, "waking");
+        metrics.waking();
+        self.store.set_hibernating(name, None).await?;
+        self.front.set_state(name, MountState::Starting);
+        let _ = state.send(ClusterState::Starting {
+            detail: "waking".into(),
+        });
+        Ok(Some(t0))
+    }
+
+    /// One awake period: the control plane up, the driver run, until `stop` or idle.
+    async fn awake(
+        self: &Arc<Self>,
+        spec: &Spec,
+        state: &watch::Sender<ClusterState>,
+        stop: &CancellationToken,
+        woke: Option<Instant>,
+    ) -> Result<Ended> {
+        let name = spec.cluster.as_str();
+        // Everything of this period (guard, approver, watches, egress, driver) ends with it.
+        let period = stop.child_token();
+        let _end = period.clone().drop_guard();
+        let extra = self.guarded(spec, &period).await?;
+        let progress = Starting {
+            state,
+            front: &self.front,
+            cluster: name,
+            wake: woke.map(|t| (t, self.provisioner.metrics())),
+        };
+        let Some(up) = bring_up(spec.clone(), &extra, &progress, &period).await? else {
+            return Ok(Ended::Stopped);
         };
         let files = up.running.files.clone();
         tokio::spawn(crate::approver::run(
             up.client.clone(),
             name.to_string(),
             self.store.clone(),
-            stop.clone(),
+            period.clone(),
         ));
-        let watches = Watches::start(&up.client, &stop);
+        let watches = Watches::start(&up.client, &period);
         crate::tunnel::egress::serve(
             Egress {
                 cluster: name.to_string(),
@@ -97,7 +239,7 @@ impl Clusters {
                 service_cidr: crate::control_plane::SERVICE_CIDR.parse()?,
             },
             &up.running.egress_socket,
-            stop.clone(),
+            period.clone(),
         )?;
         let ctx = ClusterCtx {
             name: name.to_string(),
@@ -105,26 +247,186 @@ impl Clusters {
             ca_pin: socialweb_wire::ca::pin(files.ca_pem.as_bytes()).map_err(anyhow::Error::msg)?,
             client: up.client.clone(),
         };
-        // The front reaches the apiserver with a certificate only request-header
-        // authentication accepts (its own CA, not the cluster's).
-        mount.upstream = Some(Upstream::new(
-            &files.url,
-            files.ca_pem.as_bytes(),
-            &std::fs::read(&files.front.cert)?,
-            &std::fs::read(&files.front.key)?,
-        )?);
-        self.front.mount(mount);
+        let upstream = upstream(&files)?;
+        self.front
+            .set_state(name, MountState::Up(Box::new(upstream.clone())));
         let _ = state.send(ClusterState::Ready);
         info!(cluster = %name, url = %files.url, kubeconfig = %files.admin_kubeconfig.display(), "cluster ready");
-        crate::scale::driver::run(
+        let driver = tokio::spawn(crate::scale::driver::run(
             self.provisioner.clone(),
             ctx,
             self.settings.knobs,
-            watches,
-            stop,
-        )
-        .await;
+            watches.clone(),
+            period.clone(),
+        ));
+        let idle = tokio::select! {
+            _ = stop.cancelled() => false,
+            () = self.until_idle(name, &up.client, &watches, &upstream) => true,
+        };
+        period.cancel();
+        let _ = driver.await;
         up.running.stop().await;
-        Ok(())
+        if !idle {
+            return Ok(Ended::Stopped);
+        }
+        let since = SystemTime::now();
+        self.store.set_hibernating(name, Some(since)).await?;
+        self.provisioner.metrics().hibernated();
+        let _ = state.send(ClusterState::Hibernating {
+            since: millis(since),
+        });
+        info!(cluster = %name, "hibernating: its control plane is stopped, its ports kept");
+        Ok(Ended::Hibernated)
     }
+
+    /// Returns once the cluster may hibernate, with the front already holding its requests
+    /// (the mount says hibernating; a request that slips in before that keeps it awake).
+    async fn until_idle(
+        &self,
+        name: &str,
+        client: &kube::Client,
+        watches: &Watches,
+        upstream: &Upstream,
+    ) {
+        let activity = self.front.activity(name);
+        let mut last_busy = Instant::now();
+        let mut said = String::new();
+        let mut listed: Option<(Instant, Vec<String>, Vec<String>)> = None;
+        loop {
+            tokio::time::sleep(IDLE_CHECK).await;
+            let Some((after, mut o)) = self.observe(name, watches, &activity).await else {
+                continue;
+            };
+            let cutoff = self.settings.knobs.expendable_priority_cutoff;
+            let seen = blockers(&o, cutoff);
+            if !seen.is_empty() {
+                last_busy = Instant::now();
+            }
+            let quiet = activity
+                .idle_for()
+                .unwrap_or_default()
+                .min(last_busy.elapsed());
+            let mut v = verdict(after, quiet, &seen);
+            if v == Verdict::Hibernate {
+                // What is only listed, when it matters: Jobs and CronJobs (a list kept for
+                // a while, so a CronJob does not cost a list a second).
+                if listed
+                    .as_ref()
+                    .is_none_or(|(t, ..)| t.elapsed() > RELIST_AFTER)
+                {
+                    let (jobs, crons) = jobs_and_cron_jobs(client)
+                        .await
+                        .unwrap_or_else(|e| (vec![format!("(unlisted: {e})")], Vec::new()));
+                    listed = Some((Instant::now(), jobs, crons));
+                }
+                let (_, jobs, crons) = listed.clone().expect("listed");
+                (o.unfinished_jobs, o.cron_jobs) = (jobs, crons);
+                v = verdict(after, quiet, &blockers(&o, cutoff));
+            }
+            match v {
+                Verdict::Hibernate if self.hold_requests(name, &activity, upstream) => return,
+                Verdict::Hibernate => last_busy = Instant::now(),
+                Verdict::After(_) => {}
+                Verdict::Stay(why) => {
+                    if why != said {
+                        info!(cluster = %name, "stays awake: {why}");
+                    }
+                    said = why;
+                }
+            }
+        }
+    }
+
+    /// The cluster's `hibernate_after` and what it has now (`None`: the store did not answer).
+    async fn observe(
+        &self,
+        name: &str,
+        watches: &Watches,
+        activity: &crate::front::listener::Activity,
+    ) -> Option<(Duration, Observed)> {
+        let record = match self.store.cluster(name).await {
+            Ok(Some(r)) => r,
+            Ok(None) => return None,
+            Err(e) => {
+                warn!(cluster = %name, "reading the cluster: {e:#}");
+                return None;
+            }
+        };
+        let after = record
+            .hibernate_after_secs
+            .map(|s| Duration::from_secs(s.max(0) as u64))
+            .unwrap_or(self.settings.hibernate_after);
+        let provisions = self.store.provisions(Some(name)).await.ok()?;
+        Some((
+            after,
+            Observed {
+                nodes: watches.nodes.state().len(),
+                live_leases: provisions.iter().filter(|p| p.state.live()).count(),
+                front_in_flight: activity.in_flight(),
+                pods: watches
+                    .pods
+                    .state()
+                    .iter()
+                    .map(|p| crate::tenant::pod_view(p))
+                    .collect(),
+                unfinished_jobs: Vec::new(),
+                cron_jobs: Vec::new(),
+            },
+        ))
+    }
+
+    /// Mounts the cluster as hibernating so that requests are held from now on; `false`
+    /// (and mounted up again) when one was in flight already.
+    fn hold_requests(
+        &self,
+        name: &str,
+        activity: &crate::front::listener::Activity,
+        upstream: &Upstream,
+    ) -> bool {
+        // A wake asked before now is for the cluster as it is: awake.
+        let _ = self.front.wake_signal(name).notified().now_or_never();
+        self.front.set_state(name, MountState::Hibernating);
+        if activity.in_flight() > 0 {
+            self.front
+                .set_state(name, MountState::Up(Box::new(upstream.clone())));
+            return false;
+        }
+        true
+    }
+}
+
+/// The Jobs not finished and the CronJobs not suspended, as `ns/name`.
+async fn jobs_and_cron_jobs(client: &kube::Client) -> Result<(Vec<String>, Vec<String>)> {
+    let lp = kube::api::ListParams::default();
+    let key = |m: &kube::api::ObjectMeta| {
+        format!(
+            "{}/{}",
+            m.namespace.as_deref().unwrap_or(""),
+            m.name.as_deref().unwrap_or("")
+        )
+    };
+    let jobs = kube::Api::<Job>::all(client.clone()).list(&lp).await?;
+    let unfinished = jobs
+        .items
+        .iter()
+        .filter(|j| {
+            !j.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True"
+                    })
+                })
+        })
+        .map(|j| key(&j.metadata))
+        .collect();
+    let crons = kube::Api::<CronJob>::all(client.clone()).list(&lp).await?;
+    let active = crons
+        .items
+        .iter()
+        .filter(|c| !c.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false))
+        .map(|c| key(&c.metadata))
+        .collect();
+    Ok((unfinished, active))
 }

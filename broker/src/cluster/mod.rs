@@ -20,6 +20,7 @@ use tracing::{error, info, warn};
 
 use crate::access::service::Access;
 use crate::command::{ClusterDetail, ClusterInfo, ClusterState, ServiceError};
+use crate::config::hibernate_after_ok;
 use crate::control_plane::runner::{PORT_PURPOSES, Ports, Spec};
 use crate::front::Front;
 use crate::provision::Provisioner;
@@ -48,6 +49,21 @@ pub struct ClusterSettings {
     /// and the operator's own too unless `clusters.isolate_operators_clusters` is false.
     pub namespace_nodes: bool,
     pub isolate_operators_clusters: bool,
+    /// `clusters.hibernate_after`: a cluster's idle time before its control plane stops,
+    /// unless the cluster has its own (0: never).
+    pub hibernate_after: Duration,
+}
+
+/// A cluster to create.
+#[derive(Debug, Clone, Copy)]
+pub struct New<'a> {
+    pub name: &'a str,
+    /// The DID it is for (`None`: the operator's alone).
+    pub owner: Option<&'a str>,
+    /// A user's create: counted against the limits.
+    pub user: bool,
+    /// Its own `hibernate_after` (`None`: the broker's).
+    pub hibernate_after_secs: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -154,7 +170,7 @@ impl Clusters {
                         }
                     });
                 }
-                ClusterPhase::Active => self.spawn(&c.name),
+                ClusterPhase::Active | ClusterPhase::Hibernating => self.spawn(&c.name),
             }
         }
         Ok(())
@@ -196,12 +212,25 @@ impl Clusters {
     /// `wait` passes.
     pub async fn create(
         self: &Arc<Self>,
-        name: &str,
-        owner: Option<&str>,
-        user: bool,
+        new: &New<'_>,
         wait: Duration,
     ) -> Result<ClusterInfo, ServiceError> {
+        let New {
+            name, owner, user, ..
+        } = *new;
         valid_cluster_name(name).map_err(|e| ServiceError::Invalid(format!("name: {e}")))?;
+        let hibernate_after_secs = new
+            .hibernate_after_secs
+            .map(|s| {
+                hibernate_after_ok(Duration::from_secs(s))
+                    .map_err(|e| ServiceError::Invalid(format!("hibernate_after: {e}")))
+                    .and_then(|()| {
+                        i64::try_from(s).map_err(|_| {
+                            ServiceError::Invalid("hibernate_after: out of range".into())
+                        })
+                    })
+            })
+            .transpose()?;
         let lock = self.lock(name).await;
         // Never a directory an earlier cluster of this name had: its CA keys are not this
         // cluster's.
@@ -212,6 +241,7 @@ impl Clusters {
             owner,
             dir: &dir,
             limits,
+            hibernate_after_secs,
         };
         let record = self
             .store
@@ -248,6 +278,55 @@ impl Clusters {
         self.info(name).await
     }
 
+    /// Sets cluster `name`'s own `hibernate_after` (`None`: the broker's); the cluster's
+    /// life reads it on its next look.
+    pub async fn set_hibernate_after(
+        &self,
+        name: &str,
+        secs: Option<u64>,
+    ) -> Result<ClusterInfo, ServiceError> {
+        if let Some(s) = secs {
+            hibernate_after_ok(Duration::from_secs(s))
+                .map_err(|e| ServiceError::Invalid(format!("hibernate_after: {e}")))?;
+        }
+        let _lock = self.lock(name).await;
+        self.record(name).await?;
+        self.store
+            .set_hibernate_after(name, secs)
+            .await
+            .map_err(|e| ServiceError::Invalid(format!("hibernate_after: {e:#}")))?;
+        self.info(name).await
+    }
+
+    /// Wakes cluster `name` (nothing when it is awake); answers once it is ready or `wait`
+    /// passes.
+    pub async fn wake(&self, name: &str, wait: Duration) -> Result<ClusterInfo, ServiceError> {
+        self.record(name).await?;
+        let rx = self
+            .running
+            .lock()
+            .expect("lock")
+            .get(name)
+            .map(|h| h.state.clone());
+        if let Some(mut rx) = rx {
+            if matches!(*rx.borrow(), ClusterState::Hibernating { .. }) {
+                self.front.wake(name);
+                // Past the hibernating state first, then to where the wake ends.
+                let _ = tokio::time::timeout(
+                    wait,
+                    rx.wait_for(|s| !matches!(s, ClusterState::Hibernating { .. })),
+                )
+                .await;
+            }
+            let _ = tokio::time::timeout(
+                wait,
+                rx.wait_for(|s| !matches!(s, ClusterState::Starting { .. })),
+            )
+            .await;
+        }
+        self.info(name).await
+    }
+
     /// A kubeconfig for `did` on its cluster `name`: under the cluster's lock, only while
     /// the cluster is active (never while it is being deleted).
     pub async fn kubeconfig(
@@ -263,7 +342,7 @@ impl Clusters {
                 "name: you have no cluster {name:?}"
             )));
         }
-        if c.state != ClusterPhase::Active {
+        if c.state == ClusterPhase::Deleting {
             return Err(ServiceError::Conflict(format!(
                 "name: cluster {name:?} is being deleted"
             )));
@@ -422,6 +501,10 @@ impl Clusters {
             server: format!("https://127.0.0.1:{api}"),
             kubeconfig: self.dir_of(&c).join("pki/admin.kubeconfig"),
             nodes,
+            hibernate_after_secs: c
+                .hibernate_after_secs
+                .map(|s| s.max(0) as u64)
+                .unwrap_or(self.settings.hibernate_after.as_secs()),
             owner: c.owner,
         })
     }

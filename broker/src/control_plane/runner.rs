@@ -322,6 +322,9 @@ pub enum Health {
 #[derive(Debug)]
 pub struct Running {
     pub health: watch::Receiver<Health>,
+    /// True once the apiserver answers `/readyz` (before the controller-manager and the
+    /// scheduler are up): what a request held at the front waits for.
+    pub api_ready: watch::Receiver<bool>,
     pub files: Files,
     /// Where the broker serves the apiserver's `cluster` egress.
     pub egress_socket: PathBuf,
@@ -347,10 +350,12 @@ impl Running {
         let files = spec.prepare()?;
         let egress_socket = spec.egress_socket();
         let (tx, rx) = watch::channel(Health::Starting("starting etcd".into()));
+        let (api_tx, api_rx) = watch::channel(false);
         let stop = CancellationToken::new();
-        let task = tokio::spawn(supervise(spec, files.clone(), tx, stop.clone()));
+        let task = tokio::spawn(supervise(spec, files.clone(), (tx, api_tx), stop.clone()));
         Ok(Running {
             health: rx,
+            api_ready: api_rx,
             files,
             egress_socket,
             stop,
@@ -409,6 +414,7 @@ struct Supervisor {
     spec: Spec,
     files: Files,
     health: watch::Sender<Health>,
+    api_ready: watch::Sender<bool>,
     http: reqwest::Client,
     components: Vec<(&'static str, Vec<OsString>)>,
     children: Vec<Option<Proc>>,
@@ -417,7 +423,11 @@ struct Supervisor {
 }
 
 impl Supervisor {
-    fn new(spec: Spec, files: Files, health: watch::Sender<Health>) -> Supervisor {
+    fn new(
+        spec: Spec,
+        files: Files,
+        (health, api_ready): (watch::Sender<Health>, watch::Sender<bool>),
+    ) -> Supervisor {
         crate::crypto_provider();
         let http = reqwest::Client::builder()
             .danger_accept_invalid_certs(true) // loopback health checks only; no credentials sent
@@ -441,6 +451,7 @@ impl Supervisor {
             spec,
             files,
             health,
+            api_ready,
             http,
             components,
             children,
@@ -513,6 +524,10 @@ impl Supervisor {
                 // Later components wait for this one.
                 return false;
             }
+            if name == "apiserver" {
+                self.api_ready
+                    .send_if_modified(|r| !std::mem::replace(r, true));
+            }
         }
         if *self.health.borrow() != Health::Ready {
             info!(cluster = %self.spec.cluster, url = %self.files.url, "control plane ready");
@@ -542,7 +557,7 @@ impl Supervisor {
 async fn supervise(
     spec: Spec,
     files: Files,
-    health: watch::Sender<Health>,
+    health: (watch::Sender<Health>, watch::Sender<bool>),
     stop: CancellationToken,
 ) {
     let mut s = Supervisor::new(spec, files, health);
@@ -555,6 +570,19 @@ async fn supervise(
         }
     }
     s.stop_all().await;
+}
+
+/// Stops what a previous broker left running of `spec`'s control plane (a cluster that
+/// hibernates runs nothing), last component first.
+pub async fn stop_leftovers(spec: &Spec) {
+    for name in ["scheduler", "controller-manager", "apiserver", "etcd"] {
+        let pidfile = spec.pidfile(name);
+        if let Some((pid, _)) = process::adopt(&pidfile) {
+            warn!(cluster = %spec.cluster, component = name, pid, "stopping a leftover {name} of a hibernating cluster");
+            process::terminate(pid, Duration::from_secs(10)).await;
+        }
+        let _ = std::fs::remove_file(pidfile);
+    }
 }
 
 /// Applies `manifest` (YAML or JSON) with `kube kubectl apply`, as the cluster's admin.

@@ -35,6 +35,9 @@ impl std::fmt::Debug for Up {
 /// What a bring-up says as it goes.
 pub trait Progress: Sync {
     fn step(&self, detail: &str);
+    /// The apiserver answers (the other components may still be starting): requests held
+    /// at the front can go on.
+    fn apiserver_ready(&self, _files: &runner::Files) {}
 }
 
 /// Brings `spec`'s control plane up, applying the join configuration and `extra` manifests.
@@ -48,8 +51,20 @@ pub async fn bring_up(
     let kube = spec.kube.clone();
     let mut cp = Running::start(spec)?;
     progress.step("control plane starting");
+    let mut api = cp.api_ready.clone();
     tokio::select! {
-        r = cp.ready(READY_WITHIN) => r?,
+        r = async { matches!(tokio::time::timeout(READY_WITHIN, api.wait_for(|r| *r)).await, Ok(Ok(_))) } => {
+            if !r {
+                let health = cp.health.borrow().clone();
+                cp.stop().await;
+                anyhow::bail!("the apiserver was not ready after {READY_WITHIN:?}: {health:?}");
+            }
+        }
+        _ = stop.cancelled() => { cp.stop().await; return Ok(None); }
+    }
+    progress.apiserver_ready(&cp.files);
+    tokio::select! {
+        r = cp.ready(READY_WITHIN) => if let Err(e) = r { cp.stop().await; return Err(e); },
         _ = stop.cancelled() => { cp.stop().await; return Ok(None); }
     }
     let files = cp.files.clone();
@@ -66,7 +81,13 @@ pub async fn bring_up(
             return Ok(None);
         }
     }
-    let client = crate::tenant::client(&files.admin_kubeconfig).await?;
+    let client = match crate::tenant::client(&files.admin_kubeconfig).await {
+        Ok(c) => c,
+        Err(e) => {
+            cp.stop().await;
+            return Err(e);
+        }
+    };
     if !default_service_account(&client, progress, stop).await {
         cp.stop().await;
         return Ok(None);

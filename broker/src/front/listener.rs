@@ -17,7 +17,6 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -170,18 +169,17 @@ impl Counts {
     }
 }
 
-/// Requests in flight on one connection, and since when there were none.
+/// Requests in flight on one connection (or at one cluster), and since when there were
+/// none: one lock over both, so the two never disagree.
 #[derive(Debug)]
 pub struct Activity {
-    active: AtomicUsize,
-    idle_since: Mutex<Option<Instant>>,
+    state: Mutex<(usize, Option<Instant>)>,
 }
 
 impl Default for Activity {
     fn default() -> Activity {
         Activity {
-            active: AtomicUsize::new(0),
-            idle_since: Mutex::new(Some(Instant::now())),
+            state: Mutex::new((0, Some(Instant::now()))),
         }
     }
 }
@@ -192,21 +190,29 @@ pub struct InFlight(Arc<Activity>);
 
 impl Activity {
     pub fn start(self: &Arc<Self>) -> InFlight {
-        self.active.fetch_add(1, Ordering::Relaxed);
-        *self.idle_since.lock().expect("lock") = None;
+        let mut s = self.state.lock().expect("lock");
+        s.0 += 1;
+        s.1 = None;
         InFlight(self.clone())
     }
 
-    /// How long the connection has had no request in flight.
-    fn idle_for(&self) -> Option<Duration> {
-        self.idle_since.lock().expect("lock").map(|t| t.elapsed())
+    /// How long there has been no request in flight (`None`: one is).
+    pub fn idle_for(&self) -> Option<Duration> {
+        self.state.lock().expect("lock").1.map(|t| t.elapsed())
+    }
+
+    /// How many requests are in flight.
+    pub fn in_flight(&self) -> usize {
+        self.state.lock().expect("lock").0
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if self.0.active.fetch_sub(1, Ordering::Relaxed) == 1 {
-            *self.0.idle_since.lock().expect("lock") = Some(Instant::now());
+        let mut s = self.0.state.lock().expect("lock");
+        s.0 -= 1;
+        if s.0 == 0 {
+            s.1 = Some(Instant::now());
         }
     }
 }

@@ -9,11 +9,13 @@
 //! - [`tls`]: the serving certificate and the client-certificate handshake.
 //! - [`admit`]: the per-request decision.
 //! - [`proxy`]: forwarding, with Upgrades.
+//! - [`wake`]: holding a request while its cluster starts or wakes from hibernation.
 
 pub mod admit;
 pub mod listener;
 pub mod proxy;
 pub mod tls;
+pub mod wake;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -32,7 +34,7 @@ use tracing::{debug, info};
 
 use crate::access::records::Records;
 use admit::Admitted;
-use proxy::{Refusal, Upstream, status};
+use proxy::{Refusal, Upstream};
 use socialweb_broker_core::names;
 
 /// A cluster as the front knows it.
@@ -43,8 +45,20 @@ pub struct Mount {
     pub account_hash: Option<String>,
     /// The users CA (DER).
     pub users_ca: Vec<u8>,
-    /// `None` while the control plane is not up.
-    pub upstream: Option<Upstream>,
+    pub state: MountState,
+}
+
+/// Where a mounted cluster's control plane is, as its requests see it.
+#[derive(Debug, Clone)]
+pub enum MountState {
+    /// Being brought up (created, woken, or the broker starting): requests wait for it.
+    Starting,
+    Up(Box<Upstream>),
+    /// Stopped while idle (docs/hibernation.md): a request wakes it and waits.
+    Hibernating,
+    /// Its last wake failed, with why: the requests that waited for that wake are answered
+    /// 503 with it; a later request tries again.
+    WakeFailed(String),
 }
 
 /// What the front serves from: the mounted clusters, and the certificate records it reads
@@ -57,6 +71,17 @@ pub struct Front {
     pub counts: Arc<listener::Counts>,
     /// `https://host:port` users reach the front at.
     pub public_url: String,
+    /// Bumped on every mount and unmount: what held requests wait on.
+    changes: tokio::sync::watch::Sender<u64>,
+    /// Per cluster: the requests in flight at it (hibernation waits for none), and the
+    /// signal that wakes it (many requests, one wake: a `Notify` keeps one permit).
+    clusters: Mutex<HashMap<String, PerCluster>>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct PerCluster {
+    activity: Arc<listener::Activity>,
+    wake: Arc<tokio::sync::Notify>,
 }
 
 impl Front {
@@ -66,6 +91,8 @@ impl Front {
             mounts: RwLock::new(HashMap::new()),
             counts: Arc::new(listener::Counts::default()),
             public_url,
+            changes: tokio::sync::watch::Sender::new(0),
+            clusters: Mutex::new(HashMap::new()),
         }
     }
 
@@ -75,12 +102,50 @@ impl Front {
             .write()
             .expect("lock")
             .insert(m.cluster.clone(), Arc::new(m));
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Sets a mounted cluster's state (nothing when it is not mounted).
+    pub fn set_state(&self, cluster: &str, state: MountState) {
+        let old = self.get(cluster);
+        if let Some(old) = old {
+            self.mount(Mount {
+                state,
+                ..(*old).clone()
+            });
+        }
     }
 
     /// Forgets a cluster (the access service forgets its certificates, which cuts their
     /// connections).
     pub fn unmount(&self, cluster: &str) {
         self.mounts.write().expect("lock").remove(cluster);
+        self.clusters.lock().expect("lock").remove(cluster);
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    fn per_cluster(&self, cluster: &str) -> PerCluster {
+        self.clusters
+            .lock()
+            .expect("lock")
+            .entry(cluster.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// The requests in flight at `cluster`, and since when there were none.
+    pub fn activity(&self, cluster: &str) -> Arc<listener::Activity> {
+        self.per_cluster(cluster).activity
+    }
+
+    /// What a hibernating `cluster`'s life waits on to wake.
+    pub fn wake_signal(&self, cluster: &str) -> Arc<tokio::sync::Notify> {
+        self.per_cluster(cluster).wake
+    }
+
+    /// Asks `cluster` to wake (idempotent until it does).
+    pub fn wake(&self, cluster: &str) {
+        self.per_cluster(cluster).wake.notify_one();
     }
 
     fn get(&self, cluster: &str) -> Option<Arc<Mount>> {
@@ -337,15 +402,12 @@ async fn handle(
         Ok(a) => a,
         Err(refused) => return refused.answer(),
     };
-    let Some(up) = &mount.upstream else {
-        return status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ServiceUnavailable",
-            &format!(
-                "cluster {} is starting; try again in a few seconds",
-                mount.cluster
-            ),
-        );
+    // Counted from here: a request held while its cluster wakes keeps it from hibernating
+    // again, and so does its response body (a watch) or its upgraded stream.
+    let busy = front.activity(&mount.cluster).start();
+    let up = match wake::upstream(front, &mount.cluster).await {
+        Ok(up) => up,
+        Err(answer) => return answer,
     };
-    proxy::forward(up, req, &tail, &who.did, conn).await
+    proxy::forward(&up, req, &tail, &who.did, conn, busy).await
 }

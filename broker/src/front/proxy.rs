@@ -20,6 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::CertificateDer;
 use tracing::debug;
 
+use super::listener::InFlight;
 use crate::access::OWNERS_GROUP;
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
@@ -187,11 +188,12 @@ fn tunnel(
     mut resp: Response<hyper::body::Incoming>,
     client_side: hyper::upgrade::OnUpgrade,
     conn: &super::Conn,
+    at_cluster: InFlight,
 ) -> Response<Body> {
     let server_side = hyper::upgrade::on(&mut resp);
     let (cut, busy) = (conn.cut.clone(), conn.activity.start());
     conn.tunnels.spawn(async move {
-        let _busy = busy;
+        let _busy = (busy, at_cluster);
         let (c, s) = tokio::join!(client_side, server_side);
         let (Ok(c), Ok(s)) = (c, s) else {
             debug!("an upgrade did not complete on one side");
@@ -213,13 +215,15 @@ fn tunnel(
 }
 
 /// Forwards `req` (whose apiserver path is `tail`) to `up` as `did`; an upgraded stream
-/// runs in `conn`'s tunnels until either side closes or the connection is cut.
+/// runs in `conn`'s tunnels until either side closes or the connection is cut. `busy` (the
+/// request in flight at its cluster) lives as long as the response body or the stream.
 pub(super) async fn forward(
     up: &Upstream,
     mut req: Request<hyper::body::Incoming>,
     tail: &str,
     did: &str,
     conn: &super::Conn,
+    busy: InFlight,
 ) -> Response<Body> {
     let upgrade = is_upgrade(req.headers());
     let out = match outbound(up, &req, tail, did, upgrade.as_ref()) {
@@ -254,7 +258,7 @@ pub(super) async fn forward(
             .and_then(|u| u.to_str().ok())
             .unwrap_or("?");
         tracing::info!(did, "upgrade to {protocol} through the front");
-        return tunnel(resp, client_side, conn);
+        return tunnel(resp, client_side, conn, busy);
     }
     let (mut parts, body) = resp.into_parts();
     let names: Vec<HeaderName> = parts.headers.keys().cloned().collect();
@@ -263,7 +267,7 @@ pub(super) async fn forward(
             parts.headers.remove(&k);
         }
     }
-    Response::from_parts(parts, Body::new(body))
+    super::listener::tracked(Response::from_parts(parts, Body::new(body)), busy)
 }
 
 #[cfg(test)]

@@ -22,6 +22,8 @@ pub struct NewCluster<'a> {
     /// `Some((per_did, total))`: a user's create, refused past either; `None`: the
     /// operator's (counted, never refused).
     pub limits: Option<(u32, u32)>,
+    /// Its own `hibernate_after` in seconds (`None`: the broker's).
+    pub hibernate_after_secs: Option<i64>,
 }
 
 /// Which limit a create would pass.
@@ -125,14 +127,16 @@ impl Store {
             }
         }
         let r = sqlx::query(
-            "INSERT INTO clusters (name, state, created_at, last_intent_at, next_node, owner, dir) \
-             VALUES ($1, 'active', $2, $3, 1, $4, $5) ON CONFLICT (name) DO NOTHING",
+            "INSERT INTO clusters \
+             (name, state, created_at, last_intent_at, next_node, owner, dir, hibernate_after_secs) \
+             VALUES ($1, 'active', $2, $3, 1, $4, $5, $6) ON CONFLICT (name) DO NOTHING",
         )
         .bind(c.name)
         .bind(t)
         .bind(t)
         .bind(c.owner.map(str::to_string))
         .bind(c.dir)
+        .bind(c.hibernate_after_secs)
         .execute(&mut *tx)
         .await?;
         if r.rows_affected() == 0 {

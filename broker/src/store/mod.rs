@@ -39,6 +39,8 @@ fn cluster_of(r: &AnyRow) -> Result<Cluster> {
         next_node: r.try_get("next_node")?,
         owner: r.try_get("owner")?,
         dir: r.try_get("dir")?,
+        hibernating_since: r.try_get("hibernating_since")?,
+        hibernate_after_secs: r.try_get("hibernate_after_secs")?,
     })
 }
 
@@ -141,6 +143,38 @@ impl Store {
     pub async fn set_cluster_state(&self, name: &str, state: ClusterPhase) -> Result<()> {
         sqlx::query("UPDATE clusters SET state = $1 WHERE name = $2")
             .bind(state.as_str())
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Hibernating since `since`, or awake (`None`): the state and its time in one write.
+    pub async fn set_hibernating(&self, name: &str, since: Option<SystemTime>) -> Result<()> {
+        let (state, at) = match since {
+            Some(t) => (ClusterPhase::Hibernating, Some(millis(t))),
+            None => (ClusterPhase::Active, None),
+        };
+        // Never over a deletion: a delete that began wins.
+        sqlx::query(
+            "UPDATE clusters SET state = $1, hibernating_since = $2 \
+             WHERE name = $3 AND state <> 'deleting'",
+        )
+        .bind(state.as_str())
+        .bind(at)
+        .bind(name)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The cluster's own `hibernate_after` (`None`: the broker's).
+    pub async fn set_hibernate_after(&self, name: &str, secs: Option<u64>) -> Result<()> {
+        let secs = secs
+            .map(|s| i64::try_from(s).context("hibernate_after out of range"))
+            .transpose()?;
+        sqlx::query("UPDATE clusters SET hibernate_after_secs = $1 WHERE name = $2")
+            .bind(secs)
             .bind(name)
             .execute(&self.pool)
             .await?;
