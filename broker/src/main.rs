@@ -213,7 +213,7 @@ enum ClusterCommand {
         owner: Option<String>,
         /// Its own idle time before its control plane hibernates (`0`: never); without
         /// it, the broker's `clusters.hibernate_after` (docs/hibernation.md).
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = parse_idle_time)]
         hibernate_after: Option<Duration>,
     },
     /// Every cluster, its state and node count.
@@ -267,9 +267,20 @@ fn parse_hibernate_after(s: &str) -> Result<HibernateAfter, String> {
     if s == "default" {
         return Ok(HibernateAfter::Default);
     }
-    humantime::parse_duration(s)
-        .map(HibernateAfter::Own)
-        .map_err(|e| format!("{s:?} is neither a duration such as 30m, nor 0, nor default: {e}"))
+    parse_idle_time(s).map(HibernateAfter::Own)
+}
+
+/// A cluster's own idle time: 0, or whole seconds from one to a year (what the broker keeps).
+fn parse_idle_time(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration such as 30m, or 0 for never: {e}"))?;
+    socialweb_broker::config::hibernate_after_ok(d).map_err(|e| format!("hibernate_after: {e}"))?;
+    if d.subsec_nanos() != 0 {
+        return Err(format!(
+            "hibernate_after: {s} is not a whole number of seconds"
+        ));
+    }
+    Ok(d)
 }
 
 fn load(a: &ConfigArgs) -> Result<Config> {

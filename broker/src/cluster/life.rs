@@ -59,6 +59,7 @@ impl Progress for Starting<'_> {
             Err(e) => warn!(cluster = %self.cluster, "the front's upstream: {e:#}"),
         }
         if let Some((t0, metrics)) = self.wake {
+            crash_point("broker::wake_apiserver_ready");
             let s = t0.elapsed().as_secs_f64();
             metrics.woke(s);
             info!(cluster = %self.cluster, seconds = s, "woken: the apiserver answers");
@@ -75,6 +76,25 @@ fn upstream(files: &Files) -> Result<Upstream> {
         &std::fs::read(&files.front.cert)?,
         &std::fs::read(&files.front.key)?,
     )
+}
+
+/// A wake fails here when the failpoint `broker::wake` is set (the tests' failed wake).
+fn wake_fail_point() -> Result<()> {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("broker::wake", |_| Err(anyhow::anyhow!(
+        "failpoint broker::wake"
+    )));
+    Ok(())
+}
+
+/// Crashes the broker at `name` when that failpoint is set (the tests' SIGKILL mid-wake).
+fn crash_point(name: &str) {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!(name, |_| {
+        tracing::error!("failpoint {name}: killing the broker (SIGKILL)");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    });
+    let _ = name;
 }
 
 /// How an awake period ended.
@@ -209,6 +229,9 @@ impl Clusters {
         woke: Option<Instant>,
     ) -> Result<Ended> {
         let name = spec.cluster.as_str();
+        if woke.is_some() {
+            wake_fail_point()?;
+        }
         // Everything of this period (guard, approver, watches, egress, driver) ends with it.
         let period = stop.child_token();
         let _end = period.clone().drop_guard();
