@@ -39,6 +39,9 @@ pub enum Command {
         /// `clusters.hibernate_after`). The operator's to give.
         #[serde(default)]
         hibernate_after_secs: Option<u64>,
+        /// `etcd` or `kine` (`None`: the broker's `clusters.datastore`). The operator's.
+        #[serde(default)]
+        datastore: Option<String>,
     },
     /// Sets a cluster's own `hibernate_after` (`None`: back to the broker's).
     SetHibernateAfter {
@@ -147,6 +150,8 @@ pub struct ClusterInfo {
     pub owner: Option<String>,
     /// Its idle time before hibernating, in seconds, its own or the broker's (0: never).
     pub hibernate_after_secs: u64,
+    /// What keeps its objects: `etcd` or `kine`.
+    pub datastore: String,
 }
 
 /// A cluster with its decisions and provisions, as `cluster show` answers.

@@ -336,6 +336,37 @@ pub struct ClusterDefaults {
     /// --hibernate-after`, `cluster set`) overrides it.
     #[serde(with = "humantime_serde_compat")]
     pub hibernate_after: Duration,
+    /// What keeps a new cluster's objects: `etcd`, or `kine` (SQLite through the etcd API,
+    /// as k3s does); `cluster create --datastore` chooses for one cluster.
+    pub datastore: DatastoreKind,
+    /// The `kine` binary (image-builder/kine/build.sh builds it).
+    pub kine_binary: PathBuf,
+}
+
+/// `clusters.datastore`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DatastoreKind {
+    Etcd,
+    Kine,
+}
+
+impl DatastoreKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DatastoreKind::Etcd => "etcd",
+            DatastoreKind::Kine => "kine",
+        }
+    }
+
+    /// A name as the store and `cluster create --datastore` have it.
+    pub fn parse(s: &str) -> Result<DatastoreKind, String> {
+        match s {
+            "etcd" => Ok(DatastoreKind::Etcd),
+            "kine" => Ok(DatastoreKind::Kine),
+            other => Err(format!("{other:?} is neither etcd nor kine")),
+        }
+    }
 }
 
 impl Default for Config {
@@ -457,6 +488,8 @@ impl Default for ClusterDefaults {
             port_count: 1000,
             isolate_operators_clusters: true,
             hibernate_after: Duration::from_secs(600),
+            datastore: DatastoreKind::Etcd,
+            kine_binary: "/usr/lib/socialweb/kine/kine".into(),
         }
     }
 }
@@ -504,6 +537,8 @@ pub const ENV: &[(&str, &str)] = &[
         "SOCIALWEB_BROKER_HIBERNATE_AFTER",
         "clusters.hibernate_after",
     ),
+    ("SOCIALWEB_BROKER_DATASTORE", "clusters.datastore"),
+    ("SOCIALWEB_BROKER_KINE_BINARY", "clusters.kine_binary"),
 ];
 
 /// Whether `market.image` is something an RFP can name.
@@ -612,6 +647,11 @@ impl Config {
                 "SOCIALWEB_BROKER_HIBERNATE_AFTER" => {
                     c.clusters.hibernate_after = parse_duration(var, &v)?
                 }
+                "SOCIALWEB_BROKER_DATASTORE" => {
+                    c.clusters.datastore =
+                        DatastoreKind::parse(v.trim()).map_err(|e| err(var, e))?
+                }
+                "SOCIALWEB_BROKER_KINE_BINARY" => c.clusters.kine_binary = v.into(),
                 _ => {}
             }
         }
@@ -871,6 +911,15 @@ impl Config {
                     format!("{r:?} is not an IP or IP:port"),
                 ));
             }
+        }
+        if self.clusters.datastore == DatastoreKind::Kine && !self.clusters.kine_binary.is_file() {
+            return Err(err(
+                &o("clusters.kine_binary"),
+                format!(
+                    "{} is not a file, and clusters.datastore is kine (image-builder/kine/build.sh builds it)",
+                    self.clusters.kine_binary.display()
+                ),
+            ));
         }
         if u32::from(self.clusters.port_base) + u32::from(self.clusters.port_count) > 65535 {
             return Err(err("clusters.port_count", "the port range runs past 65535"));

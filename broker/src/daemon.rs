@@ -348,6 +348,8 @@ fn cluster_settings(cfg: &Config) -> ClusterSettings {
         namespace_nodes: cfg.market.isolation == socialweb_market::Isolation::Namespace,
         isolate_operators_clusters: cfg.clusters.isolate_operators_clusters,
         hibernate_after: cfg.clusters.hibernate_after,
+        datastore: cfg.clusters.datastore,
+        kine_binary: cfg.clusters.kine_binary.clone(),
         knobs: Knobs {
             max_nodes: cfg.scale.max_nodes,
             pods_per_node: cfg.scale.pods_per_node,

@@ -215,6 +215,10 @@ enum ClusterCommand {
         /// it, the broker's `clusters.hibernate_after` (docs/hibernation.md).
         #[arg(long, value_parser = parse_idle_time)]
         hibernate_after: Option<Duration>,
+        /// What keeps its objects: `etcd`, or `kine` (SQLite through the etcd API); without
+        /// it, the broker's `clusters.datastore`.
+        #[arg(long, value_parser = ["etcd", "kine"])]
+        datastore: Option<String>,
     },
     /// Every cluster, its state and node count.
     List,
@@ -617,6 +621,7 @@ async fn cluster(command: ClusterCommand, c: ClientArgs) -> Result<()> {
             wait,
             owner,
             hibernate_after,
+            datastore,
         } => (
             Request::CreateCluster {
                 name: name.clone(),
@@ -624,6 +629,7 @@ async fn cluster(command: ClusterCommand, c: ClientArgs) -> Result<()> {
                 owner: owner.clone(),
                 invite: None,
                 hibernate_after_secs: hibernate_after.map(|d| d.as_secs()),
+                datastore: datastore.clone(),
             },
             *wait + Duration::from_secs(30),
         ),

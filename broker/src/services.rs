@@ -55,6 +55,7 @@ impl Services {
                 owner,
                 wait_secs,
                 hibernate_after_secs,
+                datastore,
                 ..
             } => {
                 let wait = Duration::from_secs(wait_secs);
@@ -63,6 +64,7 @@ impl Services {
                     owner: owner.as_deref(),
                     user: false,
                     hibernate_after_secs,
+                    datastore: datastore.as_deref(),
                 };
                 Ok(Reply::Cluster(c.create(&new, wait).await?))
             }
@@ -122,11 +124,12 @@ impl Services {
                 wait_secs,
                 invite,
                 hibernate_after_secs,
+                datastore,
                 ..
             } => {
-                if hibernate_after_secs.is_some() {
+                if hibernate_after_secs.is_some() || datastore.is_some() {
                     return Err(ServiceError::Forbidden(
-                        "hibernateAfter: only the operator sets a cluster's hibernation".into(),
+                        "only the operator sets a cluster's hibernation and datastore".into(),
                     ));
                 }
                 if Duration::from_secs(wait_secs) > MAX_WAIT {
@@ -145,6 +148,7 @@ impl Services {
                     owner: Some(did),
                     user: true,
                     hibernate_after_secs: None,
+                    datastore: None,
                 };
                 Ok(Reply::Cluster(c.create(&new, wait).await?))
             }

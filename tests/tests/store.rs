@@ -19,6 +19,7 @@ fn op(name: &str) -> NewCluster<'_> {
         dir: name,
         limits: None,
         hibernate_after_secs: None,
+        datastore: "etcd",
     }
 }
 
@@ -213,6 +214,7 @@ async fn concurrent_creates(url: &str) {
                 dir: n,
                 limits: Some((3, 100)),
                 hibernate_after_secs: None,
+                datastore: "etcd",
             };
             s.create_cluster(&c, now).await
         }
@@ -238,6 +240,7 @@ async fn concurrent_creates(url: &str) {
                 dir: &name,
                 limits: Some((3, 5)),
                 hibernate_after_secs: None,
+                datastore: "etcd",
             };
             s.create_cluster(&c, now).await.map(|_| ())
         }
@@ -258,6 +261,7 @@ async fn concurrent_creates(url: &str) {
         dir: "race-again",
         limits: Some((3, 5)),
         hibernate_after_secs: None,
+        datastore: "etcd",
     };
     s.create_cluster(&again, now).await.unwrap();
 

@@ -68,6 +68,8 @@ pub struct Cluster {
     /// Its own `hibernate_after` in seconds (0: never; `None`: the broker's
     /// `clusters.hibernate_after`).
     pub hibernate_after_secs: Option<i64>,
+    /// What keeps its objects: `etcd` or `kine` (`None`: etcd, made before the choice).
+    pub datastore: Option<String>,
 }
 
 impl Cluster {

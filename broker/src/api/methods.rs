@@ -72,6 +72,7 @@ pub fn command(method: &str, input: Value) -> Result<Command, ApiError> {
                 wait_secs: i.wait_seconds,
                 invite: i.invite,
                 hibernate_after_secs: None,
+                datastore: None,
             }
         }
         DELETE_CLUSTER => Command::DeleteCluster {

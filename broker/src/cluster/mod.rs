@@ -20,8 +20,8 @@ use tracing::{error, info, warn};
 
 use crate::access::service::Access;
 use crate::command::{ClusterDetail, ClusterInfo, ClusterState, ServiceError};
-use crate::config::hibernate_after_ok;
-use crate::control_plane::runner::{PORT_PURPOSES, Ports, Spec};
+use crate::config::{DatastoreKind, hibernate_after_ok};
+use crate::control_plane::runner::{Datastore, PORT_PURPOSES, Ports, Spec};
 use crate::front::Front;
 use crate::provision::Provisioner;
 use crate::store::Store;
@@ -52,6 +52,9 @@ pub struct ClusterSettings {
     /// `clusters.hibernate_after`: a cluster's idle time before its control plane stops,
     /// unless the cluster has its own (0: never).
     pub hibernate_after: Duration,
+    /// `clusters.datastore`, and the kine binary.
+    pub datastore: crate::config::DatastoreKind,
+    pub kine_binary: PathBuf,
 }
 
 /// A cluster to create.
@@ -64,6 +67,8 @@ pub struct New<'a> {
     pub user: bool,
     /// Its own `hibernate_after` (`None`: the broker's).
     pub hibernate_after_secs: Option<u64>,
+    /// `etcd` or `kine` (`None`: `clusters.datastore`).
+    pub datastore: Option<&'a str>,
 }
 
 #[derive(Debug)]
@@ -231,6 +236,17 @@ impl Clusters {
                     })
             })
             .transpose()?;
+        let datastore = match new.datastore {
+            None => self.settings.datastore,
+            Some(d) => DatastoreKind::parse(d)
+                .map_err(|e| ServiceError::Invalid(format!("datastore: {e}")))?,
+        };
+        if datastore == DatastoreKind::Kine && !self.settings.kine_binary.is_file() {
+            return Err(ServiceError::Invalid(format!(
+                "datastore: kine is not installed at {} (clusters.kine_binary)",
+                self.settings.kine_binary.display()
+            )));
+        }
         let lock = self.lock(name).await;
         // Never a directory an earlier cluster of this name had: its CA keys are not this
         // cluster's.
@@ -242,6 +258,7 @@ impl Clusters {
             dir: &dir,
             limits,
             hibernate_after_secs,
+            datastore: datastore.as_str(),
         };
         let record = self
             .store
@@ -383,6 +400,12 @@ impl Clusters {
             kube: self.settings.kube.clone(),
             ports,
             isolated: self.isolated(c),
+            datastore: match c.datastore.as_deref() {
+                Some("kine") => Datastore::Kine {
+                    binary: self.settings.kine_binary.clone(),
+                },
+                _ => Datastore::Etcd,
+            },
         }
     }
 
@@ -501,6 +524,7 @@ impl Clusters {
             server: format!("https://127.0.0.1:{api}"),
             kubeconfig: self.dir_of(&c).join("pki/admin.kubeconfig"),
             nodes,
+            datastore: c.datastore.clone().unwrap_or_else(|| "etcd".into()),
             hibernate_after_secs: c
                 .hibernate_after_secs
                 .map(|s| s.max(0) as u64)

@@ -185,7 +185,7 @@ pub fn egress_selector(socket: &Path) -> String {
     )
 }
 
-fn arg(k: &str, v: impl AsRef<std::ffi::OsStr>) -> OsString {
+pub(crate) fn arg(k: &str, v: impl AsRef<std::ffi::OsStr>) -> OsString {
     let mut s = OsString::from(format!("--{k}="));
     s.push(v.as_ref());
     s

@@ -73,6 +73,27 @@ pub struct Spec {
     /// Its Pods are kept off their nodes' host (namespace nodes): no privileged
     /// containers, and the node isolation policy (docs/security.md).
     pub isolated: bool,
+    pub datastore: Datastore,
+}
+
+/// What keeps a cluster's objects (docs/hibernation.md says how they compare): etcd, or kine
+/// (the etcd API over SQLite in the cluster's directory, as k3s does). Either listens on the
+/// cluster's `etcd-client` port with etcd's TLS and client-certificate check, so the
+/// apiserver's flags are the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Datastore {
+    Etcd,
+    Kine { binary: PathBuf },
+}
+
+impl Datastore {
+    /// The component's name (its pidfile's and log's).
+    pub fn component(&self) -> &'static str {
+        match self {
+            Datastore::Etcd => "etcd",
+            Datastore::Kine { .. } => "kine",
+        }
+    }
 }
 
 /// etcd's TLS: its own CA, its serving and peer certificates, the apiserver's client one.
@@ -149,6 +170,9 @@ impl Spec {
             &super::serving_names(IpAddr::V4(Ipv4Addr::LOCALHOST)),
         )?;
         std::fs::create_dir_all(self.dir.join("run"))?;
+        if matches!(self.datastore, Datastore::Kine { .. }) {
+            socialweb_proc::owner_only::dir(&self.dir.join("kine"))?;
+        }
         std::fs::write(
             self.egress_config(),
             super::egress_selector(&self.egress_socket()),
@@ -227,6 +251,34 @@ impl Spec {
         })
     }
 
+    fn kine_args(&self, e: &EtcdFiles) -> Vec<OsString> {
+        let db = self.dir.join("kine").join("state.db");
+        vec![
+            OsString::from(format!(
+                "--listen-address=127.0.0.1:{}",
+                self.ports.etcd_client
+            )),
+            // WAL: readers never wait for the writer; a busy timeout rather than errors.
+            OsString::from(format!(
+                "--endpoint=sqlite://{}?_journal=WAL&cache=shared&_busy_timeout=30000",
+                db.display()
+            )),
+            super::arg("server-cert-file", &e.server.cert),
+            super::arg("server-key-file", &e.server.key),
+            super::arg("trusted-ca-file", &e.ca),
+            // Its metrics would listen on :8080 of every address.
+            OsString::from("--metrics-bind-address=0"),
+        ]
+    }
+
+    /// The program a component runs, and the arguments before its flags.
+    fn program(&self, component: &str) -> (PathBuf, Vec<OsString>) {
+        match (&self.datastore, component) {
+            (Datastore::Kine { binary }, "kine") => (binary.clone(), Vec::new()),
+            _ => (self.kube.clone(), vec![OsString::from(component)]),
+        }
+    }
+
     fn etcd_args(&self, e: &EtcdFiles) -> Vec<OsString> {
         let arg = |k: &str, v: &dyn AsRef<std::ffi::OsStr>| {
             let mut s = OsString::from(format!("--{k}="));
@@ -265,8 +317,12 @@ impl Spec {
         ));
         let mut sched = super::scheduler_args(&f.scheduler_kubeconfig);
         sched.push(arg("secure-port", &self.ports.scheduler.to_string()));
+        let store = match self.datastore {
+            Datastore::Etcd => self.etcd_args(&f.etcd),
+            Datastore::Kine { .. } => self.kine_args(&f.etcd),
+        };
         vec![
-            ("etcd", self.etcd_args(&f.etcd)),
+            (self.datastore.component(), store),
             (
                 "apiserver",
                 super::apiserver_args(
@@ -301,7 +357,7 @@ impl Spec {
     fn probe(&self, component: &str) -> (IpAddr, u16, Option<&'static str>) {
         let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
         match component {
-            "etcd" => (lo, self.ports.etcd_client, None),
+            "etcd" | "kine" => (lo, self.ports.etcd_client, None),
             "apiserver" => (lo, self.ports.api, Some("/readyz")),
             "controller-manager" => (lo, self.ports.controller_manager, Some("/healthz")),
             _ => (lo, self.ports.scheduler, Some("/healthz")),
@@ -349,7 +405,7 @@ impl Running {
     pub fn start(spec: Spec) -> Result<Running> {
         let files = spec.prepare()?;
         let egress_socket = spec.egress_socket();
-        let (tx, rx) = watch::channel(Health::Starting("starting etcd".into()));
+        let (tx, rx) = watch::channel(Health::Starting("starting the datastore".into()));
         let (api_tx, api_rx) = watch::channel(false);
         let stop = CancellationToken::new();
         let task = tokio::spawn(supervise(spec, files.clone(), (tx, api_tx), stop.clone()));
@@ -486,9 +542,10 @@ impl Supervisor {
             return false;
         }
         let (name, args) = &self.components[i];
+        let (program, before) = self.spec.program(name);
         match process::spawn(
-            &self.spec.kube,
-            &[&[OsString::from(*name)], args.as_slice()].concat(),
+            &program,
+            &[before.as_slice(), args.as_slice()].concat(),
             &self.spec.log(name),
             &self.spec.pidfile(name),
         ) {
@@ -575,7 +632,13 @@ async fn supervise(
 /// Stops what a previous broker left running of `spec`'s control plane (a cluster that
 /// hibernates runs nothing), last component first.
 pub async fn stop_leftovers(spec: &Spec) {
-    for name in ["scheduler", "controller-manager", "apiserver", "etcd"] {
+    for name in [
+        "scheduler",
+        "controller-manager",
+        "apiserver",
+        "etcd",
+        "kine",
+    ] {
         let pidfile = spec.pidfile(name);
         if let Some((pid, _)) = process::adopt(&pidfile) {
             warn!(cluster = %spec.cluster, component = name, pid, "stopping a leftover {name} of a hibernating cluster");

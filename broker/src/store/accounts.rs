@@ -24,6 +24,8 @@ pub struct NewCluster<'a> {
     pub limits: Option<(u32, u32)>,
     /// Its own `hibernate_after` in seconds (`None`: the broker's).
     pub hibernate_after_secs: Option<i64>,
+    /// `etcd` or `kine`.
+    pub datastore: &'a str,
 }
 
 /// Which limit a create would pass.
@@ -128,8 +130,9 @@ impl Store {
         }
         let r = sqlx::query(
             "INSERT INTO clusters \
-             (name, state, created_at, last_intent_at, next_node, owner, dir, hibernate_after_secs) \
-             VALUES ($1, 'active', $2, $3, 1, $4, $5, $6) ON CONFLICT (name) DO NOTHING",
+             (name, state, created_at, last_intent_at, next_node, owner, dir, hibernate_after_secs, \
+              datastore) \
+             VALUES ($1, 'active', $2, $3, 1, $4, $5, $6, $7) ON CONFLICT (name) DO NOTHING",
         )
         .bind(c.name)
         .bind(t)
@@ -137,6 +140,7 @@ impl Store {
         .bind(c.owner.map(str::to_string))
         .bind(c.dir)
         .bind(c.hibernate_after_secs)
+        .bind(c.datastore)
         .execute(&mut *tx)
         .await?;
         if r.rows_affected() == 0 {

@@ -41,6 +41,7 @@ fn cluster_of(r: &AnyRow) -> Result<Cluster> {
         dir: r.try_get("dir")?,
         hibernating_since: r.try_get("hibernating_since")?,
         hibernate_after_secs: r.try_get("hibernate_after_secs")?,
+        datastore: r.try_get("datastore")?,
     })
 }
 

@@ -32,6 +32,15 @@ struct Args {
     /// Seconds of idle memory samples.
     #[arg(long, default_value_t = 10)]
     samples: u32,
+    /// Rounds of each datastore (etcd, kine, interleaved): create, idle memory, wake.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u8).range(1..=50))]
+    ds_rounds: u8,
+    /// Clusters created and left to hibernate, for the broker's cost of one at rest.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=500))]
+    at_rest: u32,
+    /// Wakes timed, each from hibernation to the first answer at the front.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=500))]
+    wakes: u32,
 }
 
 fn stats(name: &str, unit: &str, mut v: Vec<f64>) -> f64 {
@@ -107,6 +116,7 @@ fn decision_cost() {
 fn control_plane_memory(run_dir: &Path) -> Result<Memory> {
     let mut total = 0.0;
     let mut pss = 0.0;
+    let mut uss = 0.0;
     let mut each = Vec::new();
     for e in std::fs::read_dir(run_dir).with_context(|| format!("reading {}", run_dir.display()))? {
         let path = e?.path();
@@ -125,6 +135,7 @@ fn control_plane_memory(run_dir: &Path) -> Result<Memory> {
         let mib = rss_mib(pid)?;
         total += mib;
         pss += pss_mib(pid)?;
+        uss += uss_mib(pid)?;
         each.push((name.replace('-', "_"), mib));
     }
     if each.is_empty() {
@@ -134,6 +145,7 @@ fn control_plane_memory(run_dir: &Path) -> Result<Memory> {
     Ok(Memory {
         rss_total: total,
         pss_total: pss,
+        uss_total: uss,
         rss_each: each,
     })
 }
@@ -142,19 +154,44 @@ fn control_plane_memory(run_dir: &Path) -> Result<Memory> {
 struct Memory {
     rss_total: f64,
     pss_total: f64,
+    uss_total: f64,
     /// Per component, by name.
     rss_each: Vec<(String, f64)>,
 }
 
-fn pss_mib(pid: u32) -> Result<f64> {
+/// A field of `/proc/<pid>/smaps_rollup`, in MiB.
+fn rollup_mib(pid: u32, field: &str) -> Result<f64> {
     let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))?;
     let kb: f64 = rollup
         .lines()
-        .find_map(|l| l.strip_prefix("Pss:"))
-        .context("no Pss")?
+        .find_map(|l| l.strip_prefix(field))
+        .with_context(|| format!("no {field}"))?
         .trim()
         .trim_end_matches("kB")
         .trim()
+        .parse()?;
+    Ok(kb / 1024.0)
+}
+
+fn pss_mib(pid: u32) -> Result<f64> {
+    rollup_mib(pid, "Pss:")
+}
+
+/// The unique set: pages only this process maps, what one more of it costs.
+fn uss_mib(pid: u32) -> Result<f64> {
+    Ok(rollup_mib(pid, "Private_Clean:")? + rollup_mib(pid, "Private_Dirty:")?)
+}
+
+/// What a directory holds on disk, in MiB (`du`: blocks, so preallocated files count).
+fn disk_mib(dir: &Path) -> Result<f64> {
+    let o = std::process::Command::new("du")
+        .arg("-sk")
+        .arg(dir)
+        .output()?;
+    let kb: f64 = String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .context("du's output")?
         .parse()?;
     Ok(kb / 1024.0)
 }
@@ -202,6 +239,315 @@ fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<Option<T
     }
 }
 
+/// A user's key and DID (`socialweb-broker api keygen`).
+fn keygen(dir: &Path) -> Result<(std::path::PathBuf, String)> {
+    let key = dir.join("user.key");
+    let o = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))
+        .args(["api", "keygen", "--out"])
+        .arg(&key)
+        .output()?;
+    if !o.status.success() {
+        bail!("keygen: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    Ok((key, String::from_utf8_lossy(&o.stdout).trim().to_string()))
+}
+
+/// The user every measured cluster belongs to (wakes come through the front, as a user's).
+struct Tenant {
+    dir: testbed::tmp::TempDir,
+    key: std::path::PathBuf,
+    did: String,
+}
+
+impl Tenant {
+    fn new() -> Result<Tenant> {
+        let dir = testbed::tmp::TempDir::new("bench-scale-user")?;
+        let (key, did) = keygen(dir.path())?;
+        Ok(Tenant { dir, key, did })
+    }
+
+    /// A kubeconfig for its cluster `name`, as curl takes it.
+    fn curlable(&self, b: &Broker<'_>, name: &str) -> Result<Curlable> {
+        let kc = self.dir.path().join(format!("{name}.kubeconfig"));
+        b.api(
+            &self.key,
+            &[
+                "kubeconfig",
+                name,
+                "--lifetime",
+                "2h",
+                "--out",
+                kc.to_str().unwrap(),
+            ],
+        )?;
+        curlable(&kc)
+    }
+}
+
+/// What one datastore measured, a value per round.
+#[derive(Default)]
+struct Figures {
+    ready_ms: Vec<f64>,
+    pss: Vec<f64>,
+    rss: Vec<f64>,
+    uss: Vec<f64>,
+    /// The cluster's directory while it hibernates.
+    disk: Vec<f64>,
+    wake_ms: Vec<f64>,
+    /// Per component, from the last round.
+    each: Vec<(String, f64)>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// One round of one datastore: a cluster created, its idle control plane sampled, put to
+/// sleep, woken by a request at the front, deleted.
+fn datastore_round(
+    b: &Broker<'_>,
+    user: &Tenant,
+    ds: &str,
+    name: &str,
+    samples: u32,
+    f: &mut Figures,
+) -> Result<()> {
+    let t = Instant::now();
+    let c = b.cli_json(&[
+        "cluster",
+        "create",
+        name,
+        "--owner",
+        &user.did,
+        "--datastore",
+        ds,
+        "--hibernate-after",
+        "0",
+    ])?;
+    if c["state"] != "ready" || c["datastore"] != ds {
+        bail!("{name} not ready on {ds}: {c}\n{}", b.diagnostics());
+    }
+    f.ready_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    // Idle: let the controllers settle, then sample.
+    std::thread::sleep(Duration::from_secs(10));
+    let run_dir = b.cluster_dir(name).join("run");
+    let (mut pss, mut rss, mut uss) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..samples.max(1) {
+        let m = control_plane_memory(&run_dir)?;
+        pss.push(m.pss_total);
+        rss.push(m.rss_total);
+        uss.push(m.uss_total);
+        f.each = m.rss_each;
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    f.pss.push(median(pss));
+    f.rss.push(median(rss));
+    f.uss.push(median(uss));
+    let client = user.curlable(b, name)?;
+    b.cli(&["cluster", "set", name, "--hibernate-after", "1s"])?;
+    wait(
+        &format!("{name} hibernating"),
+        Duration::from_secs(60),
+        || Ok((state_of(b, name)? == "hibernating").then_some(())),
+    )?;
+    f.disk.push(disk_mib(&b.cluster_dir(name))?);
+    f.wake_ms.push(first_answer_ms(b, &client)?);
+    b.cli(&["cluster", "delete", name])?;
+    eprintln!(
+        "{ds} round: ready {:.0} ms, idle PSS {:.0} MiB, wake {:.0} ms",
+        f.ready_ms[f.ready_ms.len() - 1],
+        f.pss[f.pss.len() - 1],
+        f.wake_ms[f.wake_ms.len() - 1]
+    );
+    Ok(())
+}
+
+/// etcd and kine side by side, rounds interleaved (etcd, kine, etcd, ...).
+fn datastores(b: &Broker<'_>, user: &Tenant, rounds: u8, samples: u32) -> Result<()> {
+    let kinds = ["etcd", "kine"];
+    let mut figs: Vec<Figures> = kinds.iter().map(|_| Figures::default()).collect();
+    for r in 0..rounds {
+        for (i, ds) in kinds.iter().enumerate() {
+            datastore_round(b, user, ds, &format!("{ds}{r}"), samples, &mut figs[i])?;
+        }
+    }
+    for (ds, f) in kinds.iter().zip(&figs) {
+        for (name, mib) in &f.each {
+            println!("idle_{ds}_{name}_rss_mib={mib:.1}");
+        }
+        println!("idle_awake_pss_mib_{ds}={:.1}", median(f.pss.clone()));
+        stats(&format!("idle_awake_pss_{ds}"), "mib", f.pss.clone());
+        stats(&format!("idle_awake_rss_{ds}"), "mib", f.rss.clone());
+        stats(&format!("idle_awake_uss_{ds}"), "mib", f.uss.clone());
+        stats(&format!("hibernated_disk_{ds}"), "mib", f.disk.clone());
+        stats(&format!("create_to_ready_{ds}"), "ms", f.ready_ms.clone());
+        stats(
+            &format!("wake_to_first_answer_{ds}"),
+            "ms",
+            f.wake_ms.clone(),
+        );
+    }
+    let ratio = |g: fn(&Figures) -> Vec<f64>| median(g(&figs[1])) / median(g(&figs[0]));
+    println!(
+        "ratio_kine_vs_etcd_idle_pss={:.3}",
+        ratio(|f| f.pss.clone())
+    );
+    println!(
+        "ratio_kine_vs_etcd_create_to_ready={:.3}",
+        ratio(|f| f.ready_ms.clone())
+    );
+    println!(
+        "ratio_kine_vs_etcd_wake={:.3}",
+        ratio(|f| f.wake_ms.clone())
+    );
+    Ok(())
+}
+
+/// The files curl needs from a user's kubeconfig (JSON, as the broker writes it): the
+/// server, and the CA, certificate and key as PEM files beside it.
+struct Curlable {
+    server: String,
+    ca: std::path::PathBuf,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+}
+
+fn curlable(kubeconfig: &Path) -> Result<Curlable> {
+    use base64::Engine;
+    let kc: serde_json::Value = serde_json::from_slice(&std::fs::read(kubeconfig)?)?;
+    let b64 = |v: &serde_json::Value| -> Result<Vec<u8>> {
+        Ok(base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().context("a kubeconfig field")?)?)
+    };
+    let write = |ext: &str, data: Vec<u8>| -> Result<std::path::PathBuf> {
+        let p = kubeconfig.with_extension(ext);
+        std::fs::write(&p, data)?;
+        Ok(p)
+    };
+    let cluster = &kc["clusters"][0]["cluster"];
+    let user = &kc["users"][0]["user"];
+    Ok(Curlable {
+        server: cluster["server"].as_str().context("server")?.to_string(),
+        ca: write("ca", b64(&cluster["certificate-authority-data"])?)?,
+        cert: write("crt", b64(&user["client-certificate-data"])?)?,
+        key: write("key", b64(&user["client-key-data"])?)?,
+    })
+}
+
+/// One GET of `/api` through the front from the internet, timed by curl itself (from its
+/// first byte out to the answer): the wake, when the cluster hibernates.
+fn first_answer_ms(b: &Broker<'_>, c: &Curlable) -> Result<f64> {
+    let o = b
+        .world
+        .internet
+        .command("curl")
+        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code} %{time_total}"])
+        .arg("--cacert")
+        .arg(&c.ca)
+        .arg("--cert")
+        .arg(&c.cert)
+        .arg("--key")
+        .arg(&c.key)
+        .arg("--max-time")
+        .arg("120")
+        .arg(format!("{}/api", c.server))
+        .output()?;
+    let out = String::from_utf8_lossy(&o.stdout);
+    let (code, secs) = out.split_once(' ').context("curl's -w output")?;
+    if code != "200" {
+        bail!(
+            "GET /api answered {code}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    Ok(secs.trim().parse::<f64>()? * 1e3)
+}
+
+fn state_of(b: &Broker<'_>, name: &str) -> Result<String> {
+    let all = b.cli_json(&["cluster", "list"])?;
+    Ok(all
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["name"] == name))
+        .and_then(|c| c["state"].as_str())
+        .unwrap_or("gone")
+        .to_string())
+}
+
+/// The broker's own memory now, in MiB: (resident, proportional).
+fn broker_memory(b: &Broker<'_>) -> Result<(f64, f64)> {
+    let pid = b.broker_pid();
+    Ok((rss_mib(pid)?, pss_mib(pid)?))
+}
+
+/// `n` clusters of one user, left to hibernate: what the broker holds for each at rest
+/// (its memory grown, divided by `n`; the clusters on `clusters.datastore`), then `wakes` wakes, each timed from hibernation to
+/// the first answer at the front.
+fn at_rest(b: &Broker<'_>, user: &Tenant, n: u32, wakes: u32) -> Result<()> {
+    let (rss0, pss0) = broker_memory(b)?;
+    let mut clients = Vec::new();
+    for i in 0..n {
+        let name = format!("rest{i}");
+        let c = b.cli_json(&["cluster", "create", &name, "--owner", &user.did])?;
+        if c["state"] != "ready" {
+            bail!("{name} not ready: {c}\n{}", b.diagnostics());
+        }
+        clients.push((name.clone(), user.curlable(b, &name)?));
+        eprintln!("at rest: {} of {n} created", i + 1);
+    }
+    for (name, _) in &clients {
+        wait(
+            &format!("{name} hibernating"),
+            Duration::from_secs(120),
+            || Ok((state_of(b, name)? == "hibernating").then_some(())),
+        )?;
+    }
+    // Let the allocator settle after the last control plane stopped.
+    std::thread::sleep(Duration::from_secs(5));
+    let (rss1, pss1) = broker_memory(b)?;
+    let per = (rss1 - rss0).max(0.0) / f64::from(n);
+    println!("at_rest_clusters={n}");
+    println!("broker_rss_before_mib={rss0:.1}");
+    println!("broker_rss_at_rest_mib={rss1:.1}");
+    println!("broker_pss_at_rest_mib={pss1:.1}");
+    println!("hibernated_rss_mib={per:.3}");
+    println!(
+        "hibernated_pss_mib={:.3}",
+        (pss1 - pss0).max(0.0) / f64::from(n)
+    );
+    // What 24 GiB holds beside the broker itself.
+    println!(
+        "clusters_at_rest_per_24gib={:.0}",
+        (24.0 * 1024.0 - rss0) / per.max(0.001)
+    );
+    let mut ms = Vec::new();
+    for i in 0..wakes {
+        let (name, c) = &clients[(i % n) as usize];
+        wait(
+            &format!("{name} hibernating"),
+            Duration::from_secs(120),
+            || Ok((state_of(b, name)? == "hibernating").then_some(())),
+        )?;
+        let t = first_answer_ms(b, c).with_context(|| b.diagnostics())?;
+        eprintln!("wake {}: {name} answered in {t:.0} ms", i + 1);
+        ms.push(t);
+        // Nothing else running for the next one: this one asleep again.
+        wait(
+            &format!("{name} hibernating again"),
+            Duration::from_secs(120),
+            || Ok((state_of(b, name)? == "hibernating").then_some(())),
+        )?;
+    }
+    ms.sort_by(f64::total_cmp);
+    let pct = |p: f64| ms[((ms.len() - 1) as f64 * p).round() as usize];
+    println!("wakes={}", ms.len());
+    println!("wake_to_first_answer_p50_ms={:.0}", pct(0.5));
+    println!("wake_to_first_answer_p99_ms={:.0}", pct(0.99));
+    println!("wake_to_first_answer_min_ms={:.0}", ms[0]);
+    println!("wake_to_first_answer_max_ms={:.0}", ms[ms.len() - 1]);
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     decision_cost();
@@ -212,11 +558,23 @@ fn main() -> Result<()> {
         BrokerOptions {
             max_nodes: 1,
             hold: Duration::from_secs(2),
+            // Enough clusters for the at-rest count, which hibernate soon after their
+            // last request.
+            access_toml: format!(
+                "registration = \"open\"\ntenants_trusted = true\nmax_clusters_per_did = {m}\nmax_clusters = {m}\n",
+                m = args.at_rest + 1
+            ),
+            clusters_toml: format!(
+                "hibernate_after = \"2s\"\nkine_binary = \"{}/kine\"\n",
+                std::env::var("SOCIALWEB_KINE_DIR")
+                    .context("SOCIALWEB_KINE_DIR (bench/scale sets it)")?
+            ),
             ..Default::default()
         },
     )?;
     let t = Instant::now();
-    let created = b.cli_json(&["cluster", "create", "bench"])?;
+    // Never hibernating: its idle memory is sampled, and its rounds start from zero nodes.
+    let created = b.cli_json(&["cluster", "create", "bench", "--hibernate-after", "0"])?;
     if created["state"] != "ready" {
         bail!("cluster not ready: {created}\n{}", b.diagnostics());
     }
@@ -224,25 +582,6 @@ fn main() -> Result<()> {
         "cluster_create_to_ready_ms={:.0}",
         t.elapsed().as_secs_f64() * 1e3
     );
-
-    // Idle: let the controllers settle, then sample.
-    std::thread::sleep(Duration::from_secs(10));
-    let run_dir = b.cluster_dir("bench").join("run");
-    let mut totals = Vec::new();
-    let mut psss = Vec::new();
-    let mut last = Vec::new();
-    for _ in 0..args.samples.max(1) {
-        let m = control_plane_memory(&run_dir)?;
-        totals.push(m.rss_total);
-        psss.push(m.pss_total);
-        last = m.rss_each;
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    for (name, mib) in &last {
-        println!("idle_{name}_rss_mib={mib:.1}");
-    }
-    stats("idle_control_plane_rss", "mib", totals);
-    stats("idle_control_plane_pss", "mib", psss);
 
     let (mut to_provision, mut to_running) = (Vec::new(), Vec::new());
     for r in 1..=args.rounds {
@@ -281,5 +620,9 @@ fn main() -> Result<()> {
     let p50 = stats("pending_to_provision", "ms", to_provision);
     stats("pending_to_running", "ms", to_running);
     println!("ratio_provision_vs_ca_slo={:.4}", p50 / CA_SLO_MS);
+    b.cli(&["cluster", "delete", "bench"])?;
+    let user = Tenant::new()?;
+    datastores(&b, &user, args.ds_rounds, args.samples)?;
+    at_rest(&b, &user, args.at_rest, args.wakes)?;
     Ok(())
 }
