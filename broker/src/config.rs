@@ -341,6 +341,10 @@ pub struct ClusterDefaults {
     pub datastore: DatastoreKind,
     /// The `kine` binary (image-builder/kine/build.sh builds it).
     pub kine_binary: PathBuf,
+    /// `GOGC` of every control-plane component: the garbage a Go heap may hold beyond its
+    /// live objects, in percent. Lower is less memory for more collector CPU; Go's default
+    /// is 100 (docs/hibernation.md has the measurements behind this default).
+    pub gogc: u32,
 }
 
 /// `clusters.datastore`.
@@ -490,6 +494,7 @@ impl Default for ClusterDefaults {
             hibernate_after: Duration::from_secs(600),
             datastore: DatastoreKind::Etcd,
             kine_binary: "/usr/lib/socialweb/kine/kine".into(),
+            gogc: 100,
         }
     }
 }
@@ -918,6 +923,15 @@ impl Config {
                 format!(
                     "{} is not a file, and clusters.datastore is kine (image-builder/kine/build.sh builds it)",
                     self.clusters.kine_binary.display()
+                ),
+            ));
+        }
+        if !(10..=1000).contains(&self.clusters.gogc) {
+            return Err(err(
+                "clusters.gogc",
+                format!(
+                    "{} is not from 10 to 1000 (Go's default is 100)",
+                    self.clusters.gogc
                 ),
             ));
         }

@@ -350,6 +350,7 @@ fn cluster_settings(cfg: &Config) -> ClusterSettings {
         hibernate_after: cfg.clusters.hibernate_after,
         datastore: cfg.clusters.datastore,
         kine_binary: cfg.clusters.kine_binary.clone(),
+        gogc: cfg.clusters.gogc,
         knobs: Knobs {
             max_nodes: cfg.scale.max_nodes,
             pods_per_node: cfg.scale.pods_per_node,

@@ -35,6 +35,7 @@ pub async fn terminate(pid: u32, grace: Duration) {
 pub fn spawn(
     program: &Path,
     args: &[std::ffi::OsString],
+    env: &[(&str, String)],
     log: &Path,
     pidfile: &Path,
 ) -> Result<tokio::process::Child> {
@@ -48,6 +49,7 @@ pub fn spawn(
         .with_context(|| format!("opening {}", log.display()))?;
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(file.try_clone()?)
         .stderr(file)

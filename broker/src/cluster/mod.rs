@@ -55,6 +55,8 @@ pub struct ClusterSettings {
     /// `clusters.datastore`, and the kine binary.
     pub datastore: crate::config::DatastoreKind,
     pub kine_binary: PathBuf,
+    /// `clusters.gogc`.
+    pub gogc: u32,
 }
 
 /// A cluster to create.
@@ -406,6 +408,7 @@ impl Clusters {
                 },
                 _ => Datastore::Etcd,
             },
+            gogc: self.settings.gogc,
         }
     }
 

@@ -74,6 +74,9 @@ pub struct Spec {
     /// containers, and the node isolation policy (docs/security.md).
     pub isolated: bool,
     pub datastore: Datastore,
+    /// `GOGC` for every component (Go's default is 100): how much garbage a component's
+    /// heap may hold beyond its live objects, in percent (docs/hibernation.md measured it).
+    pub gogc: u32,
 }
 
 /// What keeps a cluster's objects (docs/hibernation.md says how they compare): etcd, or kine
@@ -546,6 +549,7 @@ impl Supervisor {
         match process::spawn(
             &program,
             &[before.as_slice(), args.as_slice()].concat(),
+            &[("GOGC", self.spec.gogc.to_string())],
             &self.spec.log(name),
             &self.spec.pidfile(name),
         ) {

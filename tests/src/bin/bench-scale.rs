@@ -35,6 +35,16 @@ struct Args {
     /// Rounds of each datastore (etcd, kine, interleaved): create, idle memory, wake.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u8).range(1..=50))]
     ds_rounds: u8,
+    /// GOGC values for the control plane's components (`clusters.gogc`), compared in rounds
+    /// interleaved across them (the broker restarted with each), on --tune-on.
+    #[arg(long, value_delimiter = ',', default_values_t = [100u32, 50])]
+    gogc: Vec<u32>,
+    /// The datastore the GOGC rounds run on.
+    #[arg(long, default_value = "etcd", value_parser = ["etcd", "kine"])]
+    tune_on: String,
+    /// Rounds of each GOGC value.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=50))]
+    tune_rounds: u8,
     /// Clusters created and left to hibernate, for the broker's cost of one at rest.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=500))]
     at_rest: u32,
@@ -404,6 +414,60 @@ fn datastores(b: &Broker<'_>, user: &Tenant, rounds: u8, samples: u32) -> Result
     Ok(())
 }
 
+/// Restarts the broker with `clusters.gogc = gogc`.
+fn restart_with_gogc(b: &mut Broker<'_>, gogc: u32) -> Result<()> {
+    let text = std::fs::read_to_string(&b.config)?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("gogc = "))
+        .context("no gogc line in the broker's configuration")?
+        .to_string();
+    std::fs::write(&b.config, text.replace(&line, &format!("gogc = {gogc}")))?;
+    b.kill_broker();
+    b.start_broker()
+}
+
+/// GOGC values side by side: rounds interleaved across them, the broker restarted with each.
+fn tune_gogc(b: &mut Broker<'_>, user: &Tenant, args: &Args) -> Result<()> {
+    let mut figs: Vec<Figures> = args.gogc.iter().map(|_| Figures::default()).collect();
+    for r in 0..args.tune_rounds {
+        for (i, g) in args.gogc.iter().enumerate() {
+            restart_with_gogc(b, *g)?;
+            let name = format!("gogc{g}r{r}");
+            datastore_round(b, user, &args.tune_on, &name, args.samples, &mut figs[i])?;
+        }
+    }
+    restart_with_gogc(b, 100)?;
+    for (g, f) in args.gogc.iter().zip(&figs) {
+        stats(&format!("idle_awake_pss_gogc{g}"), "mib", f.pss.clone());
+        stats(&format!("idle_awake_uss_gogc{g}"), "mib", f.uss.clone());
+        stats(
+            &format!("wake_to_first_answer_gogc{g}"),
+            "ms",
+            f.wake_ms.clone(),
+        );
+        stats(
+            &format!("create_to_ready_gogc{g}"),
+            "ms",
+            f.ready_ms.clone(),
+        );
+    }
+    for (g, f) in args.gogc.iter().zip(&figs).skip(1) {
+        let base = &figs[0];
+        println!(
+            "ratio_gogc{g}_vs_gogc{}_idle_pss={:.3}",
+            args.gogc[0],
+            median(f.pss.clone()) / median(base.pss.clone())
+        );
+        println!(
+            "ratio_gogc{g}_vs_gogc{}_wake={:.3}",
+            args.gogc[0],
+            median(f.wake_ms.clone()) / median(base.wake_ms.clone())
+        );
+    }
+    Ok(())
+}
+
 /// The files curl needs from a user's kubeconfig (JSON, as the broker writes it): the
 /// server, and the CA, certificate and key as PEM files beside it.
 struct Curlable {
@@ -553,7 +617,7 @@ fn main() -> Result<()> {
     decision_cost();
 
     let world = testbed::world::World::new(0)?;
-    let b = Broker::start(
+    let mut b = Broker::start(
         &world,
         BrokerOptions {
             max_nodes: 1,
@@ -565,7 +629,7 @@ fn main() -> Result<()> {
                 m = args.at_rest + 1
             ),
             clusters_toml: format!(
-                "hibernate_after = \"2s\"\nkine_binary = \"{}/kine\"\n",
+                "hibernate_after = \"2s\"\ngogc = 100\nkine_binary = \"{}/kine\"\n",
                 std::env::var("SOCIALWEB_KINE_DIR")
                     .context("SOCIALWEB_KINE_DIR (bench/scale sets it)")?
             ),
@@ -623,6 +687,7 @@ fn main() -> Result<()> {
     b.cli(&["cluster", "delete", "bench"])?;
     let user = Tenant::new()?;
     datastores(&b, &user, args.ds_rounds, args.samples)?;
+    tune_gogc(&mut b, &user, &args)?;
     at_rest(&b, &user, args.at_rest, args.wakes)?;
     Ok(())
 }
