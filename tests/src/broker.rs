@@ -135,6 +135,8 @@ pub struct Broker<'w> {
 /// What every node of this broker's providers runs and imports.
 struct NodeSoftware {
     kube: PathBuf,
+    /// The broker's kine (its clusters' default datastore).
+    kine: PathBuf,
     agent: PathBuf,
     cni: PathBuf,
     seeds: String,
@@ -154,6 +156,7 @@ impl NodeSoftware {
         crate::images::write_busybox(&seeds.join("busybox.tar"))?;
         Ok(NodeSoftware {
             kube: bins.dir.clone(),
+            kine: crate::k8s::kine()?,
             agent: workspace_bin("socialweb-agent"),
             cni: cni.to_path_buf(),
             // A node image brings its own seeds (busybox among the suite image's).
@@ -858,6 +861,7 @@ request_timeout = "{timeout}"
 {local}
 [clusters]
 upstream_resolvers = ["{RESOLVER_ADDR}"]
+kine_binary = {kine:?}
 {clusters}
 
 [front]
@@ -872,6 +876,7 @@ did_web_nameservers = ["{RESOLVER_ADDR}:53"]
         front = opts.front_toml,
         access = opts.access_toml,
         clusters = opts.clusters_toml,
+        kine = sw.kine,
         kube = sw.kube,
         max = opts.max_nodes,
         ppn = opts.pods_per_node,

@@ -2,8 +2,9 @@
 //! through the front: an idle cluster's components exit and its ports stay leased; the first
 //! request wakes it and is answered as if nothing happened; a watch held through a wake
 //! gets its events; many requests share one wake; a CronJob keeps the cluster awake until
-//! it is suspended; a Pod created by the waking request rents a node as usual; and a broker
-//! killed in the middle of a wake is followed by one that finishes it.
+//! it is suspended; a Pod created by the waking request rents a node as usual; a broker
+//! killed in the middle of a wake is followed by one that finishes it; and a cluster on
+//! either datastore (kine by default, etcd by choice) keeps its objects through it.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -317,7 +318,7 @@ fn a_broker_killed_during_a_wake_is_followed_by_one_that_finishes_it() {
         .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
     assert!(
         processes_of(&cluster_dir).len() >= 2,
-        "etcd and the apiserver outlive the broker"
+        "the datastore and the apiserver outlive the broker"
     );
     drop(waker);
     step(t, "broker killed mid-wake");
@@ -373,4 +374,46 @@ fn a_broker_killed_during_a_wake_is_followed_by_one_that_finishes_it() {
         t,
         "a failed wake: 503 with Retry-After, and the retry woke it",
     );
+}
+
+#[test]
+fn a_cluster_on_etcd_keeps_its_objects_through_hibernation() {
+    let t = Instant::now();
+    let world = World::new(0).unwrap();
+    let b = Broker::start(&world, options("3s")).unwrap();
+    let c = b
+        .cli_json(&["cluster", "create", "kv", "--datastore", "etcd"])
+        .unwrap();
+    assert_eq!(
+        (&c["state"], &c["datastore"]),
+        (&"ready".into(), &"etcd".into()),
+        "{c}"
+    );
+    let cluster_dir = b.cluster_dir("kv");
+    assert!(cluster_dir.join("etcd/member").is_dir());
+    assert!(!cluster_dir.join("kine").exists(), "no kine beside etcd");
+    let procs = processes_of(&cluster_dir);
+    assert_eq!(procs.len(), 4, "etcd, apiserver, kcm, scheduler: {procs:?}");
+    b.kubectl("kv", &["create", "configmap", "kept", "--from-literal=k=v"])
+        .unwrap();
+    step(t, "created on etcd");
+
+    wait_state(&b, "kv", "hibernating", Duration::from_secs(60));
+    assert_eq!(processes_of(&cluster_dir), Vec::<u32>::new());
+    let woke = b
+        .cli_json(&["cluster", "wake", "kv", "--wait", "60s"])
+        .unwrap();
+    assert_eq!(woke["state"], "ready", "{woke}");
+    let v = b
+        .kubectl(
+            "kv",
+            &["get", "configmap", "kept", "-o", "jsonpath={.data.k}"],
+        )
+        .unwrap();
+    assert_eq!(v, "v", "the object outlived the hibernation");
+    step(t, "woken with its objects");
+    let bad = b
+        .cli(&["cluster", "create", "bad", "--datastore", "mysql"])
+        .unwrap_err();
+    assert!(format!("{bad:#}").contains("mysql"), "{bad:#}");
 }

@@ -437,7 +437,7 @@ fn tune_gogc(b: &mut Broker<'_>, user: &Tenant, args: &Args) -> Result<()> {
             datastore_round(b, user, &args.tune_on, &name, args.samples, &mut figs[i])?;
         }
     }
-    restart_with_gogc(b, 100)?;
+    restart_with_gogc(b, 50)?;
     for (g, f) in args.gogc.iter().zip(&figs) {
         stats(&format!("idle_awake_pss_gogc{g}"), "mib", f.pss.clone());
         stats(&format!("idle_awake_uss_gogc{g}"), "mib", f.uss.clone());
@@ -628,11 +628,8 @@ fn main() -> Result<()> {
                 "registration = \"open\"\ntenants_trusted = true\nmax_clusters_per_did = {m}\nmax_clusters = {m}\n",
                 m = args.at_rest + 1
             ),
-            clusters_toml: format!(
-                "hibernate_after = \"2s\"\ngogc = 100\nkine_binary = \"{}/kine\"\n",
-                std::env::var("SOCIALWEB_KINE_DIR")
-                    .context("SOCIALWEB_KINE_DIR (bench/scale sets it)")?
-            ),
+            // gogc: rewritten for each value tune_gogc compares.
+            clusters_toml: "hibernate_after = \"2s\"\ngogc = 50\n".into(),
             ..Default::default()
         },
     )?;

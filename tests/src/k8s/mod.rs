@@ -76,6 +76,39 @@ pub fn binaries() -> Result<Binaries> {
     Ok(b)
 }
 
+/// Environment variable naming the directory of a prebuilt `kine` (what
+/// `image-builder/kine/build.sh` prints); without it the harness runs build.sh.
+pub const KINE_DIR_ENV: &str = "SOCIALWEB_KINE_DIR";
+
+/// The kine build every broker's clusters keep their objects in by default, from
+/// `SOCIALWEB_KINE_DIR` or by running `image-builder/kine/build.sh` (seconds when cached,
+/// minutes cold). Fails loudly if neither works.
+pub fn kine() -> Result<PathBuf> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        if let Some(dir) = std::env::var_os(KINE_DIR_ENV) {
+            return Ok(PathBuf::from(dir));
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../image-builder/kine/build.sh");
+        let out = std::process::Command::new(&script)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .map_err(|e| format!("running {}: {e}", script.display()))?;
+        if !out.status.success() {
+            return Err(format!("{} failed ({})", script.display(), out.status));
+        }
+        Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    });
+    let kine = dir.clone().map_err(anyhow::Error::msg)?.join("kine");
+    if !kine.is_file() {
+        bail!(
+            "{} is missing; unset {KINE_DIR_ENV} or point it at image-builder/kine/build.sh's output",
+            kine.display()
+        );
+    }
+    Ok(kine)
+}
+
 /// Polls `f` every 100 ms until it returns `Ok(Some(v))` or `timeout` passes; the error says
 /// what was awaited and the last thing `f` said.
 pub fn wait_for<T>(
