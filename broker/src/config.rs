@@ -676,6 +676,7 @@ impl Config {
         let o = |k: &str| Self::origin(k, env);
         self.validate_sizes(&o)?;
         self.validate_addresses(&o)?;
+        self.validate_clusters(&o)?;
         self.validate_front()?;
         self.validate_access()
     }
@@ -909,6 +910,11 @@ impl Config {
                 "must be a specific address nodes can reach",
             ));
         }
+        Ok(())
+    }
+
+    /// The `[clusters]` section: resolvers, the datastore, GOGC, the port range.
+    fn validate_clusters(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
         for (i, r) in self.clusters.upstream_resolvers.iter().enumerate() {
             if socialweb_wire::identity::parse_resolver(r).is_none() {
                 return Err(err(
@@ -917,18 +923,9 @@ impl Config {
                 ));
             }
         }
-        if self.clusters.datastore == DatastoreKind::Kine && !self.clusters.kine_binary.is_file() {
-            return Err(err(
-                &o("clusters.kine_binary"),
-                format!(
-                    "{} is not a file, and clusters.datastore is kine (image-builder/kine/build.sh builds it)",
-                    self.clusters.kine_binary.display()
-                ),
-            ));
-        }
         if !(10..=1000).contains(&self.clusters.gogc) {
             return Err(err(
-                "clusters.gogc",
+                &o("clusters.gogc"),
                 format!(
                     "{} is not from 10 to 1000 (Go's default is 100)",
                     self.clusters.gogc

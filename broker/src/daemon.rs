@@ -94,6 +94,15 @@ fn check_kube_dir(cfg: &Config) -> Result<()> {
             );
         }
     }
+    // Checked at the start, not at the first create: the default datastore must be there.
+    if cfg.clusters.datastore == crate::config::DatastoreKind::Kine
+        && !cfg.clusters.kine_binary.is_file()
+    {
+        bail!(
+            "clusters.kine_binary: {} is not a file, and clusters.datastore is kine (image-builder/kine/build.sh builds it; or set clusters.datastore = \"etcd\")",
+            cfg.clusters.kine_binary.display()
+        );
+    }
     Ok(())
 }
 

@@ -127,6 +127,7 @@ fn control_plane_memory(run_dir: &Path) -> Result<Memory> {
     let mut total = 0.0;
     let mut pss = 0.0;
     let mut uss = 0.0;
+    let mut anon = 0.0;
     let mut each = Vec::new();
     for e in std::fs::read_dir(run_dir).with_context(|| format!("reading {}", run_dir.display()))? {
         let path = e?.path();
@@ -146,6 +147,7 @@ fn control_plane_memory(run_dir: &Path) -> Result<Memory> {
         total += mib;
         pss += pss_mib(pid)?;
         uss += uss_mib(pid)?;
+        anon += rollup_mib(pid, "Anonymous:")?;
         each.push((name.replace('-', "_"), mib));
     }
     if each.is_empty() {
@@ -156,6 +158,7 @@ fn control_plane_memory(run_dir: &Path) -> Result<Memory> {
         rss_total: total,
         pss_total: pss,
         uss_total: uss,
+        anon_total: anon,
         rss_each: each,
     })
 }
@@ -165,6 +168,9 @@ struct Memory {
     rss_total: f64,
     pss_total: f64,
     uss_total: f64,
+    /// Anonymous memory (heaps, stacks): what each more cluster costs whatever binaries it
+    /// shares with the others.
+    anon_total: f64,
     /// Per component, by name.
     rss_each: Vec<(String, f64)>,
 }
@@ -301,6 +307,7 @@ struct Figures {
     pss: Vec<f64>,
     rss: Vec<f64>,
     uss: Vec<f64>,
+    anon: Vec<f64>,
     /// The cluster's directory while it hibernates.
     disk: Vec<f64>,
     wake_ms: Vec<f64>,
@@ -342,18 +349,20 @@ fn datastore_round(
     // Idle: let the controllers settle, then sample.
     std::thread::sleep(Duration::from_secs(10));
     let run_dir = b.cluster_dir(name).join("run");
-    let (mut pss, mut rss, mut uss) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut pss, mut rss, mut uss, mut anon) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..samples.max(1) {
         let m = control_plane_memory(&run_dir)?;
         pss.push(m.pss_total);
         rss.push(m.rss_total);
         uss.push(m.uss_total);
+        anon.push(m.anon_total);
         f.each = m.rss_each;
         std::thread::sleep(Duration::from_secs(1));
     }
     f.pss.push(median(pss));
     f.rss.push(median(rss));
     f.uss.push(median(uss));
+    f.anon.push(median(anon));
     let client = user.curlable(b, name)?;
     b.cli(&["cluster", "set", name, "--hibernate-after", "1s"])?;
     wait(
@@ -390,6 +399,7 @@ fn datastores(b: &Broker<'_>, user: &Tenant, rounds: u8, samples: u32) -> Result
         stats(&format!("idle_awake_pss_{ds}"), "mib", f.pss.clone());
         stats(&format!("idle_awake_rss_{ds}"), "mib", f.rss.clone());
         stats(&format!("idle_awake_uss_{ds}"), "mib", f.uss.clone());
+        stats(&format!("idle_awake_anon_{ds}"), "mib", f.anon.clone());
         stats(&format!("hibernated_disk_{ds}"), "mib", f.disk.clone());
         stats(&format!("create_to_ready_{ds}"), "ms", f.ready_ms.clone());
         stats(
@@ -411,6 +421,13 @@ fn datastores(b: &Broker<'_>, user: &Tenant, rounds: u8, samples: u32) -> Result
         "ratio_kine_vs_etcd_wake={:.3}",
         ratio(|f| f.wake_ms.clone())
     );
+    for (what, v) in [
+        ("idle_uss", ratio(|f| f.uss.clone())),
+        ("idle_anon", ratio(|f| f.anon.clone())),
+        ("hibernated_disk", ratio(|f| f.disk.clone())),
+    ] {
+        println!("ratio_kine_vs_etcd_{what}={v:.3}");
+    }
     Ok(())
 }
 
@@ -441,6 +458,7 @@ fn tune_gogc(b: &mut Broker<'_>, user: &Tenant, args: &Args) -> Result<()> {
     for (g, f) in args.gogc.iter().zip(&figs) {
         stats(&format!("idle_awake_pss_gogc{g}"), "mib", f.pss.clone());
         stats(&format!("idle_awake_uss_gogc{g}"), "mib", f.uss.clone());
+        stats(&format!("idle_awake_anon_gogc{g}"), "mib", f.anon.clone());
         stats(
             &format!("wake_to_first_answer_gogc{g}"),
             "ms",
