@@ -52,18 +52,21 @@ impl Progress for Starting<'_> {
     }
 
     fn apiserver_ready(&self, files: &Files) {
+        // Only a wake opens the front this early: its cluster's RBAC and manifests are in its
+        // datastore already. A new cluster's users wait until they are applied.
+        let Some((t0, metrics)) = self.wake else {
+            return;
+        };
+        crash_point("broker::wake_apiserver_ready");
         match upstream(files) {
             Ok(up) => self
                 .front
                 .set_state(self.cluster, MountState::Up(Box::new(up))),
             Err(e) => warn!(cluster = %self.cluster, "the front's upstream: {e:#}"),
         }
-        if let Some((t0, metrics)) = self.wake {
-            crash_point("broker::wake_apiserver_ready");
-            let s = t0.elapsed().as_secs_f64();
-            metrics.woke(s);
-            info!(cluster = %self.cluster, seconds = s, "woken: the apiserver answers");
-        }
+        let s = t0.elapsed().as_secs_f64();
+        metrics.woke(s);
+        info!(cluster = %self.cluster, seconds = s, "woken: the apiserver answers");
     }
 }
 
