@@ -97,6 +97,23 @@ pub struct Clusters {
     stop: CancellationToken,
 }
 
+/// Waits (at most `wait`) until the state is no longer one `state_is` matches.
+async fn past(
+    rx: &mut watch::Receiver<ClusterState>,
+    wait: Duration,
+    state_is: impl Fn(&ClusterState) -> bool,
+) {
+    let _ = tokio::time::timeout(wait, rx.wait_for(|s| !state_is(s))).await;
+}
+
+/// A cluster's own `hibernate_after`, checked, as the store keeps it (whole seconds).
+fn own_idle_time(secs: u64) -> Result<i64, ServiceError> {
+    hibernate_after_ok(Duration::from_secs(secs))
+        .map_err(|e| ServiceError::Invalid(format!("hibernate_after: {e}")))?;
+    // At most a year, so it fits.
+    Ok(i64::try_from(secs).expect("a year of seconds fits an i64"))
+}
+
 fn not_found(name: &str) -> ServiceError {
     ServiceError::NotFound(format!("name: no cluster {name:?}"))
 }
@@ -226,18 +243,7 @@ impl Clusters {
             name, owner, user, ..
         } = *new;
         valid_cluster_name(name).map_err(|e| ServiceError::Invalid(format!("name: {e}")))?;
-        let hibernate_after_secs = new
-            .hibernate_after_secs
-            .map(|s| {
-                hibernate_after_ok(Duration::from_secs(s))
-                    .map_err(|e| ServiceError::Invalid(format!("hibernate_after: {e}")))
-                    .and_then(|()| {
-                        i64::try_from(s).map_err(|_| {
-                            ServiceError::Invalid("hibernate_after: out of range".into())
-                        })
-                    })
-            })
-            .transpose()?;
+        let hibernate_after_secs = new.hibernate_after_secs.map(own_idle_time).transpose()?;
         let datastore = match new.datastore {
             None => self.settings.datastore,
             Some(d) => DatastoreKind::parse(d)
@@ -281,20 +287,22 @@ impl Clusters {
         info!(cluster = %name, dir = %dir, "cluster created");
         self.spawn(name);
         drop(lock);
-        let rx = self
-            .running
-            .lock()
-            .expect("lock")
-            .get(name)
-            .map(|h| h.state.clone());
-        if let Some(mut rx) = rx {
-            let _ = tokio::time::timeout(
-                wait,
-                rx.wait_for(|s| !matches!(s, ClusterState::Starting { .. })),
-            )
+        if let Some(mut rx) = self.state_of(name) {
+            past(&mut rx, wait, |s| {
+                matches!(s, ClusterState::Starting { .. })
+            })
             .await;
         }
         self.info(name).await
+    }
+
+    /// What cluster `name`'s life says, while it runs.
+    fn state_of(&self, name: &str) -> Option<watch::Receiver<ClusterState>> {
+        self.running
+            .lock()
+            .expect("lock")
+            .get(name)
+            .map(|h| h.state.clone())
     }
 
     /// Sets cluster `name`'s own `hibernate_after` (`None`: the broker's); the cluster's
@@ -304,16 +312,13 @@ impl Clusters {
         name: &str,
         secs: Option<u64>,
     ) -> Result<ClusterInfo, ServiceError> {
-        if let Some(s) = secs {
-            hibernate_after_ok(Duration::from_secs(s))
-                .map_err(|e| ServiceError::Invalid(format!("hibernate_after: {e}")))?;
-        }
+        let secs = secs.map(own_idle_time).transpose()?;
         let _lock = self.lock(name).await;
         self.record(name).await?;
         self.store
             .set_hibernate_after(name, secs)
             .await
-            .map_err(|e| ServiceError::Invalid(format!("hibernate_after: {e:#}")))?;
+            .map_err(ServiceError::internal)?;
         self.info(name).await
     }
 
@@ -321,26 +326,18 @@ impl Clusters {
     /// passes.
     pub async fn wake(&self, name: &str, wait: Duration) -> Result<ClusterInfo, ServiceError> {
         self.record(name).await?;
-        let rx = self
-            .running
-            .lock()
-            .expect("lock")
-            .get(name)
-            .map(|h| h.state.clone());
-        if let Some(mut rx) = rx {
+        if let Some(mut rx) = self.state_of(name) {
             if matches!(*rx.borrow(), ClusterState::Hibernating { .. }) {
                 self.front.wake(name);
                 // Past the hibernating state first, then to where the wake ends.
-                let _ = tokio::time::timeout(
-                    wait,
-                    rx.wait_for(|s| !matches!(s, ClusterState::Hibernating { .. })),
-                )
+                past(&mut rx, wait, |s| {
+                    matches!(s, ClusterState::Hibernating { .. })
+                })
                 .await;
             }
-            let _ = tokio::time::timeout(
-                wait,
-                rx.wait_for(|s| !matches!(s, ClusterState::Starting { .. })),
-            )
+            past(&mut rx, wait, |s| {
+                matches!(s, ClusterState::Starting { .. })
+            })
             .await;
         }
         self.info(name).await

@@ -170,10 +170,7 @@ impl Store {
     }
 
     /// The cluster's own `hibernate_after` (`None`: the broker's).
-    pub async fn set_hibernate_after(&self, name: &str, secs: Option<u64>) -> Result<()> {
-        let secs = secs
-            .map(|s| i64::try_from(s).context("hibernate_after out of range"))
-            .transpose()?;
+    pub async fn set_hibernate_after(&self, name: &str, secs: Option<i64>) -> Result<()> {
         sqlx::query("UPDATE clusters SET hibernate_after_secs = $1 WHERE name = $2")
             .bind(secs)
             .bind(name)

@@ -43,26 +43,31 @@ impl Binaries {
     }
 }
 
+/// The directory `env` names, or else the one `image-builder/<script>` prints (building it
+/// if it is not cached).
+fn built(env: &str, script: &str) -> Result<PathBuf, String> {
+    if let Some(dir) = std::env::var_os(env) {
+        return Ok(PathBuf::from(dir));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../image-builder")
+        .join(script);
+    let out = std::process::Command::new(&script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running {}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!("{} failed ({})", script.display(), out.status));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
 /// The Kubernetes build, from `SOCIALWEB_KUBE_DIR` or by running
 /// `image-builder/kubernetes/build.sh`
 /// (seconds when cached, minutes cold). Fails loudly if neither works.
 pub fn binaries() -> Result<Binaries> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        if let Some(dir) = std::env::var_os(KUBE_DIR_ENV) {
-            return Ok(PathBuf::from(dir));
-        }
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../image-builder/kubernetes/build.sh");
-        let out = std::process::Command::new(&script)
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .map_err(|e| format!("running {}: {e}", script.display()))?;
-        if !out.status.success() {
-            return Err(format!("{} failed ({})", script.display(), out.status));
-        }
-        Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-    });
+    let dir = DIR.get_or_init(|| built(KUBE_DIR_ENV, "kubernetes/build.sh"));
     let dir = dir.clone().map_err(anyhow::Error::msg)?;
     let b = Binaries { dir };
     for p in [b.kube(), b.pause()] {
@@ -85,20 +90,7 @@ pub const KINE_DIR_ENV: &str = "SOCIALWEB_KINE_DIR";
 /// minutes cold). Fails loudly if neither works.
 pub fn kine() -> Result<PathBuf> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        if let Some(dir) = std::env::var_os(KINE_DIR_ENV) {
-            return Ok(PathBuf::from(dir));
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../image-builder/kine/build.sh");
-        let out = std::process::Command::new(&script)
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .map_err(|e| format!("running {}: {e}", script.display()))?;
-        if !out.status.success() {
-            return Err(format!("{} failed ({})", script.display(), out.status));
-        }
-        Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-    });
+    let dir = DIR.get_or_init(|| built(KINE_DIR_ENV, "kine/build.sh"));
     let kine = dir.clone().map_err(anyhow::Error::msg)?.join("kine");
     if !kine.is_file() {
         bail!(
