@@ -445,6 +445,21 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
+/// One queue as `mesh status` prints it.
+fn queue_text(way: &str, q: &socialweb_agent::mesh::stats::QueueStatus) -> String {
+    let ms = |x: Option<f64>| x.map(|v| format!("{v:.2}ms")).unwrap_or_else(|| "-".into());
+    format!(
+        "queue {way}: {} packets/{}  waited p50 {} p99 {}  CoDel drops {} marks {}  over limit {}",
+        q.packets,
+        human_bytes(q.bytes as u64),
+        ms(q.sojourn_ms(0.5)),
+        ms(q.sojourn_ms(0.99)),
+        q.counters.codel_drops,
+        q.counters.ecn_marks,
+        q.counters.overlimit_drops
+    )
+}
+
 fn drops_text(
     d: &std::collections::BTreeMap<socialweb_mesh_core::filter::DropReason, u64>,
 ) -> String {
@@ -537,6 +552,11 @@ async fn mesh(command: MeshCommand, c: ClientArgs) -> Result<()> {
                                 .unwrap_or_else(|| "-".into()),
                             p.send_waits
                         );
+                    }
+                    for (way, q) in [("out", &p.queue_out), ("in", &p.queue_in)] {
+                        if let Some(q) = q {
+                            println!("{:<14} {}", "", queue_text(way, q));
+                        }
                     }
                 }
                 println!(

@@ -6,9 +6,11 @@
 //! `socialweb-mesh-core`; these modules are the edges and the running mesh.
 
 pub mod egress;
+pub mod queue;
 pub mod routes;
 pub mod runtime;
 pub mod stats;
+pub mod thread;
 pub mod transport;
 pub mod tun;
 

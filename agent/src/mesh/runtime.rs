@@ -4,13 +4,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use arc_swap::{ArcSwap, ArcSwapOption};
-use bytes::{Bytes, BytesMut};
 use ipnet::IpNet;
 use iroh::endpoint::Connection;
 use iroh::{Endpoint, EndpointId, TransportAddr};
@@ -18,19 +17,19 @@ use socialweb_netlink::Handle;
 use socialweb_wire::mesh::CLOSE_NOT_A_PEER;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
-use tun_rs::GROTable;
 use url::Url;
 
 use socialweb_mesh_core::directory::{NodeEntry, View};
-use socialweb_mesh_core::filter::{self, DropReason, NodeAddrs, Routes};
+use socialweb_mesh_core::filter::{DropReason, NodeAddrs, Routes};
+use socialweb_mesh_core::peers;
 use socialweb_mesh_core::refusals::Refusals;
-use socialweb_mesh_core::{icmp, peers};
 
+use super::queue::{Clock, Inbound, Outbound, PeerQueue};
 use super::stats::{Drops, Flow, MeshStatus, PeerStatus, RouteStatus};
 use super::{routes, transport};
 
-/// Datagrams taken from a connection at once.
-const BATCH: usize = 64;
+mod recv;
+mod send;
 
 /// How long a refused endpoint may take to appear in the directory and count as a peer that
 /// dialled early rather than a stranger. Directory sources on two nodes lag each other by
@@ -90,7 +89,14 @@ struct PeerSlot {
     tx: Flow,
     rx: Flow,
     drops: Drops,
-    /// Batches that had to wait for room in the connection's datagram send buffer.
+    /// Packets waiting for the connection (TUN to peer).
+    out_q: PeerQueue<Outbound>,
+    /// Packets from the peer waiting for the TUN.
+    in_q: PeerQueue<Inbound>,
+    /// The largest datagram the current connection carries (0: no connection), read from
+    /// the connection now and then rather than per packet (that takes its lock).
+    max_datagram: AtomicUsize,
+    /// Times the sender found the connection's datagram send buffer full and waited.
     send_waits: AtomicU64,
     last_error: Mutex<Option<String>>,
     since: Mutex<Option<Instant>>,
@@ -101,6 +107,11 @@ struct PeerSlot {
 impl PeerSlot {
     fn set_error(&self, e: impl std::fmt::Display) {
         *self.last_error.lock().expect("lock") = Some(e.to_string());
+    }
+
+    fn refresh_max_datagram(&self, conn: &Connection) {
+        self.max_datagram
+            .store(conn.max_datagram_size().unwrap_or(0), Ordering::Relaxed);
     }
 }
 
@@ -132,7 +143,11 @@ struct Inner {
     drops: Drops,
     /// Connections refused for an endpoint the directory did not list.
     refusals: Mutex<Refusals>,
+    /// What the queues judge waiting times by.
+    clock: Clock,
     shutdown: CancellationToken,
+    /// The runtime every task of the mesh runs on (stopped when the mesh is dropped).
+    rt: super::thread::MeshRuntime,
 }
 
 impl std::fmt::Debug for Inner {
@@ -145,9 +160,19 @@ impl std::fmt::Debug for Inner {
 }
 
 impl Mesh {
-    /// Creates the TUN device, binds the endpoint and starts the accept loop and the TUN
-    /// reader. Peers come with [`Mesh::apply`].
+    /// Starts the mesh's runtime, and on it creates the TUN device, binds the endpoint and
+    /// starts the accept loop and the TUN reader. Peers come with [`Mesh::apply`].
     pub async fn start(cfg: MeshConfig) -> Result<Mesh> {
+        let tuning = cfg.endpoint.tuning;
+        let rt = super::thread::start(tuning.threads, tuning.nice)?;
+        let handle = rt.handle.clone();
+        handle
+            .spawn(Mesh::start_on(cfg, rt))
+            .await
+            .context("the mesh's runtime stopped")?
+    }
+
+    async fn start_on(cfg: MeshConfig, rt: super::thread::MeshRuntime) -> Result<Mesh> {
         let tun = super::tun::open(&cfg.tun_name, cfg.mtu)?;
         let nl = routes::handle().await?;
         let tun_index = routes::link_index(&nl, &cfg.tun_name).await?;
@@ -191,12 +216,22 @@ impl Mesh {
                 update: tokio::sync::Mutex::new(()),
                 drops: Drops::default(),
                 refusals: Mutex::new(Refusals::new(REFUSAL_WINDOW, REFUSALS_PENDING_MAX)),
+                clock: Clock::new(),
                 shutdown: CancellationToken::new(),
+                rt,
             }),
         };
-        tokio::spawn(mesh.clone().accept_loop());
-        tokio::spawn(mesh.clone().tun_loop());
+        mesh.spawn(mesh.clone().accept_loop());
+        mesh.spawn(mesh.clone().tun_loop());
         Ok(mesh)
+    }
+
+    /// Runs a task on the mesh's runtime, whichever runtime asks.
+    fn spawn<F>(&self, task: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.inner.rt.handle.spawn(task);
     }
 
     pub fn endpoint_id(&self) -> EndpointId {
@@ -247,6 +282,7 @@ impl Mesh {
                 }
             };
             info!(node = %e.node, cidr = %e.pod_cidr, endpoint = %id.fmt_short(), "peer added");
+            let queue = self.inner.cfg.endpoint.tuning.queue(self.inner.cfg.mtu);
             let slot = Arc::new(PeerSlot {
                 entry: e.clone(),
                 id,
@@ -254,6 +290,9 @@ impl Mesh {
                 tx: Flow::default(),
                 rx: Flow::default(),
                 drops: Drops::default(),
+                out_q: PeerQueue::new(queue),
+                in_q: PeerQueue::new(queue),
+                max_datagram: AtomicUsize::new(0),
                 send_waits: AtomicU64::new(0),
                 last_error: Mutex::new(None),
                 since: Mutex::new(None),
@@ -290,7 +329,7 @@ impl Mesh {
             Instant::now(),
         );
         for slot in dial {
-            tokio::spawn(self.clone().dial_loop(slot));
+            self.spawn(self.clone().dial_loop(slot));
         }
         if plan.reroute_kept {
             // The kept peers' routes carry the old gateway as their source.
@@ -353,13 +392,16 @@ impl Mesh {
                 return;
             }
             // A direct address the mesh itself routes (inside a peer's pod CIDR or a node
-            // address) would send the mesh's own UDP into its TUN: never dial one.
+            // address) would send the mesh's own UDP into its TUN: never dial one. Nor our
+            // own: guests behind user-mode NAT all have the same private address (slirp's
+            // 10.0.2.15), so a peer's advertised one is often ours.
             let routed = self.inner.state.load();
+            let ours = self.inner.endpoint.bound_sockets();
             let direct: Vec<_> = slot
                 .entry
                 .addrs
                 .iter()
-                .filter(|a| routed.routes.lookup(a.ip()).is_none())
+                .filter(|a| routed.routes.lookup(a.ip()).is_none() && !ours.contains(a))
                 .copied()
                 .collect();
             let addr = transport::dial_addr(slot.id, &relay, &direct);
@@ -387,7 +429,7 @@ impl Mesh {
     async fn accept_loop(self) {
         while let Some(incoming) = self.inner.endpoint.accept().await {
             let mesh = self.clone();
-            tokio::spawn(async move {
+            self.spawn(async move {
                 let conn = match incoming.await {
                     Ok(c) => c,
                     Err(e) => {
@@ -414,10 +456,11 @@ impl Mesh {
     }
 
     /// Serves one connection for `slot` until it closes: installs the route, carries
-    /// datagrams into the TUN, answers pings; then withdraws the route if this connection was
+    /// datagrams both ways, answers pings; then withdraws the route if this connection was
     /// still the peer's.
     async fn serve(&self, slot: Arc<PeerSlot>, conn: Connection) {
         let conn = Arc::new(conn);
+        slot.refresh_max_datagram(&conn);
         if let Some(old) = slot.conn.swap(Some(conn.clone())) {
             old.close(0u32.into(), b"replaced by a newer connection");
         }
@@ -425,173 +468,29 @@ impl Mesh {
         self.install_route(&slot).await;
         info!(node = %slot.entry.node, path = %path_of(&conn), "peer connected");
 
+        // The sender of a replaced connection stops when its connection closes.
+        let stop = slot.gone.child_token();
         let pings = answer_pings(conn.clone());
         let datagrams = self.datagram_loop(&slot, &conn);
+        let sends = self.send_loop(&slot, &conn, &stop);
         tokio::select! {
             e = datagrams => slot.set_error(format!("connection closed: {e}")),
+            _ = sends => {}
             _ = pings => {}
             _ = slot.gone.cancelled() => {}
         }
+        stop.cancel();
         // Only the connection currently installed may take the route down.
         let current = slot.conn.load_full();
         if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
             slot.conn.store(None);
+            slot.max_datagram.store(0, Ordering::Relaxed);
             *slot.since.lock().expect("lock") = None;
             self.withdraw_routes(&slot).await;
-            info!(node = %slot.entry.node, "peer disconnected; route withdrawn");
-        }
-    }
-
-    /// Peer to TUN: each datagram is one IP packet, filtered, then written to the device in
-    /// batches (consecutive TCP segments coalesced).
-    async fn datagram_loop(
-        &self,
-        slot: &PeerSlot,
-        conn: &Connection,
-    ) -> iroh::endpoint::ConnectionError {
-        let mut batch: Vec<Bytes> = vec![Bytes::new(); BATCH];
-        let mut out: Vec<BytesMut> = Vec::with_capacity(BATCH);
-        let mut gro = GROTable::new();
-        loop {
-            let n = match conn.read_many_datagrams(&mut batch).await {
-                Ok(n) => n,
-                Err(e) => return e,
-            };
-            let state = self.inner.state.load();
-            let (Some(own), Some(peer)) = (state.own.as_ref(), state.by_endpoint.get(&slot.id))
-            else {
-                for _ in 0..n {
-                    slot.drops.count(DropReason::UnknownPeer);
-                }
-                continue;
-            };
-            out.clear();
-            for datagram in &batch[..n] {
-                match filter::ingress(datagram, &peer_addrs(&peer.entry), &own.addrs()) {
-                    Ok(h) => {
-                        slot.rx.add(h.len);
-                        out.push(super::tun::with_headroom(&datagram[..h.len]));
-                    }
-                    Err(reason) => slot.drops.count(reason),
-                }
-            }
-            if !out.is_empty()
-                && let Err(e) = self.inner.tun.write(&mut gro, &mut out).await
-            {
-                slot.drops.count(DropReason::TunWriteFailed);
-                debug!("writing to the TUN: {e}");
-            }
-        }
-    }
-
-    /// TUN to peers: each packet is routed by destination to its peer's connection. A read
-    /// can return a whole split TSO segment; its packets go to their peer in one batch.
-    async fn tun_loop(self) {
-        let mut reader = self.inner.tun.reader();
-        let mut gro = GROTable::new();
-        let mut batches: Vec<(Arc<PeerSlot>, Vec<Bytes>)> = Vec::new();
-        loop {
-            let n = tokio::select! {
-                r = reader.read() => match r {
-                    Ok(n) => n,
-                    Err(e) => {
-                        warn!("reading the TUN: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-                _ = self.inner.shutdown.cancelled() => return,
-            };
-            let state = self.inner.state.load();
-            for i in 0..n {
-                if let Some((slot, packet)) = self.route(&state, reader.packet(i), &mut gro).await {
-                    match batches.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &slot)) {
-                        Some((_, b)) => b.push(packet),
-                        None => batches.push((slot, vec![packet])),
-                    }
-                }
-            }
-            for (slot, packets) in batches.drain(..) {
-                self.send_batch(&slot, packets).await;
-            }
-        }
-    }
-
-    /// Filters one packet from the TUN and finds its peer; answers a packet too big for the
-    /// peer's path with ICMP Packet Too Big. `None`: dropped (and counted).
-    async fn route(
-        &self,
-        state: &State,
-        packet: &[u8],
-        gro: &mut GROTable,
-    ) -> Option<(Arc<PeerSlot>, Bytes)> {
-        let Some(own) = state.own.as_ref() else {
-            self.inner.drops.count(DropReason::NoRoute);
-            return None;
-        };
-        let (h, slot) = match filter::egress(packet, &own.addrs(), &state.routes) {
-            Ok(x) => x,
-            Err(reason) => {
-                self.inner.drops.count(reason);
-                return None;
-            }
-        };
-        let Some(conn) = slot.conn.load_full() else {
-            slot.drops.count(DropReason::NoConnection);
-            return None;
-        };
-        let packet = &packet[..h.len];
-        let max = conn.max_datagram_size().unwrap_or(0);
-        if packet.len() > max {
-            slot.drops.count(DropReason::TooBig);
-            let mtu = max.clamp(576, usize::from(u16::MAX)) as u16;
-            if let Some(err) = icmp::packet_too_big(packet, mtu, slot.entry.gateway()) {
-                let _ = self
-                    .inner
-                    .tun
-                    .write(gro, &mut [super::tun::with_headroom(&err)])
-                    .await;
-            }
-            return None;
-        }
-        Some((slot.clone(), Bytes::copy_from_slice(packet)))
-    }
-
-    /// Queues packets on a peer's connection: in one call when the send buffer has room,
-    /// otherwise one by one, waiting for room (back-pressure to the TUN, so the kernel's queue,
-    /// not ours, absorbs a burst).
-    async fn send_batch(&self, slot: &PeerSlot, packets: Vec<Bytes>) {
-        let Some(conn) = slot.conn.load_full() else {
-            for _ in &packets {
+            for _ in 0..slot.out_q.clear() + slot.in_q.clear() {
                 slot.drops.count(DropReason::NoConnection);
             }
-            return;
-        };
-        let bytes: usize = packets.iter().map(Bytes::len).sum();
-        if conn.datagram_send_buffer_space() >= bytes {
-            match conn.send_many_datagrams(&packets) {
-                Ok(_) => {
-                    for p in &packets {
-                        slot.tx.add(p.len());
-                    }
-                }
-                Err(e) => {
-                    slot.drops.count(DropReason::SendFailed);
-                    slot.set_error(format!("send: {e}"));
-                }
-            }
-            return;
-        }
-        slot.send_waits.fetch_add(1, Ordering::Relaxed);
-        for p in packets {
-            let len = p.len();
-            match conn.send_datagram_wait(p).await {
-                Ok(()) => slot.tx.add(len),
-                Err(e) => {
-                    slot.drops.count(DropReason::SendFailed);
-                    slot.set_error(format!("send: {e}"));
-                }
-            }
+            info!(node = %slot.entry.node, "peer disconnected; route withdrawn");
         }
     }
 
@@ -713,7 +612,10 @@ fn peer_status(s: &PeerSlot) -> PeerStatus {
         })
         .unwrap_or_else(|| ("none".into(), None));
     let rtt = stats.as_ref().map(|s| s.rtt.as_secs_f64() * 1e3);
+    let totals = conn.as_ref().map(|c| c.stats());
     let quic = stats.map(|s| super::stats::QuicPathStats {
+        datagrams_sent: totals.as_ref().map_or(0, |t| t.frame_tx.datagram),
+        datagrams_received: totals.as_ref().map_or(0, |t| t.frame_rx.datagram),
         cwnd: s.cwnd,
         congestion_events: s.congestion_events,
         lost_packets: s.lost_packets,
@@ -740,6 +642,8 @@ fn peer_status(s: &PeerSlot) -> PeerStatus {
         max_packet: conn.as_ref().and_then(|c| c.max_datagram_size()),
         quic,
         send_waits: s.send_waits.load(Ordering::Relaxed),
+        queue_out: Some(s.out_q.status()),
+        queue_in: Some(s.in_q.status()),
     }
 }
 

@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use socialweb_mesh_core::filter::DropReason;
 
+pub use super::queue::QueueStatus;
+
 /// Datagrams and bytes one way.
 #[derive(Debug, Default)]
 pub struct Flow {
@@ -86,6 +88,12 @@ pub struct PeerStatus {
     /// connection, not the TUN, is the bottleneck.
     #[serde(default)]
     pub send_waits: u64,
+    /// The queue where packets wait for the connection (to the peer).
+    #[serde(default)]
+    pub queue_out: Option<QueueStatus>,
+    /// The queue where the peer's packets wait for the TUN.
+    #[serde(default)]
+    pub queue_in: Option<QueueStatus>,
 }
 
 /// QUIC path statistics worth a look when throughput disappoints.
@@ -101,6 +109,13 @@ pub struct QuicPathStats {
     /// The UDP payload size the path carries now.
     #[serde(default)]
     pub current_mtu: u16,
+    /// DATAGRAM frames the connection sent and received (all its paths). What the mesh gave
+    /// it less what it sent is what still waits in its buffer; what it received less what the
+    /// mesh took (rx plus filter drops) is what its receive buffer dropped when full.
+    #[serde(default)]
+    pub datagrams_sent: u64,
+    #[serde(default)]
+    pub datagrams_received: u64,
 }
 
 /// The whole mesh as `mesh status` shows it.

@@ -55,6 +55,81 @@ pub struct Tuning {
     /// for the same throughput).
     #[arg(long = "mesh-recv-buffer-kib", default_value_t = 512, value_parser = clap::value_parser!(u32).range(64..=65536))]
     pub recv_buffer_kib: u32,
+    /// Datagrams handed to a connection and not yet sent, in KiB. Small on purpose: packets
+    /// wait in the mesh's own queue (--mesh-queue), where their waiting time is managed, and
+    /// only this much sits in QUIC's buffer, which is a plain FIFO.
+    #[arg(long = "mesh-send-buffer-kib", default_value_t = 128, value_parser = clap::value_parser!(u32).range(16..=65536))]
+    pub send_buffer_kib: u32,
+    /// The queue discipline where packets wait for a peer's connection (out) and for the
+    /// TUN (in): `fq-codel` (flows served fairly, a standing queue marked or dropped; RFC
+    /// 8290) or `fifo` (one queue, dropped only when over --mesh-queue-kib).
+    #[arg(long = "mesh-queue", value_enum, default_value_t = QueueKind::FqCodel)]
+    pub queue: QueueKind,
+    /// CoDel's target: the standing queue delay it allows (RFC 8289: 5ms).
+    #[arg(long = "mesh-codel-target", default_value = "5ms", value_parser = humantime::parse_duration)]
+    pub codel_target: Duration,
+    /// CoDel's interval: about the worst round trip of the flows through the mesh (RFC 8289:
+    /// 100ms).
+    #[arg(long = "mesh-codel-interval", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub codel_interval: Duration,
+    /// Drop instead of marking ECN-capable packets CE when CoDel signals congestion.
+    #[arg(long = "mesh-no-ecn")]
+    pub no_ecn: bool,
+    /// Bytes each queue holds at most, in KiB (beyond it the fattest flow loses its oldest).
+    #[arg(long = "mesh-queue-kib", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(64..=1048576))]
+    pub queue_kib: u32,
+    /// Threads the mesh's data path runs on (1: one thread, every hand-off a task switch).
+    #[arg(long = "mesh-threads", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub threads: u8,
+    /// Nice value of the mesh's threads (-20 to 19; below 0 needs CAP_SYS_NICE, which the
+    /// agent has as root).
+    #[arg(long = "mesh-nice", default_value_t = 0, allow_hyphen_values = true, value_parser = clap::value_parser!(i8).range(-20..=19))]
+    pub nice: i8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum QueueKind {
+    FqCodel,
+    Fifo,
+}
+
+impl Tuning {
+    /// The queue discipline's settings for a pod MTU.
+    pub fn queue(&self, mtu: u16) -> socialweb_mesh_core::fq::Settings {
+        use socialweb_mesh_core::{codel, fq};
+        let limit_bytes = self.queue_kib as usize * 1024;
+        let mtu = usize::from(mtu);
+        match self.queue {
+            QueueKind::FqCodel => fq::Settings {
+                codel: codel::Params {
+                    target: self.codel_target,
+                    interval: self.codel_interval,
+                    mtu,
+                },
+                quantum: mtu,
+                flows: fq::Settings::default().flows,
+                limit_bytes,
+                ecn: !self.no_ecn,
+            },
+            // One bucket and a target no sojourn reaches: a FIFO that drops at its limit.
+            QueueKind::Fifo => fq::Settings {
+                codel: codel::Params {
+                    target: Duration::MAX,
+                    interval: self.codel_interval,
+                    mtu,
+                },
+                quantum: mtu,
+                flows: 1,
+                limit_bytes,
+                ecn: false,
+            },
+        }
+    }
+
+    /// The connection's datagram send buffer, in bytes.
+    pub fn send_buffer_bytes(&self) -> usize {
+        self.send_buffer_kib as usize * 1024
+    }
 }
 
 impl Default for Tuning {
@@ -64,6 +139,14 @@ impl Default for Tuning {
             ack_threshold: 9,
             cipher: Cipher::Aes128,
             recv_buffer_kib: 512,
+            send_buffer_kib: 128,
+            queue: QueueKind::FqCodel,
+            codel_target: Duration::from_millis(5),
+            codel_interval: Duration::from_millis(100),
+            no_ecn: false,
+            queue_kib: 4096,
+            threads: 1,
+            nice: 0,
         }
     }
 }
@@ -135,9 +218,8 @@ pub async fn bind(cfg: &EndpointConfig) -> Result<Endpoint> {
         .min_mtu(min_udp_payload(cfg.pod_mtu))
         .congestion_controller_factory(congestion)
         .datagram_receive_buffer_size(Some(cfg.tuning.recv_buffer_kib as usize * 1024))
-        // Small on purpose: a full send buffer pushes back into the TUN, where the pods' TCP
-        // sees the queue; 8 MiB here measured 32 ms of queueing delay under iperf3.
-        .datagram_send_buffer_size(512 << 10);
+        // Small on purpose: packets wait in the mesh's own queue, where CoDel sees them.
+        .datagram_send_buffer_size(cfg.tuning.send_buffer_bytes());
     if cfg.tuning.ack_threshold > 0 {
         let mut acks = AckFrequencyConfig::default();
         acks.ack_eliciting_threshold(VarInt::from_u32(cfg.tuning.ack_threshold));

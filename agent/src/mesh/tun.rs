@@ -39,6 +39,15 @@ pub fn open(name: &str, mtu: u16) -> Result<Tun> {
     Ok(Tun { dev, mtu })
 }
 
+/// The largest packet the TUN's GRO builds: a whole coalesced TCP segment.
+const GRO_MAX: usize = 65535;
+
+/// An empty write buffer the TUN's GRO can grow a coalesced segment in (it appends to a
+/// buffer only within its capacity: a buffer sized for one packet never coalesces).
+pub fn gro_buffer() -> BytesMut {
+    BytesMut::with_capacity(2 * HEADROOM + GRO_MAX)
+}
+
 /// A packet buffer with [`HEADROOM`] free bytes in front of `packet`.
 pub fn with_headroom(packet: &[u8]) -> BytesMut {
     let mut b = BytesMut::with_capacity(HEADROOM + packet.len());
