@@ -249,9 +249,22 @@ enum ClusterCommand {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("admit").required(true).args(["allow", "open"])))]
 struct RelayArgs {
-    /// Address to serve plain HTTP on; nodes use http://<this>.
+    /// Address to serve on: plain HTTP (nodes use http://<this>), or HTTPS with --tls-dir
+    /// (https://<this>).
     #[arg(long, default_value = "0.0.0.0:3340")]
     listen: SocketAddr,
+    /// Serve HTTPS as the broker's own relay does, with a certificate for --tls-name issued
+    /// by a CA kept in this directory (made on first use; nodes trust its `ca.crt` as their
+    /// identity's `relay_ca_cert`), and QUIC address discovery beside it (--quic-port).
+    #[arg(long)]
+    tls_dir: Option<PathBuf>,
+    /// Names (DNS names or IP addresses) the certificate is for; default: the listen address.
+    #[arg(long = "tls-name", requires = "tls_dir")]
+    tls_names: Vec<String>,
+    /// UDP port of QUIC address discovery on the listen address (with --tls-dir; 0: none). A
+    /// node behind NAT learns its public address there, which NAT traversal needs.
+    #[arg(long, default_value_t = 7842, requires = "tls_dir")]
+    quic_port: u16,
     /// Admit only these endpoint ids (repeatable). Required unless --open.
     #[arg(long = "allow")]
     allow: Vec<String>,
@@ -404,14 +417,38 @@ async fn relay(a: RelayArgs) -> Result<()> {
                 .collect::<Result<Vec<_>>>()?,
         )
     };
-    let server = serve(a.listen, allow).await?;
-    eprintln!(
-        "relay serving on http://{}",
-        server
-            .http_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default()
-    );
+    let server = match &a.tls_dir {
+        None => {
+            let server = serve(a.listen, allow).await?;
+            eprintln!(
+                "relay serving on http://{}",
+                server
+                    .http_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default()
+            );
+            server
+        }
+        Some(dir) => {
+            let names = if a.tls_names.is_empty() {
+                vec![a.listen.ip().to_string()]
+            } else {
+                a.tls_names.clone()
+            };
+            let (chain, key, _) = socialweb_broker::front::tls::serving(None, None, dir, &names)?;
+            let config = socialweb_broker::front::tls::relay_config(chain, key)?;
+            let quic = (a.quic_port != 0).then(|| SocketAddr::new(a.listen.ip(), a.quic_port));
+            let server = socialweb_broker::relay::serve_tls(a.listen, config, quic, allow).await?;
+            eprintln!(
+                "relay serving on https://{} (CA {}), address discovery on {}",
+                a.listen,
+                dir.join("ca.crt").display(),
+                quic.map(|q| format!("udp {q}"))
+                    .unwrap_or_else(|| "no port".into())
+            );
+            server
+        }
+    };
     until_signal(CancellationToken::new()).await?;
     server.shutdown().await.context("stopping the relay")?;
     Ok(())
