@@ -14,6 +14,7 @@ pub mod images;
 pub mod k8s;
 pub mod link;
 pub mod mesh;
+pub mod natmesh;
 pub mod netns;
 pub mod nodeimage;
 pub mod postgres;

@@ -3,7 +3,7 @@
 //! attached by `socialweb-cni` from the configuration each agent writes. Used by the mesh
 //! tests and the benchmark; [`Relay`] is also the relay of the Kubernetes clusters.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use crate::k8s::wait_for;
 use crate::netns::Netns;
 use crate::process::Spawned;
 use crate::tmp::TempDir;
-use crate::topology::{CLUSTER_CIDR, HOST_SERVICE_ADDR, Node, Topology};
+use crate::topology::{CLUSTER_CIDR, HOST_SERVICE_ADDR, Topology};
 
 /// The relay's port on the host's service address.
 pub const RELAY_PORT: u16 = 3340;
@@ -31,6 +31,8 @@ pub struct MeshOptions {
     pub masquerade: bool,
     /// More arguments for every agent's `run` (the benchmark's tuning variants).
     pub agent_args: Vec<String>,
+    /// Another `socialweb-agent` binary than the workspace's (the benchmark's baseline).
+    pub agent_bin: Option<PathBuf>,
 }
 
 impl Default for MeshOptions {
@@ -40,6 +42,7 @@ impl Default for MeshOptions {
             relay_allow_list: true,
             masquerade: true,
             agent_args: Vec::new(),
+            agent_bin: None,
         }
     }
 }
@@ -88,12 +91,21 @@ impl Relay {
     /// Starts the relay (`socialweb-broker relay`, the broker's relay on its own) in `host`,
     /// logging to `log`, and waits until it listens.
     pub fn start(host: &Netns, allow: Option<&[String]>, log: &Path) -> Result<Relay> {
+        Relay::start_at(host, &RelayPlace::plain(), allow, log)
+    }
+
+    /// Starts the relay where `place` says.
+    pub fn start_at(
+        host: &Netns,
+        place: &RelayPlace,
+        allow: Option<&[String]>,
+        log: &Path,
+    ) -> Result<Relay> {
         let mut cmd = host.command(&workspace_bin("socialweb-broker").to_string_lossy());
-        cmd.args([
-            "relay",
-            "--listen",
-            &format!("{HOST_SERVICE_ADDR}:{RELAY_PORT}"),
-        ]);
+        cmd.args(["relay", "--listen", &place.listen.to_string()]);
+        if let Some(dir) = &place.tls_dir {
+            cmd.arg("--tls-dir").arg(dir);
+        }
         match allow {
             Some(endpoints) => {
                 for ep in endpoints {
@@ -105,9 +117,10 @@ impl Relay {
             }
         }
         let process = Spawned::start_logged(cmd, "relay", log)?;
+        let listen = place.listen;
         wait_for("the relay to listen", Duration::from_secs(10), || {
             Ok(host
-                .run(|| std::net::TcpStream::connect((HOST_SERVICE_ADDR, RELAY_PORT)).is_ok())?
+                .run(|| std::net::TcpStream::connect(listen).is_ok())?
                 .then_some(()))
         })?;
         Ok(Relay {
@@ -125,65 +138,136 @@ impl Relay {
     }
 }
 
-/// The relay and the agents of a [`Topology`].
+/// Where the relay listens, and how: plain HTTP (the mesh tests' relay), or HTTPS with QUIC
+/// address discovery beside it, as the broker serves it (what NAT traversal needs).
+#[derive(Debug, Clone)]
+pub struct RelayPlace {
+    pub listen: SocketAddr,
+    /// With TLS: the directory of its CA (`ca.crt`, which nodes trust).
+    pub tls_dir: Option<PathBuf>,
+}
+
+impl RelayPlace {
+    /// Plain HTTP on the host's service address (a [`Topology`]'s).
+    pub fn plain() -> RelayPlace {
+        RelayPlace {
+            listen: SocketAddr::new(HOST_SERVICE_ADDR.into(), RELAY_PORT),
+            tls_dir: None,
+        }
+    }
+
+    /// The URL nodes use.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls_dir.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.listen)
+    }
+}
+
+/// A node of a mesh cluster: its namespace, its number (node-<index>, pod CIDR
+/// 10.42.<index>.0/24) and the direct addresses the peer directory gives for it.
+#[derive(Debug, Clone, Copy)]
+pub struct Spot<'t> {
+    pub index: u8,
+    pub ns: &'t Netns,
+    pub addr: Option<SocketAddr>,
+}
+
+/// The relay and the agents of a [`Topology`] (or of any set of node namespaces).
 #[derive(Debug)]
 pub struct MeshCluster<'t> {
     pub agents: Vec<Agent>,
     relay: Relay,
-    pub topo: &'t Topology,
+    spots: Vec<Spot<'t>>,
+    relay_place: RelayPlace,
     pub opts: MeshOptions,
     pub peers_file: PathBuf,
     dir: TempDir,
 }
 
-/// The relay URL nodes use.
+/// The relay URL nodes of a [`Topology`] use.
 pub fn relay_url() -> String {
-    format!("http://{HOST_SERVICE_ADDR}:{RELAY_PORT}")
+    RelayPlace::plain().url()
 }
 
 impl<'t> MeshCluster<'t> {
     /// Starts the relay and one agent per node with a static peer directory, and waits until
     /// every pair is connected.
     pub fn start(topo: &'t Topology, opts: MeshOptions) -> Result<MeshCluster<'t>> {
+        let spots = topo
+            .nodes
+            .iter()
+            .map(|n| Spot {
+                index: n.index,
+                ns: &n.ns,
+                addr: Some(SocketAddr::new(n.addr.into(), MESH_PORT)),
+            })
+            .collect();
+        let cluster = MeshCluster::start_in(spots, &topo.host, RelayPlace::plain(), opts)?;
+        cluster.wait_all_connected(Duration::from_secs(30))?;
+        Ok(cluster)
+    }
+
+    /// Starts the relay in `relay_host` at `place` and an agent in each of `spots`; returns
+    /// once the agents run (connections come when they come: NAT'd nodes first meet through
+    /// the relay).
+    pub fn start_in(
+        spots: Vec<Spot<'t>>,
+        relay_host: &Netns,
+        place: RelayPlace,
+        opts: MeshOptions,
+    ) -> Result<MeshCluster<'t>> {
         let dir = TempDir::new("mesh")?;
         let mut keys = Vec::new();
-        for _ in &topo.nodes {
+        for _ in &spots {
             keys.push(crate::k8s::mesh_keygen()?);
         }
         let peers_file = dir.path().join("peers.json");
-        let nodes: Vec<Value> = topo
-            .nodes
+        let nodes: Vec<Value> = spots
             .iter()
             .zip(&keys)
             .map(|(n, (_, ep))| {
-                json!({"node": format!("node-{}", n.index), "endpoint": ep, "pod_cidr": n.pod_cidr(),
-                       "addrs": [format!("{}:{MESH_PORT}", n.addr)]})
+                let addrs: Vec<String> = n.addr.iter().map(|a| a.to_string()).collect();
+                json!({"node": format!("node-{}", n.index), "endpoint": ep,
+                       "pod_cidr": format!("10.42.{}.0/24", n.index), "addrs": addrs})
             })
             .collect();
         std::fs::write(&peers_file, json!({ "nodes": nodes }).to_string())?;
         let endpoints: Vec<String> = keys.iter().map(|(_, ep)| ep.clone()).collect();
-        let relay = Relay::start(
-            &topo.host,
+        let relay = Relay::start_at(
+            relay_host,
+            &place,
             opts.relay_allow_list.then_some(endpoints.as_slice()),
             &dir.path().join("relay.log"),
         )?;
         let mut cluster = MeshCluster {
             agents: Vec::new(),
             relay,
-            topo,
+            spots,
+            relay_place: place,
             opts,
             peers_file,
             dir,
         };
-        for (node, (secret, endpoint)) in topo.nodes.iter().zip(keys) {
-            let agent = cluster.spawn_agent(node, secret, endpoint)?;
+        for (i, (secret, endpoint)) in keys.into_iter().enumerate() {
+            let spot = cluster.spots[i];
+            let agent = cluster.spawn_agent(&spot, secret, endpoint)?;
             cluster.agents.push(agent);
         }
-        cluster.wait_all_connected(Duration::from_secs(30))?;
         Ok(cluster)
     }
 
-    fn spawn_agent(&self, node: &Node, secret_key: String, endpoint: String) -> Result<Agent> {
+    fn spot(&self, node: u8) -> &Spot<'t> {
+        self.spots
+            .iter()
+            .find(|s| s.index == node)
+            .unwrap_or_else(|| panic!("no node {node} in this mesh"))
+    }
+
+    fn spawn_agent(&self, node: &Spot<'t>, secret_key: String, endpoint: String) -> Result<Agent> {
         let name = format!("node-{}", node.index);
         let base = self.dir.path().join(&name);
         std::fs::create_dir_all(&base)?;
@@ -196,7 +280,8 @@ impl<'t> MeshCluster<'t> {
                 "server_url": format!("https://{HOST_SERVICE_ADDR}:6443"),
                 "ca_cert_sha256": format!("sha256:{}", "00".repeat(32)),
                 "join_token": "unused.0000000000000000",
-                "relay_url": relay_url(), "mesh_secret_key": secret_key,
+                "relay_url": self.relay_place.url(), "mesh_secret_key": secret_key,
+                "relay_ca_cert": self.relay_ca()?,
                 "cluster_cidr": CLUSTER_CIDR, "service_cidr": "10.43.0.0/16",
                 "cluster_domain": "cluster.local", "upstream_resolvers": [format!("{HOST_SERVICE_ADDR}")],
             })
@@ -205,9 +290,12 @@ impl<'t> MeshCluster<'t> {
         let ctl = base.join("agent.sock");
         let cni_conf_dir = base.join("net.d");
         let log = base.join("agent.log");
-        let mut cmd = node
-            .ns
-            .command(&workspace_bin("socialweb-agent").to_string_lossy());
+        let bin = self
+            .opts
+            .agent_bin
+            .clone()
+            .unwrap_or_else(|| workspace_bin("socialweb-agent"));
+        let mut cmd = node.ns.command(&bin.to_string_lossy());
         cmd.args(["--log", "stderr", "run"])
             .arg("--identity")
             .arg(&identity)
@@ -224,7 +312,12 @@ impl<'t> MeshCluster<'t> {
             .arg("--no-portmap")
             .arg("--mtu")
             .arg(self.opts.mtu.to_string())
-            .env("SOCIALWEB_LOG", "info,socialweb_agent=debug,iroh=warn");
+            .env(
+                "SOCIALWEB_LOG",
+                // A run may ask for more (the benchmark's diagnostics).
+                std::env::var("SOCIALWEB_MESH_AGENT_LOG")
+                    .unwrap_or_else(|_| "info,socialweb_agent=debug,iroh=warn".into()),
+            );
         if !self.opts.masquerade {
             cmd.arg("--no-masquerade");
         }
@@ -240,6 +333,16 @@ impl<'t> MeshCluster<'t> {
             cni_conf_dir,
             log,
             process,
+        })
+    }
+
+    /// The relay's CA (PEM) for identities, when it serves TLS.
+    fn relay_ca(&self) -> Result<Value> {
+        Ok(match &self.relay_place.tls_dir {
+            Some(dir) => Value::String(
+                std::fs::read_to_string(dir.join("ca.crt")).context("the relay's CA")?,
+            ),
+            None => Value::Null,
         })
     }
 
@@ -340,7 +443,7 @@ impl<'t> MeshCluster<'t> {
         conf["dataDir"] = json!(self.dir.path().join(&agent.name).join("ipam"));
         let ns = Netns::new(&format!("{name}-n{node}"))?;
         let id = format!("{}-{}", agent.name, name);
-        let node_ns = &self.topo.node(node).ns;
+        let node_ns = self.spot(node).ns;
         let out =
             Call::for_pod("ADD", &id, &ns).run(node_ns, &workspace_bin("socialweb-cni"), &conf)?;
         let out = out.expect_ok("CNI ADD")?;
@@ -373,7 +476,8 @@ impl<'t> MeshCluster<'t> {
             self.agents[i].endpoint.clone(),
         );
         self.agents[i].process.kill_now();
-        let agent = self.spawn_agent(self.topo.node(node), secret, endpoint)?;
+        let spot = *self.spot(node);
+        let agent = self.spawn_agent(&spot, secret, endpoint)?;
         self.agents[i] = agent;
         Ok(())
     }

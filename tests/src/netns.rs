@@ -29,6 +29,34 @@ pub const NETNS_DIR: &str = "/run/netns";
 static SEQ: AtomicU32 = AtomicU32::new(0);
 static SWEEP: Once = Once::new();
 
+/// A name no namespace of any run has: [`PREFIX`], this process's id, a sequence number and
+/// `role` (for people reading `ip netns list`), so parallel tests and parallel runs never
+/// collide and a later run can sweep it once this process is gone. The first call in a
+/// process sweeps leftovers of dead runs.
+pub fn unique_name(role: &str) -> String {
+    require_root();
+    SWEEP.call_once(|| {
+        if let Err(e) = sweep() {
+            eprintln!("testbed: sweeping leftovers failed: {e:#}");
+        }
+        crate::tmp::sweep();
+        crate::k8s::sweep_cgroups();
+    });
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let role: String = role
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .take(16)
+        .collect();
+    format!("{PREFIX}{}-{seq}-{role}", std::process::id())
+}
+
 /// A network namespace owned by this process. Dropping it kills every process inside and
 /// deletes it (and with it every interface it holds).
 #[derive(Debug)]
@@ -37,37 +65,26 @@ pub struct Netns {
 }
 
 impl Netns {
-    /// Creates a namespace whose name carries `role` (for people reading `ip netns list`), the
-    /// process id and a sequence number, so parallel tests and parallel runs never collide.
-    /// The first call in a process sweeps leftovers of dead runs.
+    /// Creates a namespace named by [`unique_name`].
     pub fn new(role: &str) -> Result<Netns> {
-        require_root();
-        SWEEP.call_once(|| {
-            if let Err(e) = sweep() {
-                eprintln!("testbed: sweeping leftovers failed: {e:#}");
-            }
-            crate::tmp::sweep();
-            crate::k8s::sweep_cgroups();
-        });
-        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-        let role: String = role
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() {
-                    c.to_ascii_lowercase()
-                } else {
-                    '-'
-                }
-            })
-            .take(16)
-            .collect();
-        let name = format!("{PREFIX}{}-{seq}-{role}", std::process::id());
+        let name = unique_name(role);
         run_checked(Command::new("ip").args(["netns", "add", &name]))
             .with_context(|| format!("creating network namespace {name}"))?;
         let ns = Netns { name };
         // Loopback is down in a fresh namespace; nearly every test wants it.
         ns.ip(&["link", "set", "lo", "up"])?;
         Ok(ns)
+    }
+
+    /// Takes ownership of a namespace another program created under a name from
+    /// [`unique_name`] (the local provider's node networks): it goes when the handle does.
+    pub fn adopt(name: &str) -> Result<Netns> {
+        if !Path::new(NETNS_DIR).join(name).exists() {
+            bail!("no network namespace {name} to adopt");
+        }
+        Ok(Netns {
+            name: name.to_string(),
+        })
     }
 
     pub fn name(&self) -> &str {

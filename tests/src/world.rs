@@ -15,7 +15,7 @@
 
 use std::net::Ipv4Addr;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::link;
 use crate::netns::Netns;
@@ -97,11 +97,131 @@ impl World {
                 &format!("--address=/{PRIVATE_NAME}/fd00::1"),
             ],
         )?;
-        Ok(World {
+        let world = World {
             providers: machines,
             operator,
             _resolver: resolver,
             internet,
+        };
+        // Provider machines NAT their guests as the common kinds of NAT do: odd ones like a
+        // home router, even ones like a cloud's NAT gateway.
+        for p in 1..=providers {
+            let nat = if p % 2 == 1 {
+                Nat::EndpointIndependent
+            } else {
+                Nat::Symmetric
+            };
+            world.set_nat(p, nat, GUEST_SUBNET)?;
+        }
+        Ok(world)
+    }
+}
+
+/// How a provider machine's NAT maps and filters its guests' flows (RFC 4787's terms).
+/// Either way new inbound UDP is dropped (filtering is address- and port-dependent: a reply
+/// passes only to a mapping that sent to its source), as a NAT that serves nothing does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nat {
+    /// Endpoint-independent mapping, as most home routers and some cloud NATs do: a guest's
+    /// flows from one port leave from one public address and port whatever their destination
+    /// (the guest's port is kept), so the address a relay observes is the one a peer can
+    /// answer to. Emulated with a public address of its own per guest slot.
+    EndpointIndependent,
+    /// Endpoint-dependent ("symmetric") mapping, as AWS's NAT gateway does: every new
+    /// destination gets a new random public port, so the address a relay observes is not the
+    /// one a peer's packets would have to reach.
+    Symmetric,
+}
+
+impl Nat {
+    pub fn label(self) -> &'static str {
+        match self {
+            Nat::EndpointIndependent => "eim",
+            Nat::Symmetric => "symmetric",
+        }
+    }
+}
+
+/// Guest slots a provider machine's NAT is set up for (its nodes' uplinks `<subnet>.<slot>.2`).
+pub const NAT_SLOTS: u8 = 16;
+
+/// The public address [`Nat::EndpointIndependent`] gives provider `provider`'s guest slot.
+pub fn nat_addr(provider: u8, slot: u8) -> Ipv4Addr {
+    Ipv4Addr::new(198, 51, 100, 100 + 20 * (provider - 1) + slot)
+}
+
+impl World {
+    /// Makes provider machine `provider`'s NAT behave as `nat` for guests whose uplinks are
+    /// in `subnet`/16 (a local provider's node slots, `socialweb_provider::network`): a
+    /// table that maps before the provider's own masquerade does (a NAT chain of higher
+    /// priority binds a flow first), and drops new inbound UDP.
+    pub fn set_nat(&self, provider: u8, nat: Nat, subnet: Ipv4Addr) -> Result<()> {
+        let m = &self.providers[usize::from(provider) - 1];
+        let [a, b, _, _] = subnet.octets();
+        let mapping = match nat {
+            Nat::Symmetric => {
+                format!("ip saddr {subnet}/16 oifname \"eth0\" masquerade fully-random\n")
+            }
+            Nat::EndpointIndependent => {
+                let mut rules = String::new();
+                for slot in 1..=NAT_SLOTS {
+                    let public = nat_addr(provider, slot);
+                    m.ns.ip(&["addr", "replace", &format!("{public}/24"), "dev", "eth0"])?;
+                    rules.push_str(&format!(
+                        "ip saddr {a}.{b}.{slot}.2 oifname \"eth0\" snat ip to {public}\n"
+                    ));
+                }
+                rules
+            }
+        };
+        let script = format!(
+            "table ip sw-world-nat {{}}\ndelete table ip sw-world-nat\n\
+             table ip sw-world-nat {{\n\
+             chain postrouting {{ type nat hook postrouting priority srcnat - 10; policy accept;\n{mapping} }}\n\
+             chain input {{ type filter hook input priority filter; policy accept; iifname \"eth0\" meta l4proto udp ct state new drop; }}\n\
+             chain forward {{ type filter hook forward priority filter; policy accept; iifname \"eth0\" meta l4proto udp ct state new drop; }}\n\
+             }}\n"
+        );
+        m.ns.exec_with_stdin("nft", &["-f", "-"], script.as_bytes())
+            .with_context(|| format!("provider {provider}'s NAT ({nat:?})"))?;
+        Ok(())
+    }
+}
+
+/// A node's network behind a provider machine, as the provider's local nodes have it
+/// (`socialweb_provider::network`: the guest at 10.0.2.15 behind a NAT gateway of its own,
+/// behind the machine's NAT), for a mesh without Kubernetes. Dropping it removes it.
+#[derive(Debug)]
+pub struct Guest {
+    // Field order is drop order: the node, then its gateway (the machine's end of the
+    // uplink goes with the gateway).
+    pub ns: Netns,
+    _gateway: Netns,
+    pub provider: u8,
+    pub slot: u8,
+}
+
+/// The guests' uplink subnet (`<a>.<b>.<slot>.0/24` per slot), the local provider's default.
+pub const GUEST_SUBNET: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 0);
+
+impl World {
+    /// Builds guest slot `slot` behind provider machine `provider`, with the machine's side
+    /// of the guests' NAT (forwarding, masquerade) as the provider does it.
+    pub fn guest(&self, provider: u8, slot: u8) -> Result<Guest> {
+        use socialweb_provider::network::{NodeNet, machine_nat};
+        let m = &self.providers[usize::from(provider) - 1];
+        let prefix = format!("{}-", crate::netns::unique_name(&format!("p{provider}")));
+        let net = NodeNet::plan(&prefix, GUEST_SUBNET, slot);
+        m.ns.run(|| -> Result<()> {
+            machine_nat(&prefix, GUEST_SUBNET)?;
+            net.create()
+        })?
+        .with_context(|| format!("guest {slot} of provider {provider}"))?;
+        Ok(Guest {
+            ns: Netns::adopt(&net.netns)?,
+            _gateway: Netns::adopt(&net.gateway)?,
+            provider,
+            slot,
         })
     }
 }
