@@ -639,3 +639,168 @@ fn a_relay_without_an_allow_list_refuses_to_start_unless_open() {
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(said.contains("admitting any endpoint"), "{said}");
 }
+
+/// A stream through a bottleneck, with a ping beside it: the underlay of node 1 shaped to
+/// `rate` with a shallow queue (tbf), so QUIC's congestion control backs off and the pods'
+/// packets wait in the mesh's own queue. Returns node 1's outbound queue towards node 2 as
+/// `mesh status --json` reports it after the stream, and the ping's output.
+fn stream_through_a_bottleneck(agent_args: &[&str], pod_ecn: bool) -> (serde_json::Value, String) {
+    let topo = Topology::new(2, Reach::Direct).unwrap();
+    let opts = MeshOptions {
+        agent_args: agent_args.iter().map(|a| a.to_string()).collect(),
+        ..MeshOptions::default()
+    };
+    let mesh = MeshCluster::start(&topo, opts).unwrap();
+    let a = mesh.pod(1, "a").unwrap();
+    let b = mesh.pod(2, "b").unwrap();
+    for pod in [&a.ns, &b.ns] {
+        let ecn = if pod_ecn { "1" } else { "0" };
+        // A loss-based TCP, which fills whatever queue it meets (what CoDel exists for);
+        // reno is always allowed in a namespace, whatever the host's default.
+        pod.exec(
+            "sysctl",
+            &[
+                "-q",
+                "-w",
+                &format!("net.ipv4.tcp_ecn={ecn}"),
+                "net.ipv4.tcp_congestion_control=reno",
+            ],
+        )
+        .unwrap();
+    }
+    probe::ping_until(&a.ns, &b.addr.to_string(), Duration::from_secs(10)).unwrap();
+    // The underlay's bottleneck is an AQM that signals with ECN, as a modern router's is:
+    // node 1's uplink shaped to 100 Mbit/s, and every ECN-capable packet beyond 64 Mbit/s
+    // marked CE. QUIC (which sends ECT(0) once its path proves ECN) slows down on the marks
+    // without losing a packet, so the pods' TCP is not told by a loss: the mesh's own queue
+    // is where the excess waits, and only its discipline can tell the TCP.
+    let node1 = &topo.node(1).ns;
+    node1
+        .exec(
+            "tc",
+            &[
+                "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "100mbit", "burst", "32kb",
+                "latency", "50ms",
+            ],
+        )
+        .unwrap();
+    let aqm = format!(
+        "table ip bottleneck {{\n chain post {{ type filter hook postrouting priority 0; \
+         udp sport {MESH_PORT} ip ecn ect0 limit rate over 8 mbytes/second burst 64 kbytes ip ecn set ce counter; }}\n}}\n"
+    );
+    node1
+        .exec_with_stdin("nft", &["-f", "-"], aqm.as_bytes())
+        .unwrap();
+    let ip = b.addr.to_string();
+    let _server = b.ns.spawn("iperf3", &["-s", "-1", "-B", &ip]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let stream = std::thread::scope(|s| {
+        let stream = s.spawn(|| a.ns.output("iperf3", &["-c", &ip, "-t", "8", "-J"]));
+        std::thread::sleep(Duration::from_secs(2));
+        let ping =
+            a.ns.output("ping", &["-n", "-i", "0.02", "-w", "5", &ip])
+                .unwrap();
+        let stream = stream.join().unwrap().unwrap();
+        assert!(
+            stream.status.success(),
+            "iperf3: {}",
+            String::from_utf8_lossy(&stream.stdout)
+        );
+        String::from_utf8_lossy(&ping.stdout).into_owned()
+    });
+    let marked = node1.exec("nft", &["list", "table", "ip", "bottleneck"]).unwrap();
+    eprintln!("the underlay's AQM: {marked}");
+    let queue = mesh.peer(1, 2).unwrap()["queue_out"].clone();
+    (queue, stream)
+}
+
+/// Replies over requests, from ping's summary line.
+fn ping_replies(out: &str) -> (u64, u64) {
+    let line = out
+        .lines()
+        .find(|l| l.contains("packets transmitted"))
+        .unwrap_or_else(|| panic!("no summary in {out}"));
+    let n: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (n[1], n[0])
+}
+
+#[test]
+fn a_standing_queue_behind_a_bottleneck_is_held_by_time_and_a_ping_passes_it() {
+    // FQ-CoDel (the default): the stream's standing queue is signalled by its waiting time
+    // -- packets dropped, counted -- long before the queue's byte limit; the ping, a flow of
+    // its own, is served ahead of it and gets its replies.
+    let (q, ping) = stream_through_a_bottleneck(&[], false);
+    let n = |k: &str| q[k].as_u64().unwrap_or_else(|| panic!("{k} in {q}"));
+    assert!(
+        n("codel_drops") > 0,
+        "CoDel dropped from the standing queue: {q}"
+    );
+    assert_eq!(n("overlimit_drops"), 0, "never held by bytes: {q}");
+    let (replies, sent) = ping_replies(&ping);
+    assert!(
+        replies * 100 >= sent * 95,
+        "the ping beside the stream got {replies} of {sent} replies:\n{ping}"
+    );
+
+    // Pods that negotiate ECN get marks instead of drops.
+    let (q, _) = stream_through_a_bottleneck(&[], true);
+    assert!(
+        q["ecn_marks"].as_u64().unwrap() > 0,
+        "ECN-capable packets are marked CE: {q}"
+    );
+    assert_eq!(q["overlimit_drops"], 0, "{q}");
+}
+
+#[test]
+fn a_fifo_holds_the_same_stream_by_bytes_alone() {
+    // The same load through a plain FIFO (the lever bench/mesh compares against): nothing
+    // signals the stream until the queue is full, then it drops at its byte limit.
+    let (q, _) =
+        stream_through_a_bottleneck(&["--mesh-queue", "fifo", "--mesh-queue-kib", "256"], false);
+    assert_eq!(q["codel_drops"], 0, "{q}");
+    assert!(
+        q["overlimit_drops"].as_u64().unwrap() > 0,
+        "the FIFO dropped only at its limit: {q}"
+    );
+}
+
+#[test]
+fn across_endpoint_independent_nats_nodes_go_direct_and_a_symmetric_nat_keeps_them_relayed() {
+    use testbed::natmesh::NatGround;
+    use testbed::world::Nat::{EndpointIndependent as Eim, Symmetric as Sym};
+    // Three providers, one node each, every node behind its provider's NAT (and its own
+    // slirp-like gateway): two map endpoint-independently, one symmetrically.
+    let ground = NatGround::new(&[Eim, Eim, Sym]).unwrap();
+    let mesh = ground.mesh(MeshOptions::default()).unwrap();
+    mesh.wait_all_connected(Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let path = |a: u8, b: u8| {
+        mesh.peer(a, b).unwrap()["path"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    // The two endpoint-independent NATs: each node learns its public address from the
+    // relay's address discovery, the two punch through, and the pair goes direct.
+    wait_for(
+        "node-1 and node-2 to find a direct path",
+        Duration::from_secs(60),
+        || Ok(path(1, 2).starts_with("direct").then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}: {}\n{}", path(1, 2), mesh.logs_tail()));
+    assert!(path(2, 1).starts_with("direct"), "{}", path(2, 1));
+    // The symmetric NAT gives every destination its own port: the address the relay saw is
+    // not the one a peer must reach, so node-3 stays on the relay with both.
+    for (a, b) in [(1, 3), (3, 1), (2, 3), (3, 2)] {
+        assert!(
+            path(a, b).starts_with("relay https://203.0.113.1:3340"),
+            "node-{a} -> node-{b}: {}",
+            path(a, b)
+        );
+    }
+    let pods: Vec<_> = (1..=3).map(|n| mesh.pod(n, "p").unwrap()).collect();
+    every_pair_talks(&mesh, &pods);
+}
