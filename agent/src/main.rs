@@ -449,11 +449,16 @@ fn human_bytes(n: u64) -> String {
 fn queue_text(way: &str, q: &socialweb_agent::mesh::stats::QueueStatus) -> String {
     let ms = |x: Option<f64>| x.map(|v| format!("{v:.2}ms")).unwrap_or_else(|| "-".into());
     format!(
-        "queue {way}: {} packets/{}  waited p50 {} p99 {}  CoDel drops {} marks {}  over limit {}",
+        "queue {way}: {} packets/{}  waited p50 {} p99 {}  CoDel {}  drops {} marks {}  over limit {}",
         q.packets,
         human_bytes(q.bytes as u64),
         ms(q.sojourn_ms(0.5)),
         ms(q.sojourn_ms(0.99)),
+        if q.codel_target_ms.is_finite() && q.codel_target_ms < 1e9 {
+            format!("{:.1}ms/{:.0}ms", q.codel_target_ms, q.codel_interval_ms)
+        } else {
+            "off (fifo)".into()
+        },
         q.counters.codel_drops,
         q.counters.ecn_marks,
         q.counters.overlimit_drops

@@ -33,6 +33,23 @@ impl Default for Params {
     }
 }
 
+impl Params {
+    /// Settings for a queue whose flows cross a path of round trip `rtt`: the interval is
+    /// about the worst round trip of those flows (eight path round trips, between 20 ms and
+    /// RFC 8289's 100 ms), the target 5 % of it (RFC 8289 §4.4: 5-10 %). Between nodes in one
+    /// place (a path of well under a millisecond) that is 1 ms and 20 ms: a standing queue of
+    /// 5 ms is five times what the flows need there. Across the internet it is RFC 8289's 5 ms
+    /// and 100 ms.
+    pub fn for_rtt(rtt: Duration, mtu: usize) -> Params {
+        let interval = (rtt * 8).clamp(Duration::from_millis(20), Duration::from_millis(100));
+        Params {
+            target: interval / 20,
+            interval,
+            mtu,
+        }
+    }
+}
+
 /// What the queue does with one packet it takes from its head.
 pub trait Queue {
     type Packet;
@@ -209,6 +226,24 @@ mod tests {
             }
         }
         (q, c, worst)
+    }
+
+    #[test]
+    fn settings_follow_the_path_round_trip_within_bounds() {
+        let lan = Params::for_rtt(Duration::from_micros(300), 1280);
+        assert_eq!(lan.interval, Duration::from_millis(20));
+        assert_eq!(lan.target, Duration::from_millis(1));
+        let mid = Params::for_rtt(Duration::from_millis(5), 1280);
+        assert_eq!(mid.interval, Duration::from_millis(40));
+        assert_eq!(mid.target, Duration::from_millis(2));
+        let far = Params::for_rtt(Duration::from_millis(80), 1280);
+        assert_eq!(
+            far,
+            Params {
+                mtu: 1280,
+                ..Params::default()
+            }
+        );
     }
 
     #[test]

@@ -288,6 +288,15 @@ impl<P: Packet> FqCodel<P> {
         self.backlog
     }
 
+    /// Changes CoDel's settings for every flow from now on.
+    pub fn set_codel(&mut self, params: codel::Params) {
+        self.settings.codel = params;
+    }
+
+    pub fn codel(&self) -> codel::Params {
+        self.settings.codel
+    }
+
     pub fn counters(&self) -> Counters {
         self.counters
     }

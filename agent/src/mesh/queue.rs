@@ -113,7 +113,10 @@ impl<P: fq::Packet> PeerQueue<P> {
 
     pub fn status(&self) -> QueueStatus {
         let q = self.lock();
+        let codel = q.codel();
         QueueStatus {
+            codel_target_ms: codel.target.as_secs_f64() * 1e3,
+            codel_interval_ms: codel.interval.as_secs_f64() * 1e3,
             packets: q.len(),
             bytes: q.backlog(),
             counters: q.counters(),
@@ -125,6 +128,12 @@ impl<P: fq::Packet> PeerQueue<P> {
 /// A queue as `mesh status` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueueStatus {
+    /// CoDel's settings now (they follow the path's round trip unless fixed; a FIFO's target
+    /// is "never").
+    #[serde(default)]
+    pub codel_target_ms: f64,
+    #[serde(default)]
+    pub codel_interval_ms: f64,
     pub packets: usize,
     pub bytes: usize,
     #[serde(flatten)]

@@ -65,19 +65,25 @@ pub struct Tuning {
     /// 8290) or `fifo` (one queue, dropped only when over --mesh-queue-kib).
     #[arg(long = "mesh-queue", value_enum, default_value_t = QueueKind::FqCodel)]
     pub queue: QueueKind,
-    /// CoDel's target: the standing queue delay it allows (RFC 8289: 5ms).
-    #[arg(long = "mesh-codel-target", default_value = "5ms", value_parser = humantime::parse_duration)]
-    pub codel_target: Duration,
-    /// CoDel's interval: about the worst round trip of the flows through the mesh (RFC 8289:
-    /// 100ms).
-    #[arg(long = "mesh-codel-interval", default_value = "100ms", value_parser = humantime::parse_duration)]
-    pub codel_interval: Duration,
+    /// CoDel's target, the standing queue delay it allows: `auto` (5 % of the interval) or a
+    /// duration (RFC 8289: 5ms).
+    #[arg(long = "mesh-codel-target", default_value = "auto", value_parser = AutoOr::parse)]
+    pub codel_target: AutoOr,
+    /// CoDel's interval, about the worst round trip of the flows through a peer's queue:
+    /// `auto` (eight times the path's round trip, 20ms to 100ms, followed as it changes) or a
+    /// duration (RFC 8289: 100ms).
+    #[arg(long = "mesh-codel-interval", default_value = "auto", value_parser = AutoOr::parse)]
+    pub codel_interval: AutoOr,
     /// Drop instead of marking ECN-capable packets CE when CoDel signals congestion.
     #[arg(long = "mesh-no-ecn")]
     pub no_ecn: bool,
     /// Bytes each queue holds at most, in KiB (beyond it the fattest flow loses its oldest).
     #[arg(long = "mesh-queue-kib", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(64..=1048576))]
     pub queue_kib: u32,
+    /// Write each received packet to the TUN on its own, as before the mesh's write buffers
+    /// had room for the TUN's GRO to coalesce a flow's packets (for comparing; slower).
+    #[arg(long = "mesh-no-tun-gro")]
+    pub no_tun_gro: bool,
     /// Threads the mesh's data path runs on (1: one thread, every hand-off a task switch).
     #[arg(long = "mesh-threads", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
     pub threads: u8,
@@ -101,11 +107,8 @@ impl Tuning {
         let mtu = usize::from(mtu);
         match self.queue {
             QueueKind::FqCodel => fq::Settings {
-                codel: codel::Params {
-                    target: self.codel_target,
-                    interval: self.codel_interval,
-                    mtu,
-                },
+                // Until the path's round trip is known: RFC 8289's.
+                codel: self.codel_for(None, mtu),
                 quantum: mtu,
                 flows: fq::Settings::default().flows,
                 limit_bytes,
@@ -115,8 +118,7 @@ impl Tuning {
             QueueKind::Fifo => fq::Settings {
                 codel: codel::Params {
                     target: Duration::MAX,
-                    interval: self.codel_interval,
-                    mtu,
+                    ..codel::Params::default()
                 },
                 quantum: mtu,
                 flows: 1,
@@ -124,6 +126,35 @@ impl Tuning {
                 ecn: false,
             },
         }
+    }
+
+    /// CoDel's settings for a path of round trip `rtt` (unknown: RFC 8289's): what was given,
+    /// the rest from the round trip. `None` for a FIFO, whose settings never change.
+    pub fn codel_for(
+        &self,
+        rtt: Option<Duration>,
+        mtu: usize,
+    ) -> socialweb_mesh_core::codel::Params {
+        use socialweb_mesh_core::codel::Params;
+        let auto = rtt.map_or(
+            Params {
+                mtu,
+                ..Params::default()
+            },
+            |rtt| Params::for_rtt(rtt, mtu),
+        );
+        Params {
+            target: self.codel_target.or(auto.target),
+            interval: self.codel_interval.or(auto.interval),
+            mtu,
+        }
+    }
+
+    /// Whether CoDel's settings follow the path (some of them `auto`, and a queue that has
+    /// CoDel at all).
+    pub fn codel_follows_path(&self) -> bool {
+        self.queue == QueueKind::FqCodel
+            && (self.codel_target == AutoOr::Auto || self.codel_interval == AutoOr::Auto)
     }
 
     /// The connection's datagram send buffer, in bytes.
@@ -141,10 +172,11 @@ impl Default for Tuning {
             recv_buffer_kib: 512,
             send_buffer_kib: 128,
             queue: QueueKind::FqCodel,
-            codel_target: Duration::from_millis(5),
-            codel_interval: Duration::from_millis(100),
+            codel_target: AutoOr::Auto,
+            codel_interval: AutoOr::Auto,
             no_ecn: false,
             queue_kib: 4096,
+            no_tun_gro: false,
             threads: 1,
             nice: 0,
         }
@@ -249,6 +281,32 @@ pub async fn bind(cfg: &EndpointConfig) -> Result<Endpoint> {
         .bind()
         .await
         .context("binding the mesh endpoint")
+}
+
+/// A setting that is `auto` (derived) or a duration (`5ms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoOr {
+    Auto,
+    Fixed(Duration),
+}
+
+impl AutoOr {
+    fn parse(s: &str) -> Result<AutoOr, String> {
+        if s == "auto" {
+            return Ok(AutoOr::Auto);
+        }
+        humantime::parse_duration(s)
+            .map(AutoOr::Fixed)
+            .map_err(|e| format!("{e} (a duration such as 5ms, or auto)"))
+    }
+
+    /// The fixed duration, or `auto`'s.
+    pub fn or(self, auto: Duration) -> Duration {
+        match self {
+            AutoOr::Auto => auto,
+            AutoOr::Fixed(d) => d,
+        }
+    }
 }
 
 /// rustls' ring provider offering AES-128-GCM only: mesh connections are between our own

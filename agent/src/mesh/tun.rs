@@ -42,10 +42,12 @@ pub fn open(name: &str, mtu: u16) -> Result<Tun> {
 /// The largest packet the TUN's GRO builds: a whole coalesced TCP segment.
 const GRO_MAX: usize = 65535;
 
-/// An empty write buffer the TUN's GRO can grow a coalesced segment in (it appends to a
-/// buffer only within its capacity: a buffer sized for one packet never coalesces).
-pub fn gro_buffer() -> BytesMut {
-    BytesMut::with_capacity(2 * HEADROOM + GRO_MAX)
+/// An empty write buffer: with `gro_room`, room for the TUN's GRO to grow a coalesced
+/// segment in (it appends to a buffer only within its capacity: a buffer sized for one
+/// packet of `mtu` never coalesces).
+pub fn write_buffer(gro_room: bool, mtu: u16) -> BytesMut {
+    let packet = if gro_room { GRO_MAX } else { usize::from(mtu) };
+    BytesMut::with_capacity(2 * HEADROOM + packet)
 }
 
 /// A packet buffer with [`HEADROOM`] free bytes in front of `packet`.

@@ -31,7 +31,10 @@ impl Mesh {
         // Written packets go through buffers kept from batch to batch, each with room for a
         // whole coalesced TCP segment: the TUN's GRO appends a flow's next packets to the
         // first one's buffer only when it has that room.
-        let mut out: Vec<BytesMut> = (0..BATCH).map(|_| tun::gro_buffer()).collect();
+        let gro_room = !self.inner.cfg.endpoint.tuning.no_tun_gro;
+        let mut out: Vec<BytesMut> = (0..BATCH)
+            .map(|_| tun::write_buffer(gro_room, self.inner.cfg.mtu))
+            .collect();
         let mut gro = GROTable::new();
         loop {
             let idle = slot.in_q.lock().is_empty();

@@ -140,6 +140,7 @@ impl Mesh {
             }
             if max_size_read.elapsed() >= MAX_SIZE_REFRESH {
                 slot.refresh_max_datagram(conn);
+                self.follow_path(slot, conn);
                 max_size_read = Instant::now();
             }
             model.sync(model.payload_from_space(conn.datagram_send_buffer_space()));
@@ -173,6 +174,26 @@ impl Mesh {
                 }
             }
         }
+    }
+
+    /// Sets both of the peer's queues' CoDel from the selected path's round trip, unless the
+    /// operator fixed them.
+    fn follow_path(&self, slot: &PeerSlot, conn: &Connection) {
+        let tuning = &self.inner.cfg.endpoint.tuning;
+        if !tuning.codel_follows_path() {
+            return;
+        }
+        let paths = conn.paths();
+        let Some(rtt) = paths
+            .iter()
+            .find(|p| p.is_selected())
+            .map(|p| p.stats().rtt)
+        else {
+            return;
+        };
+        let params = tuning.codel_for(Some(rtt), usize::from(self.inner.cfg.mtu));
+        slot.out_q.lock().set_codel(params);
+        slot.in_q.lock().set_codel(params);
     }
 
     /// Takes packets from the peer's queue while the connection's buffer has room for them
