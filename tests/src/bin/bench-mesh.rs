@@ -84,11 +84,24 @@ struct Args {
 
 /// Direct mesh variants with one agent knob set: (name, arguments).
 const LEVERS: &[(&str, &[&str])] = &[
-    ("mesh_bbr", &["--mesh-congestion", "bbr"]),
+    ("mesh_fifo", &["--mesh-queue", "fifo"]),
+    ("mesh_no_tun_gro", &["--mesh-no-tun-gro"]),
+    ("mesh_send_32k", &["--mesh-send-buffer-kib", "32"]),
+    ("mesh_send_512k", &["--mesh-send-buffer-kib", "512"]),
+    ("mesh_recv_2m", &["--mesh-recv-buffer-kib", "2048"]),
+    ("mesh_threads_2", &["--mesh-threads", "2"]),
+    ("mesh_nice", &["--mesh-nice", "-10"]),
     ("mesh_ack_default", &["--mesh-ack-threshold", "0"]),
     ("mesh_cipher_any", &["--mesh-cipher", "any"]),
-    ("mesh_recv_4m", &["--mesh-recv-buffer-kib", "4096"]),
-    ("mesh_recv_128k", &["--mesh-recv-buffer-kib", "128"]),
+    (
+        "mesh_codel_rfc",
+        &[
+            "--mesh-codel-target",
+            "5ms",
+            "--mesh-codel-interval",
+            "100ms",
+        ],
+    ),
 ];
 
 fn mesh<'t>(
@@ -338,6 +351,10 @@ fn main() -> Result<()> {
         );
         for peer in ["mesh_baseline", "vxlan", "boringtun", "quincy"] {
             if let Some(p) = get(peer) {
+                println!(
+                    "ping_loaded_p99_ms_{peer}={:.3}",
+                    percentile(&p.results.loaded_ms, 0.99)
+                );
                 println!("ratio_{peer}={:.3}", m.gbit() / p.gbit());
                 let m4 = percentile(&m.results.gbit4, 0.5);
                 let p4 = percentile(&p.results.gbit4, 0.5);

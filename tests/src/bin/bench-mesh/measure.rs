@@ -150,6 +150,20 @@ pub(crate) fn thread_ticks(pid: u32) -> BTreeMap<String, u64> {
     out
 }
 
+/// Nanoseconds all threads of `pid` have spent runnable but waiting for a CPU
+/// (`/proc/<pid>/task/<tid>/schedstat`, second field): how much the machine, not the
+/// process, held it back.
+pub(crate) fn runqueue_wait_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
 /// Dropped packets of every device of a node namespace: (device, "tx"|"rx") -> count.
 pub(crate) fn link_drops(ns: &Netns) -> Result<BTreeMap<(String, &'static str), u64>> {
     let v: Value = serde_json::from_str(&ns.ip(&["-s", "-j", "link", "show"])?)?;

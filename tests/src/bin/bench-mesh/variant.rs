@@ -12,7 +12,8 @@ use testbed::process::Spawned;
 use testbed::{Netns, probe};
 
 use crate::measure::{
-    UdpCounters, bucket_quantile, iperf, link_drops, percentile, pings, thread_ticks, udp_counters,
+    UdpCounters, bucket_quantile, iperf, link_drops, percentile, pings, runqueue_wait_ns,
+    thread_ticks, udp_counters,
 };
 
 /// One variant, set up and waiting for rounds.
@@ -45,6 +46,8 @@ pub(crate) struct Results {
     /// CPU ticks per (label, thread) over the single-stream runs.
     pub(crate) cpu: BTreeMap<(String, String), u64>,
     pub(crate) cpu_seconds: f64,
+    /// Nanoseconds each process (label) waited for a CPU while runnable, over the same runs.
+    pub(crate) runq_wait_ns: BTreeMap<String, u64>,
     pub(crate) udp: [UdpCounters; 2],
     /// Packets dropped per (node, device, direction) during the single-stream runs.
     pub(crate) link_drops: BTreeMap<(usize, String, &'static str), u64>,
@@ -136,6 +139,11 @@ impl<'t> Variant<'t> {
             .iter()
             .map(|(l, p)| (l.clone(), thread_ticks(*p)))
             .collect();
+        let waits_before: Vec<u64> = self
+            .procs
+            .iter()
+            .map(|(_, p)| runqueue_wait_ns(*p))
+            .collect();
         let started = Instant::now();
         let (a, b, ip) = (&self.a, &self.b, self.b_ip.as_str());
         let mesh = self.mesh.as_ref();
@@ -169,6 +177,10 @@ impl<'t> Variant<'t> {
         self.results.stream_rtt_ms.push(one.mean_rtt_ms);
         self.results.loaded_ms.extend(loaded?);
         self.results.cpu_seconds += elapsed;
+        for ((label, pid), before) in self.procs.iter().zip(waits_before) {
+            *self.results.runq_wait_ns.entry(label.clone()).or_default() +=
+                runqueue_wait_ns(*pid).saturating_sub(before);
+        }
         for (label, before) in cpu_before {
             let pid = self.procs.iter().find(|(l, _)| *l == label).map(|p| p.1);
             let after = pid.map(thread_ticks).unwrap_or_default();
@@ -278,6 +290,12 @@ impl<'t> Variant<'t> {
                 .map(|(p, t)| format!("{t}:{p:.0}"))
                 .collect();
             println!("diag_{n}_{label}_threads_cpu_pct={}", top.join(","));
+        }
+        for (label, ns) in &r.runq_wait_ns {
+            // Percent of the wall time: a process waiting 10 % of the time for a CPU was
+            // held back by the machine for that long.
+            let pct = *ns as f64 / 1e9 / r.cpu_seconds.max(1e-9) * 100.0;
+            println!("diag_{n}_{label}_runqueue_wait_pct={pct:.1}");
         }
         for (i, u) in r.udp.iter().enumerate() {
             let node = i + 1;
