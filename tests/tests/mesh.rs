@@ -708,7 +708,9 @@ fn stream_through_a_bottleneck(agent_args: &[&str], pod_ecn: bool) -> (serde_jso
         );
         String::from_utf8_lossy(&ping.stdout).into_owned()
     });
-    let marked = node1.exec("nft", &["list", "table", "ip", "bottleneck"]).unwrap();
+    let marked = node1
+        .exec("nft", &["list", "table", "ip", "bottleneck"])
+        .unwrap();
     eprintln!("the underlay's AQM: {marked}");
     let queue = mesh.peer(1, 2).unwrap()["queue_out"].clone();
     (queue, stream)
