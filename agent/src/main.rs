@@ -518,6 +518,9 @@ async fn mesh(command: MeshCommand, c: ClientArgs) -> Result<()> {
                         s.direct_addrs.join(",")
                     }
                 );
+                if !s.scheduling.is_empty() {
+                    println!("mesh thread {}", s.scheduling);
+                }
                 println!(
                     "{:<14} {:<16} {:<36} {:>8} {:>20} {:>20}  {:<20} LAST ERROR",
                     "PEER",

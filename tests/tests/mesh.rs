@@ -58,6 +58,30 @@ fn three_nodes_direct_every_pair_of_pods_talks_with_sources_kept() {
         status.contains("node-2") && status.contains("direct 172.31.2.2:7443"),
         "{status}"
     );
+    // The data path runs ahead of the pods (docs/mesh.md): the agent says so, and the
+    // kernel agrees about the thread named "mesh".
+    assert!(status.contains("mesh thread SCHED_FIFO 1"), "{status}");
+    let (policy, priority) = mesh_thread_policy(mesh.agent(1).pid());
+    assert_eq!((policy, priority), (1, 1), "SCHED_FIFO (1) at priority 1");
+}
+
+/// The scheduling policy and real-time priority of the agent's thread named "mesh", from
+/// /proc/<pid>/task/<tid>/stat (fields 41 and 40).
+fn mesh_thread_policy(pid: u32) -> (u32, u32) {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "mesh" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap();
+        // Fields after the command name (which ends at the last ')'), from field 3 on.
+        let rest: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        return (rest[41 - 3].parse().unwrap(), rest[40 - 3].parse().unwrap());
+    }
+    panic!("agent {pid} has no thread named mesh");
 }
 
 #[test]

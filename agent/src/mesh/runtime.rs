@@ -164,7 +164,13 @@ impl Mesh {
     /// starts the accept loop and the TUN reader. Peers come with [`Mesh::apply`].
     pub async fn start(cfg: MeshConfig) -> Result<Mesh> {
         let tuning = cfg.endpoint.tuning;
-        let rt = super::thread::start(tuning.threads, tuning.nice)?;
+        let rt = super::thread::start(
+            tuning.threads,
+            super::thread::Scheduling {
+                realtime: tuning.realtime,
+                nice: tuning.nice,
+            },
+        )?;
         let handle = rt.handle.clone();
         handle
             .spawn(Mesh::start_on(cfg, rt))
@@ -545,6 +551,7 @@ impl Mesh {
             relay_url: self.inner.cfg.endpoint.relay_url.to_string(),
             tun: self.inner.cfg.tun_name.clone(),
             mtu: self.inner.cfg.mtu,
+            scheduling: self.inner.rt.scheduling.clone(),
             direct_addrs: addr.ip_addrs().map(|a| a.to_string()).collect(),
             relay_connected: {
                 use iroh::Watcher;

@@ -130,6 +130,9 @@ pub struct MeshStatus {
     pub relay_url: String,
     pub tun: String,
     pub mtu: u16,
+    /// How the mesh's thread is scheduled (`SCHED_FIFO 1`, or `normal, nice 0` and why).
+    #[serde(default)]
+    pub scheduling: String,
     pub direct_addrs: Vec<String>,
     pub relay_connected: bool,
     pub peers: Vec<PeerStatus>,

@@ -87,8 +87,14 @@ pub struct Tuning {
     /// Threads the mesh's data path runs on (1: one thread, every hand-off a task switch).
     #[arg(long = "mesh-threads", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
     pub threads: u8,
-    /// Nice value of the mesh's threads (-20 to 19; below 0 needs CAP_SYS_NICE, which the
-    /// agent has as root).
+    /// SCHED_FIFO priority of the mesh's threads (1-99), ahead of every normally scheduled
+    /// thread (the pods, the kubelet) as the kernel's network processing is; 0: the normal
+    /// scheduler at --mesh-nice. Refused (no CAP_SYS_NICE, no RT budget in the cgroup): the
+    /// normal scheduler, logged, and `mesh status` says so.
+    #[arg(long = "mesh-realtime", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=99))]
+    pub realtime: u8,
+    /// Nice value of the mesh's threads under the normal scheduler (-20 to 19; below 0 needs
+    /// CAP_SYS_NICE, which the agent has as root).
     #[arg(long = "mesh-nice", default_value_t = 0, allow_hyphen_values = true, value_parser = clap::value_parser!(i8).range(-20..=19))]
     pub nice: i8,
 }
@@ -178,6 +184,7 @@ impl Default for Tuning {
             queue_kib: 4096,
             no_tun_gro: false,
             threads: 1,
+            realtime: 1,
             nice: 0,
         }
     }

@@ -48,6 +48,7 @@ struct Args {
     #[arg(long)]
     quincy: PathBuf,
     /// Only these variants (mesh, mesh_best_mtu, mesh_relayed, vxlan, boringtun, quincy,
+    /// boringtun_rt and quincy_rt: the same under SCHED_FIFO 1, as the mesh's thread runs;
     /// nat_direct and nat_relayed across two providers behind NAT, nat_ratio (NAT traversal
     /// across four providers, no throughput), mesh_baseline with --baseline-agent, and the
     /// tuning variants of --levers).
@@ -90,7 +91,8 @@ const LEVERS: &[(&str, &[&str])] = &[
     ("mesh_send_512k", &["--mesh-send-buffer-kib", "512"]),
     ("mesh_recv_2m", &["--mesh-recv-buffer-kib", "2048"]),
     ("mesh_threads_2", &["--mesh-threads", "2"]),
-    ("mesh_nice", &["--mesh-nice", "-10"]),
+    ("mesh_no_realtime", &["--mesh-realtime", "0"]),
+    ("mesh_nice", &["--mesh-realtime", "0", "--mesh-nice", "-10"]),
     ("mesh_ack_default", &["--mesh-ack-threshold", "0"]),
     ("mesh_cipher_any", &["--mesh-cipher", "any"]),
     (
@@ -240,6 +242,8 @@ fn main() -> Result<()> {
         ("vxlan", Ground::Topo(Reach::Direct)),
         ("boringtun", Ground::Topo(Reach::Direct)),
         ("quincy", Ground::Topo(Reach::Direct)),
+        ("boringtun_rt", Ground::Topo(Reach::Direct)),
+        ("quincy_rt", Ground::Topo(Reach::Direct)),
         ("mesh_relayed", Ground::Topo(Reach::HostOnly)),
         ("mesh_best_mtu", Ground::Topo(Reach::Direct)),
         ("nat_direct", Ground::Nat([Eim, Eim])),
@@ -281,8 +285,12 @@ fn main() -> Result<()> {
                 mesh(n, topo, Some(args.mtu), ours(a), agent)?
             }
             ("vxlan", Built::Topo(topo)) => peers::vxlan(topo, args.mtu)?,
-            ("boringtun", Built::Topo(topo)) => peers::boringtun(&args.boringtun, topo, args.mtu)?,
-            ("quincy", Built::Topo(topo)) => peers::quincy(&args.quincy, topo, args.mtu)?,
+            (n @ ("boringtun" | "boringtun_rt"), Built::Topo(topo)) => {
+                peers::boringtun(n, &args.boringtun, topo, args.mtu, n.ends_with("_rt"))?
+            }
+            (n @ ("quincy" | "quincy_rt"), Built::Topo(topo)) => {
+                peers::quincy(n, &args.quincy, topo, args.mtu, n.ends_with("_rt"))?
+            }
             (other, _) => bail!("unknown variant {other}"),
         };
         variants.push(v);
@@ -349,7 +357,14 @@ fn main() -> Result<()> {
             "ping_loaded_p99_ms={:.3}",
             percentile(&m.results.loaded_ms, 0.99)
         );
-        for peer in ["mesh_baseline", "vxlan", "boringtun", "quincy"] {
+        for peer in [
+            "mesh_baseline",
+            "vxlan",
+            "boringtun",
+            "quincy",
+            "boringtun_rt",
+            "quincy_rt",
+        ] {
             if let Some(p) = get(peer) {
                 println!(
                     "ping_loaded_p99_ms_{peer}={:.3}",

@@ -86,7 +86,27 @@ pub(crate) fn x25519_pair(ns: &Netns) -> Result<(String, String)> {
     Ok((private, public.trim().to_string()))
 }
 
-pub(crate) fn boringtun<'t>(bin: &Path, topo: &'t Topology, mtu: u16) -> Result<Variant<'t>> {
+/// A peer daemon's command in `ns`; with `realtime`, under SCHED_FIFO 1 (every thread it
+/// starts inherits it), the scheduling the mesh's thread asks for by default: the variants
+/// `boringtun_rt` and `quincy_rt` compare like with like.
+fn daemon(ns: &Netns, bin: &Path, realtime: bool) -> std::process::Command {
+    if realtime {
+        let mut c = ns.command("chrt");
+        c.args(["--fifo", "1"]).arg(bin);
+        c
+    } else {
+        ns.command(&bin.to_string_lossy())
+    }
+}
+
+/// boringtun-cli on both nodes, configured with `wg` (a peer each, the other's pod CIDR).
+pub(crate) fn boringtun<'t>(
+    name: &'static str,
+    bin: &Path,
+    topo: &'t Topology,
+    mtu: u16,
+    realtime: bool,
+) -> Result<Variant<'t>> {
     let dir = testbed::tmp::TempDir::new("boringtun")?;
     let nodes = both(topo);
     let mut keys = Vec::new();
@@ -103,7 +123,7 @@ pub(crate) fn boringtun<'t>(bin: &Path, topo: &'t Topology, mtu: u16) -> Result<
         // /var/run/wireguard/<name>.sock, one filesystem for all namespaces.
         let ifname = format!("swtwg{}", n.index);
         let _ = std::fs::remove_file(format!("/var/run/wireguard/{ifname}.sock"));
-        let mut cmd = n.ns.command(&bin.to_string_lossy());
+        let mut cmd = daemon(&n.ns, bin, realtime);
         cmd.args([&ifname, "--foreground", "--disable-drop-privileges"])
             .env("WG_SUDO", "1");
         let d = Spawned::start_logged(cmd, "boringtun", &dir.path().join(format!("{ifname}.log")))?;
@@ -136,7 +156,7 @@ pub(crate) fn boringtun<'t>(bin: &Path, topo: &'t Topology, mtu: u16) -> Result<
         nft_table(n, "")?;
     }
     Ok(Variant::peer(
-        "boringtun",
+        name,
         [&nodes[0].ns, &nodes[1].ns],
         manual_pods(topo, mtu)?,
         procs,
@@ -149,7 +169,13 @@ pub(crate) fn boringtun<'t>(bin: &Path, topo: &'t Topology, mtu: u16) -> Result<
 /// on node 2. Quincy routes to a client by the tunnel address the server gave it and drops
 /// client packets from any other source, so node 2 masquerades its pods' traffic into the
 /// tunnel (a conntrack lookup per packet on an established flow).
-pub(crate) fn quincy<'t>(dir_bin: &Path, topo: &'t Topology, mtu: u16) -> Result<Variant<'t>> {
+pub(crate) fn quincy<'t>(
+    name: &'static str,
+    dir_bin: &Path,
+    topo: &'t Topology,
+    mtu: u16,
+    realtime: bool,
+) -> Result<Variant<'t>> {
     let dir = testbed::tmp::TempDir::new("quincy")?;
     let nodes = both(topo);
     let (server_key, server_pub) = x25519_pair(&nodes[0].ns)?;
@@ -191,7 +217,7 @@ pub(crate) fn quincy<'t>(dir_bin: &Path, topo: &'t Topology, mtu: u16) -> Result
         .enumerate()
     {
         let bin = dir_bin.join("bin").join(format!("quincy-{role}"));
-        let mut cmd = nodes[i].ns.command(&bin.to_string_lossy());
+        let mut cmd = daemon(&nodes[i].ns, &bin, realtime);
         cmd.arg("--config-path").arg(conf);
         let d = Spawned::start_logged(cmd, role, &dir.path().join(format!("{role}.log")))?;
         procs.push((format!("quincy-{role}"), d.id()));
@@ -226,7 +252,7 @@ pub(crate) fn quincy<'t>(dir_bin: &Path, topo: &'t Topology, mtu: u16) -> Result
     })?;
     // Traffic goes from the client side's pod (node 2) to the server side's (node 1).
     Ok(Variant::peer(
-        "quincy",
+        name,
         [&nodes[1].ns, &nodes[0].ns],
         (client_pod, server_pod),
         procs,
