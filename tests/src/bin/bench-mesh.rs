@@ -26,7 +26,7 @@ mod peers;
 #[path = "bench-mesh/variant.rs"]
 mod variant;
 
-use measure::{allow_congestion_control, percentile, renice_threads};
+use measure::{allow_congestion_control, percentile, realtime_threads, renice_threads};
 use variant::{Results, Variant};
 
 /// The mesh against vxlan, boringtun and quincy, pod to pod across two nodes, interleaved.
@@ -77,10 +77,22 @@ struct Args {
     /// all their threads; unset: left as started.
     #[arg(long, allow_hyphen_values = true)]
     daemon_nice: Option<i32>,
+    /// How the relay of the relayed variants is scheduled: `fifo` (SCHED_FIFO 1, every
+    /// thread), as the agents' data-path threads run, standing for a relay on a host of its
+    /// own (the broker's); `normal`: the relay waits for the two cores behind both nodes' mesh
+    /// threads, which a deployment never asks of it.
+    #[arg(long, value_enum, default_value_t = RelaySched::Fifo)]
+    relay_sched: RelaySched,
     /// TCP congestion control in every pod (a per-namespace sysctl; new namespaces inherit
     /// it from the host otherwise). Linux's default, what a node's pods run.
     #[arg(long, default_value = "cubic")]
     pod_tcp: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RelaySched {
+    Fifo,
+    Normal,
 }
 
 /// Direct mesh variants with one agent knob set: (name, arguments).
@@ -296,6 +308,20 @@ fn main() -> Result<()> {
         variants.push(v);
     }
     allow_congestion_control(&args.pod_tcp)?;
+    if args.relay_sched == RelaySched::Fifo {
+        for v in &variants {
+            for (_, pid) in v.procs.iter().filter(|(l, _)| l == "relay") {
+                realtime_threads(*pid)?;
+            }
+        }
+    }
+    println!(
+        "relay_sched={}",
+        match args.relay_sched {
+            RelaySched::Fifo => "fifo",
+            RelaySched::Normal => "normal",
+        }
+    );
     if let Some(nice) = args.daemon_nice {
         for v in &variants {
             for (_, pid) in &v.procs {

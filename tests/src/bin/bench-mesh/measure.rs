@@ -41,6 +41,17 @@ pub(crate) fn renice_threads(pid: u32, nice: i32) -> Result<()> {
     Ok(())
 }
 
+/// Puts every thread of `pid` under SCHED_FIFO 1 (threads it starts later inherit it).
+pub(crate) fn realtime_threads(pid: u32) -> Result<()> {
+    let out = std::process::Command::new("chrt")
+        .args(["--fifo", "--all-tasks", "--pid", "1", &pid.to_string()])
+        .output()?;
+    if !out.status.success() {
+        bail!("chrt {pid}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
 /// Lets network namespaces other than the host's choose `cc` (only what
 /// net.ipv4.tcp_allowed_congestion_control lists may be set there).
 pub(crate) fn allow_congestion_control(cc: &str) -> Result<()> {
