@@ -39,29 +39,3 @@ pub(crate) fn decode(name: &str) -> Option<EndpointId> {
     .ok()
 }
 
-#[cfg(test)]
-mod tests {
-    use iroh_base::SecretKey;
-    use rand::{RngExt, SeedableRng};
-
-    #[test]
-    fn test_roundtrip() {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0u64);
-        let key = SecretKey::from_bytes(&rng.random());
-        let endpoint_id = key.public();
-        println!("{}", super::encode(endpoint_id));
-        assert_eq!(
-            Some(endpoint_id),
-            super::decode(&super::encode(endpoint_id))
-        );
-    }
-
-    #[test]
-    fn test_snapshot() {
-        let key = SecretKey::from_bytes(&[0; 32]);
-        assert_eq!(
-            super::encode(key.public()),
-            "7dl2ff6emqi2qol3l382krodedij45bn3nh479hqo14a32qpr8kg.iroh.invalid",
-        );
-    }
-}
