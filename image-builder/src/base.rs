@@ -54,7 +54,11 @@ pub fn prepare(base: &Base, cache: &Path, progress: &Progress) -> Result<Ready> 
         Base::Tarball(t) => Ok(Ready::Tarball(t.clone())),
         Base::Debootstrap(d) => {
             let out = debootstrap_cache(d, cache);
-            if !out.exists() {
+            if out.exists() {
+                // Marks the base as in use: `./x prune` keeps the newest base of each suite.
+                let _ = std::fs::File::open(&out)
+                    .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+            } else {
                 debootstrap(d, &out, progress)?;
             }
             Ok(Ready::Tarball(out))

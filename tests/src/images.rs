@@ -69,6 +69,9 @@ fn build_probe() -> Result<std::path::PathBuf> {
         });
     let out = cache.join(format!("probe-{hash}/probe"));
     if out.is_file() {
+        // Marks the entry as the one in use: `./x prune` keeps the newest probe build.
+        let _ = std::fs::File::open(out.parent().expect("has a parent"))
+            .and_then(|d| d.set_modified(std::time::SystemTime::now()));
         return Ok(out);
     }
     let go = ["/usr/local/go/bin/go", "/usr/bin/go"]

@@ -203,38 +203,43 @@ fn a_packet_too_big_for_the_path_is_answered_and_tcp_finds_the_path_mtu() {
         },
     )
     .unwrap();
-    let a = mesh.pod(1, "big").unwrap();
     let b = mesh.pod(2, "big").unwrap();
-    probe::ping_until(&a.ns, &b.addr.to_string(), Duration::from_secs(5)).unwrap();
-    let max = mesh.peer(1, 2).unwrap()["max_packet"].as_u64().unwrap();
+    // Path MTU discovery runs on the QUIC connection all along and may move the path's size
+    // between reading it and the ping (the agent then answers with the size of that moment,
+    // which `mesh status` shows too). So read it before and after each ping and judge only an
+    // attempt where it held still. Each attempt from a fresh pod: a pod's kernel keeps the
+    // size a Packet Too Big told it and would refuse the next big ping itself.
+    let mut seen = Vec::new();
+    let mut a = None;
+    for attempt in 0..10 {
+        let pod = mesh.pod(1, &format!("big{attempt}")).unwrap();
+        probe::ping_until(&pod.ns, &b.addr.to_string(), Duration::from_secs(5)).unwrap();
+        let before = mesh.peer(1, 2).unwrap()["max_packet"].as_u64().unwrap();
+        assert!(
+            before < 1428,
+            "a 1400-byte ping (1428-byte packet) must not fit; the path carries {before}"
+        );
+        let text = df_ping(&pod, &b.addr.to_string(), 1400);
+        let after = mesh.peer(1, 2).unwrap()["max_packet"].as_u64().unwrap();
+        seen.push((before, after, text.clone()));
+        a = Some(pod);
+        if before == after {
+            assert!(
+                text.contains(&format!("mtu = {before}")),
+                "Packet Too Big with the path's size {before} (mesh status before and after \
+                 the ping):\n{text}"
+            );
+            break;
+        }
+    }
     assert!(
-        max < 1428,
-        "a 1400-byte ping (1428-byte packet) must not fit; the path carries {max}"
+        seen.last().is_some_and(|(b, a, _)| b == a),
+        "the path's size never held still across a ping: {seen:?}"
     );
-
-    let out =
-        a.ns.output(
-            "ping",
-            &[
-                "-n",
-                "-c",
-                "1",
-                "-W",
-                "2",
-                "-M",
-                "do",
-                "-s",
-                "1400",
-                &b.addr.to_string(),
-            ],
-        )
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(
-        text.contains(&format!("mtu = {max}")),
-        "Packet Too Big with the path's size:\n{text}"
-    );
+    // The figures, for whoever reads a run's output.
+    let sizes: Vec<_> = seen.iter().map(|(b, a, _)| (b, a)).collect();
+    eprintln!("path size before and after each big ping: {sizes:?}");
+    let a = a.expect("one attempt ran");
     let drops = mesh.peer(1, 2).unwrap()["drops"].clone();
     assert!(drops["too_big"].as_u64().unwrap_or(0) >= 1, "{drops}");
 
@@ -829,4 +834,17 @@ fn across_endpoint_independent_nats_nodes_go_direct_and_a_symmetric_nat_keeps_th
     }
     let pods: Vec<_> = (1..=3).map(|n| mesh.pod(n, "p").unwrap()).collect();
     every_pair_talks(&mesh, &pods);
+}
+
+/// One ping of `size` bytes with Don't Fragment from `pod`; its output and errors as text.
+fn df_ping(pod: &MeshPod, to: &str, size: u32) -> String {
+    let size = size.to_string();
+    let out = pod
+        .ns
+        .output(
+            "ping",
+            &["-n", "-c", "1", "-W", "2", "-M", "do", "-s", &size, to],
+        )
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
 }

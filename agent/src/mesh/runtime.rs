@@ -109,9 +109,21 @@ impl PeerSlot {
         *self.last_error.lock().expect("lock") = Some(e.to_string());
     }
 
-    fn refresh_max_datagram(&self, conn: &Connection) {
-        self.max_datagram
-            .store(conn.max_datagram_size().unwrap_or(0), Ordering::Relaxed);
+    /// Reads the connection's largest datagram again, keeps it and returns it.
+    fn refresh_max_datagram(&self, conn: &Connection) -> usize {
+        let max = conn.max_datagram_size().unwrap_or(0);
+        self.max_datagram.store(max, Ordering::Relaxed);
+        max
+    }
+
+    /// The largest datagram the peer's current connection carries now (0: no connection),
+    /// read from the connection, not the kept value. What a packet is refused against, and
+    /// what `mesh status` shows, so that the two always agree.
+    fn current_max_datagram(&self) -> usize {
+        match self.conn.load().as_ref() {
+            Some(conn) => self.refresh_max_datagram(conn),
+            None => 0,
+        }
     }
 }
 
@@ -646,6 +658,7 @@ fn peer_status(s: &PeerSlot) -> PeerStatus {
             .lock()
             .expect("lock")
             .map(|t| t.elapsed().as_secs_f64()),
+        // The size a packet is refused against (send.rs reads the same, fresh).
         max_packet: conn.as_ref().and_then(|c| c.max_datagram_size()),
         quic,
         send_waits: s.send_waits.load(Ordering::Relaxed),

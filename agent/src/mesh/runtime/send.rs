@@ -88,23 +88,22 @@ impl Mesh {
                 return None;
             }
         };
-        let max = slot.max_datagram.load(Ordering::Relaxed);
+        let mut max = slot.max_datagram.load(Ordering::Relaxed);
         if max == 0 {
             slot.drops.count(DropReason::NoConnection);
             return None;
         }
         let packet = &packet[..h.len];
         if packet.len() > max {
-            slot.drops.count(DropReason::TooBig);
-            let mtu = max.clamp(576, usize::from(u16::MAX)) as u16;
-            if let Some(err) = icmp::packet_too_big(packet, mtu, slot.entry.gateway()) {
-                let _ = self
-                    .inner
-                    .tun
-                    .write(gro, &mut [crate::mesh::tun::with_headroom(&err)])
-                    .await;
+            // The kept size is read again only while packets flow, and path MTU discovery
+            // moves it in between: refuse against what the path carries now, and say so in
+            // the Packet Too Big (a stale size made the kernel keep a smaller path MTU than
+            // the path's, and disagreed with `mesh status`).
+            max = slot.current_max_datagram();
+            if packet.len() > max {
+                self.refuse_too_big(slot, packet, max, gro).await;
+                return None;
             }
-            return None;
         }
         if arena.capacity() < packet.len() {
             // Earlier packets keep the old allocation alive until sent; a fresh one here.
@@ -112,6 +111,23 @@ impl Mesh {
         }
         arena.extend_from_slice(packet);
         Some((slot.clone(), Outbound(arena.split())))
+    }
+
+    /// Drops a packet the peer's path cannot carry as one datagram, answering its sender
+    /// with ICMP Packet Too Big carrying `max` (RFC 9484: never split onto a stream).
+    async fn refuse_too_big(&self, slot: &PeerSlot, packet: &[u8], max: usize, gro: &mut GROTable) {
+        slot.drops.count(DropReason::TooBig);
+        if max == 0 {
+            return; // no connection: nothing to size the answer by
+        }
+        let mtu = max.clamp(576, usize::from(u16::MAX)) as u16;
+        if let Some(err) = icmp::packet_too_big(packet, mtu, slot.entry.gateway()) {
+            let _ = self
+                .inner
+                .tun
+                .write(gro, &mut [crate::mesh::tun::with_headroom(&err)])
+                .await;
+        }
     }
 
     /// Carries a peer's queue into its connection until the connection fails or `stop`.
@@ -130,6 +146,9 @@ impl Mesh {
         let mut batch: Vec<Bytes> = Vec::with_capacity(SEND_BATCH);
         let mut held: Option<Bytes> = None;
         let mut max_size_read = Instant::now();
+        // Packets the path shrank under after they were queued (answered, not lost silently).
+        let mut too_big: Vec<Bytes> = Vec::new();
+        let mut gro = GROTable::new();
         loop {
             if held.is_none() && slot.out_q.lock().is_empty() {
                 tokio::select! {
@@ -146,7 +165,12 @@ impl Mesh {
             model.sync(model.payload_from_space(conn.datagram_send_buffer_space()));
             let full = self.fill(slot, &mut model, &mut batch, &mut held);
             if !batch.is_empty() {
-                if !self.send_many(slot, conn, &mut batch) {
+                let alive = self.send_many(slot, conn, &mut batch, &mut too_big);
+                for p in too_big.drain(..) {
+                    let max = slot.max_datagram.load(Ordering::Relaxed);
+                    self.refuse_too_big(slot, &p, max, &mut gro).await;
+                }
+                if !alive {
                     return;
                 }
                 // A sender that always finds room never waits: let the thread's other
@@ -222,9 +246,16 @@ impl Mesh {
         false
     }
 
-    /// Queues a batch on the connection (it fits: `fill` made sure). Returns `false` when the
-    /// connection is gone.
-    fn send_many(&self, slot: &PeerSlot, conn: &Connection, batch: &mut Vec<Bytes>) -> bool {
+    /// Queues a batch on the connection (it fits: `fill` made sure). Packets the path has
+    /// shrunk under since they were queued go to `too_big`, for the caller to answer. Returns
+    /// `false` when the connection is gone.
+    fn send_many(
+        &self,
+        slot: &PeerSlot,
+        conn: &Connection,
+        batch: &mut Vec<Bytes>,
+        too_big: &mut Vec<Bytes>,
+    ) -> bool {
         let result = conn.send_many_datagrams(batch);
         let alive = match result {
             Ok(_) => {
@@ -235,11 +266,10 @@ impl Mesh {
             }
             Err(SendDatagramError::TooLarge) => {
                 // The path shrank since the size was last read: send what still fits.
-                slot.refresh_max_datagram(conn);
-                let max = slot.max_datagram.load(Ordering::Relaxed);
+                let max = slot.refresh_max_datagram(conn);
                 for p in batch.drain(..) {
                     if p.len() > max {
-                        slot.drops.count(DropReason::TooBig);
+                        too_big.push(p);
                     } else if conn.send_datagram(p.clone()).is_ok() {
                         slot.tx.add(p.len());
                     } else {
