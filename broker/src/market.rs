@@ -206,7 +206,7 @@ impl MarketClient {
         if !socialweb_market::valid_id(bid_id) {
             return Err(MarketError::Garbage {
                 call: "POST /bids/<id>/accept".into(),
-                reason: "the bid id is not 1-64 of [A-Za-z0-9._-]".into(),
+                reason: format!("the bid id is not {}", socialweb_market::ID_RULE),
             });
         }
         let call = format!("POST /bids/{bid_id}/accept");

@@ -1246,3 +1246,126 @@ fn the_embedded_provider_answers_only_its_owner() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&tcp.stdout), "000", "no TCP port");
 }
+
+/// A second broker the provider's operator also lists: it may rent here, and nothing else.
+#[test]
+fn a_broker_sees_and_touches_only_its_own_leases_and_no_id_is_a_path() {
+    let world = World::new(1).unwrap();
+    let dir = TempDir::new("rival-broker").unwrap();
+    let mut b = Broker::start(
+        &world,
+        BrokerOptions {
+            providers: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // The first broker rents a node for a Pod of its tenant.
+    b.cli(&["cluster", "create", "owned"]).unwrap();
+    b.apply(
+        "owned",
+        &pod(
+            "keep",
+            json!({"containers": [{"name": "c", "command": ["sleep", "3600"]}]}),
+        ),
+    )
+    .unwrap();
+    let lease = wait_for("the first broker's lease", Duration::from_secs(60), || {
+        Ok(b.live_leases()?.first().cloned())
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let lease_id = lease["id"].as_str().unwrap().to_string();
+    // The provider's operator lists a second broker's key too.
+    let rival =
+        socialweb_market_tls::Identity::load_or_create(&dir.path().join("rival"), &[]).unwrap();
+    let config = b.providers[0].config.clone();
+    let text = std::fs::read_to_string(&config).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("brokers = "))
+        .unwrap()
+        .to_string();
+    let listed = line.replacen('[', &format!("[{:?}, ", rival.pin_text()), 1);
+    std::fs::write(&config, text.replace(&line, &listed)).unwrap();
+    b.kill_provider(0);
+    b.start_provider(0).unwrap();
+    let url = b.providers[0].url.clone();
+    let (cert, key) = (
+        dir.path().join("rival/cert.pem").display().to_string(),
+        dir.path().join("rival/key.pem").display().to_string(),
+    );
+    // The rival's calls, from the internet: (status, body).
+    let as_rival = |method: &str, path: &str, body: Option<Value>| -> (u16, Value) {
+        let target = format!("{url}{path}");
+        let mut args = vec![
+            "-sk",
+            "--max-time",
+            "10",
+            "--cert",
+            &cert,
+            "--key",
+            &key,
+            "-X",
+            method,
+            "-w",
+            "\n%{http_code}",
+        ];
+        let body = body.map(|b| b.to_string());
+        if let Some(b) = &body {
+            args.extend(["-H", "content-type: application/json", "--data", b]);
+        }
+        args.push(&target);
+        let out = world.internet.output("curl", &args).unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        (
+            code.trim().parse().unwrap_or(0),
+            serde_json::from_str(body).unwrap_or(Value::Null),
+        )
+    };
+    // It sees none of the first broker's leases, and cannot read or release one by its id.
+    let (code, list) = as_rival("GET", "/v1/leases", None);
+    assert_eq!(code, 200, "{list}");
+    assert_eq!(list["leases"], json!([]), "another broker's leases listed");
+    let path = format!("/v1/leases/{lease_id}");
+    assert_eq!(as_rival("GET", &path, None).0, 404);
+    assert_eq!(as_rival("DELETE", &path, None).0, 404);
+    // It may rent: an RFP of its own gets a bid...
+    let rfp = |id: &str| {
+        json!({"id": id, "spec": {"vcpu": 1, "memMiB": 256, "diskMiB": 1024}, "image": "local",
+               "tags": {}, "bid_deadline_ms": 5000})
+    };
+    let (code, mine) = as_rival("POST", "/v1/rfps", Some(rfp("rival-1")));
+    assert_eq!(code, 201, "{mine}");
+    let bid = mine["bids"][0]["id"].as_str().unwrap().to_string();
+    // ...but no id of its is a path: not the RFP's, not the lease's.
+    for bad in [".", "..", "a/b", ".hidden"] {
+        let (code, e) = as_rival("POST", "/v1/rfps", Some(rfp(bad)));
+        assert_eq!(code, 400, "RFP id {bad:?}: {e}");
+        let (code, e) = as_rival(
+            "POST",
+            &format!("/v1/bids/{bid}/accept"),
+            Some(json!({"lease_id": bad, "identity": {}})),
+        );
+        assert_eq!(code, 400, "lease id {bad:?}: {e}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("lease_id")),
+            "{e}"
+        );
+    }
+    // The first broker's lease and its node are untouched.
+    assert!(
+        b.live_leases()
+            .unwrap()
+            .iter()
+            .any(|l| l["id"] == lease_id.as_str()),
+        "the first broker's lease is gone"
+    );
+    let machines = std::fs::read_dir(b.providers[0].state.join("nodes"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert!(machines >= 1, "the provider's machines are gone");
+    b.kubectl("owned", &["get", "pod", "keep"]).unwrap();
+}

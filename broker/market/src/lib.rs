@@ -169,19 +169,25 @@ pub struct ErrorDetail {
     pub message: String,
 }
 
-/// An id as both sides accept it: 1 to 64 of `[A-Za-z0-9._-]` (a UUID fits).
+/// What [`valid_id`] accepts, for error messages.
+pub const ID_RULE: &str = "1-64 of [A-Za-z0-9_-], the first a letter or digit";
+
+/// An id as both sides accept it: 1 to 64 of `[A-Za-z0-9_-]`, the first a letter or digit (a
+/// UUID fits). No dot and no slash: a provider names files after ids, and an id must never be
+/// a path component such as `.` or `..` (one lease id `.` made a provider remove every
+/// other lease's machine directory).
 pub fn valid_id(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
+    s.len() <= 64
+        && s.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
         && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
 }
 
 impl RfpRequest {
     /// Checks what the provider must not trust blindly; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
         if !valid_id(&self.id) {
-            return Err(format!("id: {:?} is not 1-64 of [A-Za-z0-9._-]", self.id));
+            return Err(format!("id: {:?} is not {ID_RULE}", self.id));
         }
         if self.spec.vcpu == 0 || self.spec.vcpu > 1024 {
             return Err(format!("spec.vcpu: {} is not 1-1024", self.spec.vcpu));
@@ -222,6 +228,29 @@ impl RfpRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_id_is_never_a_path_component() {
+        for ok in ["6f1c0b2e-8c1a-4c55-9d3e-0a2b4c6d8e0f", "r-1", "a", "A_b-9"] {
+            assert!(valid_id(ok), "{ok}");
+        }
+        let long = "a".repeat(65);
+        for bad in [
+            "",
+            ".",
+            "..",
+            ".x",
+            "-x",
+            "_x",
+            "a/b",
+            "a.b",
+            "a b",
+            "é",
+            long.as_str(),
+        ] {
+            assert!(!valid_id(bad), "{bad:?}");
+        }
+    }
 
     #[test]
     fn documents_round_trip_and_unknown_fields_are_refused() {

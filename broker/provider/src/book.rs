@@ -2,8 +2,9 @@
 //! node, kept in `provider.json` (rewritten atomically on every change), and the market's
 //! rules over them -- an RFP repeated with its id is the same RFP, an acceptance repeated with
 //! its lease id is the same lease, one acceptance per RFP, bids expire, capacity is counted
-//! in live leases. The rules are plain functions on [`Book`]; [`Ledger`] is the one place
-//! that locks, applies and saves.
+//! in live leases, and every RFP and lease belongs to the client that made it (the broker's
+//! pinned key): another client neither sees nor touches it, and cannot take its ids. The rules
+//! are plain functions on [`Book`]; [`Ledger`] is the one place that locks, applies and saves.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,6 +25,10 @@ pub(crate) struct RfpEntry {
     pub req: RfpRequest,
     pub bids: Vec<Bid>,
     pub accepted: Option<String>,
+    /// The client that sent it ([`crate::Client`]); none in books written before owners were
+    /// kept, which any client may still reach.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 /// One lease and the machine that is its node.
@@ -39,6 +44,26 @@ pub(crate) struct LeaseEntry {
     /// The qemu guest that is its node (a VM provider's lease).
     #[serde(default)]
     pub guest: Option<crate::vm::GuestRecord>,
+    /// The client that accepted it (as [`RfpEntry::owner`]).
+    #[serde(default)]
+    pub owner: Option<String>,
+}
+
+/// Whether `client` may see and act on what `owner` made.
+fn reachable(owner: &Option<String>, client: &str) -> bool {
+    owner.as_deref().is_none_or(|o| o == client)
+}
+
+impl RfpEntry {
+    pub fn owned_by(&self, client: &str) -> bool {
+        reachable(&self.owner, client)
+    }
+}
+
+impl LeaseEntry {
+    pub fn owned_by(&self, client: &str) -> bool {
+        reachable(&self.owner, client)
+    }
 }
 
 /// Everything the provider has agreed to.
@@ -86,6 +111,8 @@ fn rfp_view(e: &RfpEntry) -> Rfp {
 
 /// What an acceptance asks for, once its identity has been read.
 pub(crate) struct Acceptance<'a> {
+    /// The client accepting ([`crate::Client`]).
+    pub owner: &'a str,
     pub bid_id: &'a str,
     pub lease_id: &'a str,
     pub node: &'a str,
@@ -98,9 +125,22 @@ impl Book {
     }
 
     /// Takes an RFP and bids at once if the node fits and there is room (`bid` false: the
-    /// tests' "no bid" failpoint). The same RFP again is answered as it was.
-    pub fn rfp(&mut self, req: RfpRequest, offer: &Offer, bid: bool) -> Result<Rfp, ProviderError> {
+    /// tests' "no bid" failpoint). The same RFP again is answered as it was; an id another
+    /// client used is refused (the answer says no more than that it is taken).
+    pub fn rfp(
+        &mut self,
+        owner: &str,
+        req: RfpRequest,
+        offer: &Offer,
+        bid: bool,
+    ) -> Result<Rfp, ProviderError> {
         if let Some(e) = self.rfps.get(&req.id) {
+            if !e.owned_by(owner) {
+                return Err(ProviderError::Conflict(format!(
+                    "RFP id {} is taken; choose another",
+                    req.id
+                )));
+            }
             if e.req != req {
                 return Err(ProviderError::Conflict(format!(
                     "RFP {} exists with other terms",
@@ -137,14 +177,24 @@ impl Book {
             req,
             bids,
             accepted: None,
+            owner: Some(owner.to_string()),
         };
         let view = rfp_view(&e);
         self.rfps.insert(e.req.id.clone(), e);
         Ok(view)
     }
 
-    pub fn rfp_view(&self, id: &str) -> Option<Rfp> {
-        self.rfps.get(id).map(rfp_view)
+    /// An RFP as `client` may see it: only its own.
+    pub fn rfp_view(&self, client: &str, id: &str) -> Option<Rfp> {
+        self.rfps
+            .get(id)
+            .filter(|e| e.owned_by(client))
+            .map(rfp_view)
+    }
+
+    /// A lease's entry as `client` may see it: only its own.
+    pub fn lease_of(&self, client: &str, id: &str) -> Option<&LeaseEntry> {
+        self.leases.get(id).filter(|e| e.owned_by(client))
     }
 
     /// The acceptance of a bid: a new lease in `booting` on a free slot, or the lease an
@@ -156,6 +206,12 @@ impl Book {
         node_addr: impl Fn(u8) -> String,
     ) -> Result<(Lease, bool), ProviderError> {
         if let Some(e) = self.leases.get(a.lease_id) {
+            if !e.owned_by(a.owner) {
+                return Err(ProviderError::Conflict(format!(
+                    "lease id {} is taken; choose another",
+                    a.lease_id
+                )));
+            }
             if e.lease.bid_id != a.bid_id {
                 return Err(ProviderError::Conflict(format!(
                     "lease {} exists for another bid",
@@ -164,7 +220,7 @@ impl Book {
             }
             return Ok((e.lease.clone(), false));
         }
-        let (rfp_id, bid) = self.open_bid(a.bid_id)?;
+        let (rfp_id, bid) = self.open_bid(a.owner, a.bid_id)?;
         let used: Vec<u8> = self.live().map(|e| e.slot).collect();
         let slot = (1..=254u8)
             .take(offer.capacity as usize)
@@ -195,16 +251,19 @@ impl Book {
                 agent: None,
                 identity: a.identity,
                 guest: None,
+                owner: Some(a.owner.to_string()),
             },
         );
         Ok((lease, true))
     }
 
-    /// The RFP a bid belongs to and the bid, if it may still be accepted.
-    fn open_bid(&self, bid_id: &str) -> Result<(String, Bid), ProviderError> {
+    /// The RFP a bid belongs to and the bid, if it may still be accepted by `client` (another
+    /// client's bid is not found: a client learns nothing of what others asked for).
+    fn open_bid(&self, client: &str, bid_id: &str) -> Result<(String, Bid), ProviderError> {
         let entry = self
             .rfps
             .values()
+            .filter(|e| e.owned_by(client))
             .find(|e| e.bids.iter().any(|b| b.id == bid_id))
             .ok_or_else(|| ProviderError::NotFound(format!("no bid {bid_id}")))?;
         if let Some(other) = &entry.accepted {
@@ -336,8 +395,12 @@ mod tests {
         }
     }
 
+    const B1: &str = "sha256:b1";
+    const B2: &str = "sha256:b2";
+
     fn acceptance<'a>(bid: &'a str, lease: &'a str) -> Acceptance<'a> {
         Acceptance {
+            owner: B1,
             bid_id: bid,
             lease_id: lease,
             node: "c-1",
@@ -348,20 +411,20 @@ mod tests {
     #[test]
     fn an_rfp_repeated_is_the_same_rfp_and_other_terms_conflict() {
         let mut b = Book::default();
-        let first = b.rfp(rfp("r1", 2), &offer(4), true).unwrap();
+        let first = b.rfp(B1, rfp("r1", 2), &offer(4), true).unwrap();
         assert_eq!(first.bids.len(), 1);
-        assert_eq!(b.rfp(rfp("r1", 2), &offer(4), true).unwrap(), first);
-        let e = b.rfp(rfp("r1", 1), &offer(4), true).unwrap_err();
+        assert_eq!(b.rfp(B1, rfp("r1", 2), &offer(4), true).unwrap(), first);
+        let e = b.rfp(B1, rfp("r1", 1), &offer(4), true).unwrap_err();
         assert!(matches!(e, ProviderError::Conflict(m) if m.contains("other terms")));
         // Too large a node, or a "no bid" provider: an RFP without bids.
         assert!(
-            b.rfp(rfp("r2", 64), &offer(4), true)
+            b.rfp(B1, rfp("r2", 64), &offer(4), true)
                 .unwrap()
                 .bids
                 .is_empty()
         );
         assert!(
-            b.rfp(rfp("r3", 1), &offer(4), false)
+            b.rfp(B1, rfp("r3", 1), &offer(4), false)
                 .unwrap()
                 .bids
                 .is_empty()
@@ -371,7 +434,7 @@ mod tests {
     #[test]
     fn an_acceptance_repeated_is_the_same_lease_and_an_rfp_takes_one() {
         let mut b = Book::default();
-        let bid = b.rfp(rfp("r1", 2), &offer(4), true).unwrap().bids[0]
+        let bid = b.rfp(B1, rfp("r1", 2), &offer(4), true).unwrap().bids[0]
             .id
             .clone();
         let addr = |slot: u8| format!("10.0.{slot}.2");
@@ -400,12 +463,12 @@ mod tests {
     fn capacity_counts_live_leases_and_bids_expire() {
         let mut b = Book::default();
         let addr = |slot: u8| format!("10.0.{slot}.2");
-        let bid1 = b.rfp(rfp("r1", 2), &offer(1), true).unwrap().bids[0]
+        let bid1 = b.rfp(B1, rfp("r1", 2), &offer(1), true).unwrap().bids[0]
             .id
             .clone();
         b.accept(acceptance(&bid1, "l1"), &offer(1), addr).unwrap();
         assert!(
-            b.rfp(rfp("r2", 2), &offer(1), true)
+            b.rfp(B1, rfp("r2", 2), &offer(1), true)
                 .unwrap()
                 .bids
                 .is_empty(),
@@ -416,7 +479,7 @@ mod tests {
             LeaseState::Released,
             None,
         );
-        let bid3 = b.rfp(rfp("r3", 2), &offer(1), true).unwrap().bids[0]
+        let bid3 = b.rfp(B1, rfp("r3", 2), &offer(1), true).unwrap().bids[0]
             .id
             .clone();
         b.rfps.get_mut("r3").unwrap().bids[0].expires_at = "2000-01-01T00:00:00Z".into();
@@ -424,5 +487,45 @@ mod tests {
             .accept(acceptance(&bid3, "l3"), &offer(1), addr)
             .unwrap_err();
         assert!(matches!(e, ProviderError::Expired(m) if m.contains("expired at 2000")));
+    }
+
+    #[test]
+    fn another_client_neither_sees_nor_takes_what_a_client_made() {
+        let mut b = Book::default();
+        let addr = |slot: u8| format!("10.0.{slot}.2");
+        let bid = b.rfp(B1, rfp("r1", 2), &offer(4), true).unwrap().bids[0]
+            .id
+            .clone();
+        // B2 cannot see B1's RFP, reuse its id, or accept its bid.
+        assert!(b.rfp_view(B2, "r1").is_none());
+        assert!(b.rfp_view(B1, "r1").is_some());
+        let e = b.rfp(B2, rfp("r1", 2), &offer(4), true).unwrap_err();
+        assert!(matches!(e, ProviderError::Conflict(m) if m.contains("taken")));
+        let theirs = Acceptance {
+            owner: B2,
+            ..acceptance(&bid, "l2")
+        };
+        let e = b.accept(theirs, &offer(4), addr).unwrap_err();
+        assert!(matches!(e, ProviderError::NotFound(_)), "{e:?}");
+        // B1's lease is B1's: B2 cannot see it or take its id.
+        b.accept(acceptance(&bid, "l1"), &offer(4), addr).unwrap();
+        assert!(b.lease_of(B2, "l1").is_none());
+        assert!(b.lease_of(B1, "l1").is_some());
+        let bid2 = b.rfp(B2, rfp("r2", 2), &offer(4), true).unwrap().bids[0]
+            .id
+            .clone();
+        let taken = Acceptance {
+            owner: B2,
+            ..acceptance(&bid2, "l1")
+        };
+        let e = b.accept(taken, &offer(4), addr).unwrap_err();
+        assert!(matches!(e, ProviderError::Conflict(m) if m.contains("taken")));
+    }
+
+    #[test]
+    fn entries_written_before_owners_were_kept_stay_reachable() {
+        let old = r#"{"rfps":{},"leases":{"l0":{"lease":{"id":"l0","rfp_id":"r0","bid_id":"r0-b1","state":"running","reason":null,"tags":{},"node_addr":null,"created_at":"","updated_at":""},"slot":1,"machine":null,"agent":null,"identity":{}}}}"#;
+        let b: Book = serde_json::from_str(old).unwrap();
+        assert!(b.lease_of(B2, "l0").is_some());
     }
 }

@@ -91,6 +91,24 @@ impl ProviderConfig {
     }
 }
 
+/// Who is calling: the broker's pinned key (`sha256:<hex>`, mutual TLS) or, on the Unix
+/// socket only its owner can open, the embedding broker ([`Client::local`]). Every RFP and
+/// lease belongs to the client that made it; no other client sees or touches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Client(pub String);
+
+impl Client {
+    /// The one client of the owner-only Unix socket.
+    pub fn local() -> Client {
+        Client("local".into())
+    }
+
+    /// A mutual-TLS client, by the pin of the key it proved.
+    pub fn pinned(pin: &[u8; 32]) -> Client {
+        Client(socialweb_wire::CaTrust::pin_text(pin))
+    }
+}
+
 /// The running provider.
 #[derive(Debug, Clone)]
 pub struct Provider {
@@ -228,40 +246,47 @@ impl Provider {
         NodeNet::plan(&self.inner.cfg.prefix, self.inner.cfg.subnet, slot)
     }
 
-    /// Every lease, for `GET /v1/leases` (filtered by a `key=value` tag).
-    pub fn leases(&self, tag: Option<(&str, &str)>) -> Vec<Lease> {
+    /// The client's leases, for `GET /v1/leases` (filtered by a `key=value` tag).
+    pub fn leases(&self, client: &Client, tag: Option<(&str, &str)>) -> Vec<Lease> {
         self.inner.ledger.read(|b| {
             b.leases
                 .values()
+                .filter(|e| e.owned_by(&client.0))
                 .map(|e| e.lease.clone())
                 .filter(|l| tag.is_none_or(|(k, v)| l.tags.get(k).is_some_and(|x| x == v)))
                 .collect()
         })
     }
 
-    pub fn lease(&self, id: &str) -> Option<Lease> {
-        self.inner.ledger.entry(id).map(|e| e.lease)
+    pub fn lease(&self, client: &Client, id: &str) -> Option<Lease> {
+        self.inner
+            .ledger
+            .read(|b| b.lease_of(&client.0, id).map(|e| e.lease.clone()))
     }
 
     /// Takes an RFP; bids at once if it can run the node.
-    pub fn rfp(&self, req: RfpRequest) -> Result<Rfp, ProviderError> {
+    pub fn rfp(&self, client: &Client, req: RfpRequest) -> Result<Rfp, ProviderError> {
         req.validate().map_err(ProviderError::BadRequest)?;
         self.holds(&req.image)?;
         let bid = !failpoint("provider::no_bid");
         let offer = self.offer();
-        self.inner.ledger.write(|b| b.rfp(req, &offer, bid))
+        self.inner
+            .ledger
+            .write(|b| b.rfp(&client.0, req, &offer, bid))
     }
 
-    pub fn get_rfp(&self, id: &str) -> Option<Rfp> {
-        self.inner.ledger.read(|b| b.rfp_view(id))
+    pub fn get_rfp(&self, client: &Client, id: &str) -> Option<Rfp> {
+        self.inner.ledger.read(|b| b.rfp_view(&client.0, id))
     }
 
     /// Accepts a bid: a lease in `booting`, its machine made on a blocking thread.
-    pub fn accept(&self, bid_id: &str, a: Accept) -> Result<Lease, ProviderError> {
+    pub fn accept(&self, client: &Client, bid_id: &str, a: Accept) -> Result<Lease, ProviderError> {
+        // The lease id names the machine's directory: never a path component of its own.
         if !socialweb_market::valid_id(&a.lease_id) {
             return Err(ProviderError::BadRequest(format!(
-                "lease_id: {:?} is not 1-64 of [A-Za-z0-9._-]",
-                a.lease_id
+                "lease_id: {:?} is not {}",
+                a.lease_id,
+                socialweb_market::ID_RULE
             )));
         }
         // The identity is untrusted input to this provider too: parsed where it is defined.
@@ -269,6 +294,7 @@ impl Provider {
             .map_err(|e| ProviderError::BadRequest(format!("identity: {e}")))?;
         let offer = self.offer();
         let acceptance = Acceptance {
+            owner: &client.0,
             bid_id,
             lease_id: &a.lease_id,
             node: &id.node,
@@ -290,10 +316,11 @@ impl Provider {
         Ok(lease)
     }
 
-    /// Releases a lease: its machine destroyed, its network removed. Idempotent.
-    pub fn release(&self, id: &str) -> Option<Lease> {
+    /// Releases one of the client's leases: its machine destroyed, its network removed.
+    /// Idempotent. Another client's lease is not found.
+    pub fn release(&self, client: &Client, id: &str) -> Option<Lease> {
         let (entry, was_live) = self.inner.ledger.write(|b| {
-            let e = b.leases.get_mut(id)?;
+            let e = b.leases.get_mut(id).filter(|e| e.owned_by(&client.0))?;
             let was_live = e.lease.state.live();
             if was_live {
                 set_state(

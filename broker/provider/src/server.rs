@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use axum::Extension;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -15,7 +16,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use tokio_util::sync::CancellationToken;
 
-use super::{Provider, ProviderError};
+use super::{Client, Provider, ProviderError};
 use socialweb_market::{Accept, ErrorBody, ErrorDetail, LeaseList, PREFIX, RfpRequest};
 
 impl IntoResponse for ProviderError {
@@ -62,7 +63,11 @@ async fn misbehave(call: &str) -> Option<Response> {
     })
 }
 
-async fn post_rfp(State(p): State<Provider>, body: axum::body::Bytes) -> Response {
+async fn post_rfp(
+    State(p): State<Provider>,
+    Extension(client): Extension<Client>,
+    body: axum::body::Bytes,
+) -> Response {
     if let Some(r) = misbehave("POST /rfps").await {
         return r;
     }
@@ -70,17 +75,21 @@ async fn post_rfp(State(p): State<Provider>, body: axum::body::Bytes) -> Respons
         Ok(r) => r,
         Err(e) => return ProviderError::BadRequest(format!("RFP: {e}")).into_response(),
     };
-    match p.rfp(req) {
+    match p.rfp(&client, req) {
         Ok(r) => (StatusCode::CREATED, Json(r)).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-async fn get_rfp(State(p): State<Provider>, Path(id): Path<String>) -> Response {
+async fn get_rfp(
+    State(p): State<Provider>,
+    Extension(client): Extension<Client>,
+    Path(id): Path<String>,
+) -> Response {
     if let Some(r) = misbehave("GET /rfps").await {
         return r;
     }
-    match p.get_rfp(&id) {
+    match p.get_rfp(&client, &id) {
         Some(r) => Json(r).into_response(),
         None => ProviderError::NotFound(format!("no RFP {id}")).into_response(),
     }
@@ -88,6 +97,7 @@ async fn get_rfp(State(p): State<Provider>, Path(id): Path<String>) -> Response 
 
 async fn accept(
     State(p): State<Provider>,
+    Extension(client): Extension<Client>,
     Path(bid): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
@@ -98,7 +108,7 @@ async fn accept(
         Ok(a) => a,
         Err(e) => return ProviderError::BadRequest(format!("acceptance: {e}")).into_response(),
     };
-    match p.accept(&bid, a) {
+    match p.accept(&client, &bid, a) {
         Ok(l) => (StatusCode::CREATED, Json(l)).into_response(),
         Err(e) => e.into_response(),
     }
@@ -109,27 +119,39 @@ struct LeaseQuery {
     tag: Option<String>,
 }
 
-async fn list_leases(State(p): State<Provider>, Query(q): Query<LeaseQuery>) -> Response {
+async fn list_leases(
+    State(p): State<Provider>,
+    Extension(client): Extension<Client>,
+    Query(q): Query<LeaseQuery>,
+) -> Response {
     let tag = q.tag.as_deref().and_then(|t| t.split_once('='));
     Json(LeaseList {
-        leases: p.leases(tag),
+        leases: p.leases(&client, tag),
     })
     .into_response()
 }
 
-async fn get_lease(State(p): State<Provider>, Path(id): Path<String>) -> Response {
+async fn get_lease(
+    State(p): State<Provider>,
+    Extension(client): Extension<Client>,
+    Path(id): Path<String>,
+) -> Response {
     if let Some(r) = misbehave("GET /leases").await {
         return r;
     }
-    match p.lease(&id) {
+    match p.lease(&client, &id) {
         Some(l) => Json(l).into_response(),
         None => ProviderError::NotFound(format!("no lease {id}")).into_response(),
     }
 }
 
-async fn release(State(p): State<Provider>, Path(id): Path<String>) -> Response {
+async fn release(
+    State(p): State<Provider>,
+    Extension(client): Extension<Client>,
+    Path(id): Path<String>,
+) -> Response {
     // Destroying a machine blocks (it waits for processes to die).
-    match tokio::task::spawn_blocking(move || p.release(&id).ok_or(id)).await {
+    match tokio::task::spawn_blocking(move || p.release(&client, &id).ok_or(id)).await {
         Ok(Ok(l)) => Json(l).into_response(),
         Ok(Err(id)) => ProviderError::NotFound(format!("no lease {id}")).into_response(),
         Err(e) => ProviderError::Internal(e.to_string()).into_response(),
@@ -186,6 +208,8 @@ async fn serve_unix(
         .with_context(|| format!("local provider: binding {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     tracing::info!(socket = %path.display(), "local provider serving the market protocol");
+    // The socket is owner-only: its one client is the broker that embeds this provider.
+    let app = app.layer(Extension(Client::local()));
     tokio::spawn(async move {
         let _ = axum::serve(listener, app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -242,9 +266,23 @@ async fn serve_tls(
                     }
                     Err(_) => return,
                 };
+                // The client is the key it proved in the handshake (one the operator pinned).
+                let Some(client) = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(|c| socialweb_wire::ca::pin_der(c).ok())
+                    .map(|pin| Client::pinned(&pin))
+                else {
+                    tracing::info!(%peer, "local provider: a TLS client without a certificate");
+                    return;
+                };
                 let svc =
                     hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                        app.clone().oneshot(req.map(axum::body::Body::new))
+                        let mut req = req.map(axum::body::Body::new);
+                        req.extensions_mut().insert(client.clone());
+                        app.clone().oneshot(req)
                     });
                 let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                 b.http1()
