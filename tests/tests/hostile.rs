@@ -1363,9 +1363,9 @@ fn a_broker_sees_and_touches_only_its_own_leases_and_no_id_is_a_path() {
             .any(|l| l["id"] == lease_id.as_str()),
         "the first broker's lease is gone"
     );
-    let machines = std::fs::read_dir(b.providers[0].state.join("nodes"))
+    let machines = std::fs::read_dir(b.providers[0].state.join("local-provider/nodes"))
         .map(|d| d.count())
-        .unwrap_or(0);
+        .expect("the provider's machine directories");
     assert!(machines >= 1, "the provider's machines are gone");
     b.kubectl("owned", &["get", "pod", "keep"]).unwrap();
 }
