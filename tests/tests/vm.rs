@@ -214,16 +214,24 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
     step(t, "another guest booted and joined; the Pod is Ready");
 
     // Its log, through the front.
-    let log = wait_for("the Pod's report", Duration::from_secs(60), || {
-        // (The kubelet of a guest under TCG may be slow to answer its first TLS handshake
-        // through the tunnel: a failed read is tried again.)
+    // (The kubelet of a guest under TCG may be slow to answer its first TLS handshake
+    // through the tunnel, and the Pod's shell slow to write: a failed read is tried again,
+    // for up to 180 s -- 60 s was too short once in five runs on this machine, 83 s after a
+    // TCG guest took 83 s to be ready -- and what kubectl last said is kept for the failure.)
+    let log = wait_for("the Pod's report", Duration::from_secs(180), || {
         let o = b
             .kubectl_as(&u.kubeconfig, &[], &["logs", "escape"])
             .output()?;
         let log = String::from_utf8_lossy(&o.stdout).into_owned();
-        Ok((o.status.success() && log.contains("done")).then_some(log))
+        if !o.status.success() {
+            anyhow::bail!("kubectl logs: {}", testbed::user::text(&o));
+        }
+        if !log.contains("done") {
+            anyhow::bail!("the log so far: {log:?}");
+        }
+        Ok(Some(log))
     })
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
     eprintln!("{log}");
     assert_eq!(
         field(&log, "marker"),
