@@ -174,6 +174,10 @@ pub struct Vm {
     pub boot_timeout: Duration,
     pub qemu: PathBuf,
     pub qemu_img: PathBuf,
+    /// Whether guests under TCG (no KVM) bid as `vm` isolation. QEMU's security policy
+    /// counts only hardware virtualization (KVM) as a boundary, so by default a TCG guest
+    /// bids as `namespace`.
+    pub tcg_as_vm: bool,
 }
 
 impl Default for Vm {
@@ -183,6 +187,7 @@ impl Default for Vm {
             boot_timeout: Duration::from_secs(600),
             qemu: "qemu-system-x86_64".into(),
             qemu_img: "qemu-img".into(),
+            tcg_as_vm: false,
         }
     }
 }
@@ -256,6 +261,13 @@ pub struct Front {
     /// A connection with no request in flight for this long is closed.
     #[serde(with = "humantime_serde_compat")]
     pub idle_timeout: Duration,
+    /// How long a request body may keep the front waiting, besides what it earns at
+    /// `min_body_bytes_per_sec`; past it the request ends (docs/security.md).
+    #[serde(with = "humantime_serde_compat")]
+    pub body_read_timeout: Duration,
+    /// Each this many bytes of a request body buy one more second of waiting (0: none do;
+    /// a body has `body_read_timeout` of waiting in all).
+    pub min_body_bytes_per_sec: u64,
 }
 
 /// Who may have a cluster, and how much of the broker a user may take (docs/security.md).
@@ -345,6 +357,25 @@ pub struct ClusterDefaults {
     /// live objects, in percent. Lower is less memory for more collector CPU; Go's default
     /// is 100, ours 50 (docs/hibernation.md has the measurements behind it).
     pub gogc: u32,
+    /// The memory each control plane (apiserver, datastore, controller-manager, scheduler
+    /// together) may use, in MiB; past it the kernel reclaims and then kills within it.
+    /// 0: no limit. An idle awake cluster uses about 400 MiB (docs/hibernation.md).
+    pub memory_max_mib: u64,
+    /// The processes and threads each control plane may have; 0: no limit.
+    pub pids_max: u64,
+    /// The CPUs each control plane may use (1.5: one and a half); 0: no limit.
+    pub cpu_max: f64,
+}
+
+impl ClusterDefaults {
+    /// The control planes' budget (a cgroup each).
+    pub fn budget(&self) -> crate::control_plane::cgroup::Budget {
+        crate::control_plane::cgroup::Budget {
+            memory_bytes: (self.memory_max_mib > 0).then_some(self.memory_max_mib << 20),
+            pids: (self.pids_max > 0).then_some(self.pids_max),
+            cpu_millis: (self.cpu_max > 0.0).then(|| (self.cpu_max * 1000.0).round() as u64),
+        }
+    }
 }
 
 /// `clusters.datastore`.
@@ -412,6 +443,8 @@ impl Default for Front {
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(90),
+            body_read_timeout: Duration::from_secs(10),
+            min_body_bytes_per_sec: 1024,
         }
     }
 }
@@ -495,6 +528,9 @@ impl Default for ClusterDefaults {
             datastore: DatastoreKind::Kine,
             kine_binary: "/usr/lib/socialweb/kine/kine".into(),
             gogc: 50,
+            memory_max_mib: 2048,
+            pids_max: 8192,
+            cpu_max: 2.0,
         }
     }
 }
@@ -932,6 +968,26 @@ impl Config {
                 ),
             ));
         }
+        if !(self.clusters.cpu_max.is_finite() && self.clusters.cpu_max >= 0.0)
+            || (self.clusters.cpu_max > 0.0 && self.clusters.cpu_max < 0.01)
+        {
+            return Err(err(
+                &o("clusters.cpu_max"),
+                format!(
+                    "{} is not 0 (no limit) or at least 0.01 CPUs",
+                    self.clusters.cpu_max
+                ),
+            ));
+        }
+        if self.clusters.memory_max_mib > 0 && self.clusters.memory_max_mib < 256 {
+            return Err(err(
+                &o("clusters.memory_max_mib"),
+                format!(
+                    "{} MiB is too little for a control plane (an idle one uses about 400); 0 is no limit",
+                    self.clusters.memory_max_mib
+                ),
+            ));
+        }
         if u32::from(self.clusters.port_base) + u32::from(self.clusters.port_count) > 65535 {
             return Err(err("clusters.port_count", "the port range runs past 65535"));
         }
@@ -976,6 +1032,7 @@ impl Config {
             ("front.handshake_timeout", f.handshake_timeout.is_zero()),
             ("front.header_read_timeout", f.header_read_timeout.is_zero()),
             ("front.idle_timeout", f.idle_timeout.is_zero()),
+            ("front.body_read_timeout", f.body_read_timeout.is_zero()),
         ] {
             if zero {
                 return Err(err(key, "must be more than zero"));

@@ -76,6 +76,7 @@ pub fn provider_config(cfg: &Config) -> ProviderConfig {
                     boot_timeout: lp.vm.boot_timeout,
                     qemu: lp.vm.qemu.clone(),
                     qemu_img: lp.vm.qemu_img.clone(),
+                    tcg_as_vm: lp.vm.tcg_as_vm,
                 })
             }
         },
@@ -343,6 +344,10 @@ fn front_limits(cfg: &Config) -> crate::front::listener::Limits {
         header_read_timeout: f.header_read_timeout,
         idle_timeout: f.idle_timeout,
         h2_keepalive: Duration::from_secs(30),
+        body: crate::front::body::Pace {
+            timeout: f.body_read_timeout,
+            min_bytes_per_sec: f.min_body_bytes_per_sec,
+        },
     }
 }
 
@@ -360,6 +365,7 @@ fn cluster_settings(cfg: &Config) -> ClusterSettings {
         datastore: cfg.clusters.datastore,
         kine_binary: cfg.clusters.kine_binary.clone(),
         gogc: cfg.clusters.gogc,
+        budget: cfg.clusters.budget(),
         knobs: Knobs {
             max_nodes: cfg.scale.max_nodes,
             pods_per_node: cfg.scale.pods_per_node,

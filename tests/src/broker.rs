@@ -181,7 +181,7 @@ impl NodeSoftware {
             },
             image: match (&opts.image, opts.vm) {
                 (Some(i), true) => format!(
-                    "image = {i:?}\nmachine = \"vm\"\n[local_provider.vm]\naccel = \"auto\"\nboot_timeout = \"15m\"\n"
+                    "image = {i:?}\nmachine = \"vm\"\n[local_provider.vm]\naccel = \"auto\"\nboot_timeout = \"15m\"\n# This machine has no working KVM (nested guests hang): its TCG guests stand for VMs.\ntcg_as_vm = true\n"
                 ),
                 (Some(i), false) => format!("image = {i:?}\n"),
                 (None, _) => String::new(),

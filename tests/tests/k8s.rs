@@ -62,7 +62,7 @@ spec:
   - name: hello
     image: socialweb.local/busybox:1
     imagePullPolicy: Never
-    command: ["sh", "-c", "echo hello from $(hostname) at $(ip -4 -o addr show eth0 | awk '{print $4}')"]
+    command: ["sh", "-c", "echo hello from $(hostname) at $(ip -4 -o addr show eth0 | awk '{print $4}'); grep '^Seccomp:' /proc/self/status"]
 "#,
     )
     .unwrap();
@@ -91,6 +91,9 @@ spec:
         log.starts_with("hello from hello at 10.42."),
         "log: {log:?}"
     );
+    // The kubelet's seccompDefault: a container that names no profile is filtered (mode 2),
+    // not Unconfined (0).
+    assert!(log.contains("Seccomp:\t2"), "log: {log:?}");
     let pod = cp.kubectl_json(&["get", "pod", "hello"]).unwrap();
     assert_eq!(pod["spec"]["nodeName"], "node-1");
     step(

@@ -189,6 +189,17 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
         .filter(|(_, p)| p.is_some())
         .collect();
     assert_eq!(guests.len(), 1, "one qemu runs the node: {guests:?}");
+    // qemu runs under its own seccomp filter (-sandbox on): mode 2.
+    let qemu_status =
+        std::fs::read_to_string(format!("/proc/{}/status", guests[0].1.unwrap())).unwrap();
+    assert!(
+        qemu_status.lines().any(|l| l == "Seccomp:\t2"),
+        "qemu without its sandbox: {}",
+        qemu_status
+            .lines()
+            .find(|l| l.starts_with("Seccomp"))
+            .unwrap_or("no Seccomp line")
+    );
     // The guest said `started` and `ready` on its status port, in that order, after qemu
     // started (the provider's book; the lease is running by `ready` alone).
     let book: Value = serde_json::from_slice(

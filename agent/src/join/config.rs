@@ -99,6 +99,10 @@ pub fn kubelet_config(
         "serverTLSBootstrap": true,
         "serializeImagePulls": false,
         "staticPodPath": "",
+        // A container that names no seccomp profile gets the runtime's default (which
+        // refuses the syscalls containers have no business with: kexec, bpf, keyctl, ...),
+        // not `Unconfined`. PodSecurity `baseline` refuses asking for `Unconfined`.
+        "seccompDefault": true,
     });
     if let Some(p) = patch {
         merge(&mut c, p);
@@ -259,6 +263,7 @@ mod tests {
         assert_eq!(c["clusterDNS"], json!(["169.254.20.10"]));
         assert_eq!(c["authorization"]["mode"], "Webhook");
         assert_eq!(c["failCgroupV1"], false);
+        assert_eq!(c["seccompDefault"], true);
     }
 
     #[test]

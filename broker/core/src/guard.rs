@@ -1,7 +1,10 @@
 //! What a tenant's own admins may never do in a cluster on namespace nodes (docs/security.md):
 //! edit or delete the broker's admission policies, approve certificate signing requests (the
 //! broker approves nodes'; an approved `kube-apiserver-client` CSR for `system:masters`
-//! would pass every authorizer), or impersonate `system:masters`. The apiserver asks the
+//! would pass every authorizer), impersonate `system:masters`, or write an APIService of a
+//! group outside those [`aggregatable`] allows (Kubernetes' own groups are served by the
+//! apiserver itself; repointed at a tenant's Service, its own policy informers and signers
+//! would read the tenant's answers). The apiserver asks the
 //! broker's authorization webhook (the guard) only for requests its match conditions
 //! select -- [`match_conditions`], the same rules in CEL -- and the guard answers with
 //! [`refuse`]. `system:masters` (the broker's own admin) is allowed before any webhook.
@@ -25,6 +28,35 @@ const POLICIES: [&str; 2] = [
     "validatingadmissionpolicybindings",
 ];
 const WRITES: [&str; 4] = ["update", "patch", "delete", "deletecollection"];
+/// Not `create`: an authorization request to create carries no name (the object's is in the
+/// body). The broker's `socialweb-apiservices` admission policy checks a created APIService's
+/// name with the same rule; an APIService of a group the apiserver serves exists already.
+const APISERVICE_WRITES: [&str; 4] = ["update", "patch", "delete", "deletecollection"];
+
+/// The groups outside Kubernetes' own that are Kubernetes-named but made to be served by an
+/// aggregated API (metrics-server, Prometheus adapters, KEDA).
+pub const AGGREGATED_K8S_GROUPS: [&str; 3] = [
+    "metrics.k8s.io",
+    "custom.metrics.k8s.io",
+    "external.metrics.k8s.io",
+];
+
+/// Whether a tenant may register (or repoint) the APIService `name` (`<version>.<group>`): an
+/// allow-list. Its group must have a dot (the core group and `apps`, `batch`, `policy`,
+/// `autoscaling` have none) and be outside the names Kubernetes reserves for itself
+/// (`*.k8s.io`, `*.kubernetes.io`), except the metrics groups.
+pub fn aggregatable(name: &str) -> bool {
+    let Some((_version, group)) = name.split_once('.') else {
+        return false;
+    };
+    let reserved = |g: &str| {
+        g == "k8s.io"
+            || g.ends_with(".k8s.io")
+            || g == "kubernetes.io"
+            || g.ends_with(".kubernetes.io")
+    };
+    group.contains('.') && (AGGREGATED_K8S_GROUPS.contains(&group) || !reserved(group))
+}
 
 /// Why the request is refused, or `None`: no opinion (the next authorizer decides).
 pub fn refuse(r: &Request<'_>) -> Option<&'static str> {
@@ -48,6 +80,17 @@ pub fn refuse(r: &Request<'_>) -> Option<&'static str> {
         return Some(
             "only the broker approves certificate signing requests in this cluster (a node's, \
              for its own name); users get client certificates from getKubeconfig",
+        );
+    }
+    if r.group == "apiregistration.k8s.io"
+        && r.resource == "apiservices"
+        && APISERVICE_WRITES.contains(&r.verb)
+        && !aggregatable(r.name)
+    {
+        return Some(
+            "APIServices of Kubernetes' own groups (and every deletecollection) are the \
+             apiserver's: a tenant may register only its own groups and the metrics groups \
+             (docs/security.md)",
         );
     }
     if r.verb == "impersonate"
@@ -99,9 +142,14 @@ pub fn match_conditions() -> Vec<String> {
         "({verb} == 'impersonate' && {group} == '' && {resource} == 'groups' && \
          {name} == 'system:masters')"
     );
+    // Every write of an APIService goes to the guard, which applies [`aggregatable`].
+    let apiservices = format!(
+        "({group} == 'apiregistration.k8s.io' && {resource} == 'apiservices' && {verb} in {})",
+        list(&APISERVICE_WRITES)
+    );
     vec![
         "has(request.resourceAttributes)".to_string(),
-        format!("{policy} || {approval} || {masters}"),
+        format!("{policy} || {approval} || {masters} || {apiservices}"),
     ]
 }
 
@@ -129,12 +177,20 @@ mod tests {
         let ar = "admissionregistration.k8s.io";
         let vap = "validatingadmissionpolicies";
         let vapb = "validatingadmissionpolicybindings";
+        let (reg, api) = ("apiregistration.k8s.io", "apiservices");
         for r in [
             req("delete", ar, vap, "socialweb-node-isolation"),
             req("patch", ar, vapb, "socialweb-node-isolation"),
             req("update", ar, vap, "socialweb-node-isolation"),
             req("deletecollection", ar, vap, ""),
             req("impersonate", "", "groups", "system:masters"),
+            req("patch", reg, api, "v1.admissionregistration.k8s.io"),
+            req("update", reg, api, "v1."),
+            req("delete", reg, api, "v1.apps"),
+            req("patch", reg, api, "v1.certificates.k8s.io"),
+            req("patch", reg, api, "v1beta1.storage.k8s.io"),
+            req("patch", reg, api, "v1.socialweb.kubernetes.io"),
+            req("deletecollection", reg, api, ""),
             req(
                 "approve",
                 "certificates.k8s.io",
@@ -170,9 +226,42 @@ mod tests {
                 "",
             ),
             req("impersonate", "", "groups", "developers"),
+            req("patch", reg, api, "v1beta1.metrics.k8s.io"),
+            req("delete", reg, api, "v1beta1.custom.metrics.k8s.io"),
+            req("update", reg, api, "v1alpha1.wardle.example.com"),
+            req("create", reg, api, ""),
+            req("get", reg, api, "v1.apps"),
             req("impersonate", "", "users", "system:masters"),
         ] {
             assert_eq!(refuse(&r), None, "{r:?} refused");
+        }
+    }
+
+    #[test]
+    fn an_apiservice_is_aggregatable_only_outside_kubernetes_own_groups() {
+        for name in [
+            "v1beta1.metrics.k8s.io",
+            "v1beta1.external.metrics.k8s.io",
+            "v1alpha1.wardle.example.com",
+            "v1.keda.sh",
+            // A group of its own, whatever it starts with.
+            "v1.metrics.k8s.io.example",
+        ] {
+            assert!(aggregatable(name), "{name}");
+        }
+        for name in [
+            "",
+            "v1",
+            "v1.",
+            "v1.apps",
+            "v2.autoscaling",
+            "v1.k8s.io",
+            "v1.admissionregistration.k8s.io",
+            "v1.node.k8s.io",
+            "v1.x.kubernetes.io",
+            "v1.evil-metrics.k8s.io",
+        ] {
+            assert!(!aggregatable(name), "{name}");
         }
     }
 

@@ -207,18 +207,11 @@ impl Provider {
 
     /// What it bids with: its config's offer, the isolation of its machines, what they are.
     fn offer(&self) -> Offer {
-        let mut o = self.inner.cfg.offer();
-        if let Some((accel, _)) = &self.inner.accel {
-            o.isolation = socialweb_market::Isolation::Vm;
-            o.machine = format!("vm/{}", accel.as_str());
-            // A guest under TCG boots in minutes, under KVM in seconds.
-            o.eta_ms = if *accel == vm::Accel::Kvm {
-                10_000
-            } else {
-                120_000
-            };
+        let base = self.inner.cfg.offer();
+        match (&self.inner.accel, &self.inner.cfg.machine) {
+            (Some((accel, _)), MachineKind::Vm(s)) => vm_offer(base, *accel, s.tcg_as_vm),
+            _ => base,
         }
-        o
     }
 
     /// Refuses an RFP for an image it does not hold: a provider with a node image boots that
@@ -336,5 +329,52 @@ impl Provider {
             info!(lease = %id, "local provider: released");
         }
         Some(entry.lease)
+    }
+}
+
+/// A VM provider's offer: its guests are `vm` isolation under KVM, and under TCG only when
+/// the operator says so (`tcg_as_vm`): QEMU's security policy counts hardware
+/// virtualization, not TCG, as a boundary.
+fn vm_offer(mut o: Offer, accel: vm::Accel, tcg_as_vm: bool) -> Offer {
+    if accel == vm::Accel::Kvm || tcg_as_vm {
+        o.isolation = socialweb_market::Isolation::Vm;
+    }
+    o.machine = format!("vm/{}", accel.as_str());
+    // A guest under TCG boots in minutes, under KVM in seconds.
+    o.eta_ms = if accel == vm::Accel::Kvm {
+        10_000
+    } else {
+        120_000
+    };
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tcg_guest_is_vm_isolation_only_when_the_operator_says_so() {
+        let base = Offer {
+            max_spec: NodeSpec {
+                vcpu: 2,
+                mem_mib: 2048,
+                disk_mib: 20480,
+            },
+            capacity: 1,
+            name: "p".into(),
+            price_micros_per_hour: 0,
+            isolation: socialweb_market::Isolation::Namespace,
+            machine: "namespace".into(),
+            eta_ms: 3000,
+        };
+        let kvm = vm_offer(base.clone(), vm::Accel::Kvm, false);
+        assert_eq!(kvm.isolation, socialweb_market::Isolation::Vm);
+        assert_eq!(kvm.machine, "vm/kvm");
+        let tcg = vm_offer(base.clone(), vm::Accel::Tcg, false);
+        assert_eq!(tcg.isolation, socialweb_market::Isolation::Namespace);
+        assert_eq!(tcg.machine, "vm/tcg");
+        let opted = vm_offer(base, vm::Accel::Tcg, true);
+        assert_eq!(opted.isolation, socialweb_market::Isolation::Vm);
     }
 }

@@ -120,7 +120,10 @@ impl Clusters {
             stop.clone(),
         )
         .await?;
-        let mut extra = vec![crate::access::ACCESS_MANIFEST.to_string()];
+        let mut extra = vec![
+            crate::access::ACCESS_MANIFEST.to_string(),
+            crate::control_plane::APISERVICES_MANIFEST.to_string(),
+        ];
         if spec.isolated {
             extra.push(crate::control_plane::NODE_ISOLATION_MANIFEST.to_string());
         }

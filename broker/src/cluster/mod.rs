@@ -57,6 +57,8 @@ pub struct ClusterSettings {
     pub kine_binary: PathBuf,
     /// `clusters.gogc`.
     pub gogc: u32,
+    /// `clusters.memory_max_mib`, `pids_max`, `cpu_max`: each control plane's budget.
+    pub budget: crate::control_plane::cgroup::Budget,
 }
 
 /// A cluster to create.
@@ -406,6 +408,7 @@ impl Clusters {
                 _ => Datastore::Etcd,
             },
             gogc: self.settings.gogc,
+            budget: self.settings.budget,
         }
     }
 

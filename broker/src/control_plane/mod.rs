@@ -7,6 +7,7 @@
 //! --cluster-cidr=10.42.0.0/16` (docs/kubernetes.md): pod CIDRs allocated by the control plane,
 //! no overlay, no bundled addons, and nodes joining with a token.
 
+pub mod cgroup;
 pub mod pki;
 pub mod runner;
 pub mod token;
@@ -36,8 +37,11 @@ pub const BOOTSTRAP_MANIFEST: &str = include_str!("../../deploy/bootstrap.yaml")
 /// manifest, applied by whoever creates a cluster).
 pub const AGENT_RBAC: &str = include_str!("../../../agent/deploy/rbac.yaml");
 
-/// The admission policy every cluster on namespace nodes gets (docs/security.md).
+/// The admission policies every cluster on namespace nodes gets (docs/security.md), beside
+/// [`pod_security_admission`].
 pub const NODE_ISOLATION_MANIFEST: &str = include_str!("../../deploy/node-isolation.yaml");
+/// The admission policy every broker cluster gets: aggregated APIs only for groups of its own.
+pub const APISERVICES_MANIFEST: &str = include_str!("../../deploy/apiservices.yaml");
 
 /// How the apiserver reaches etcd: TLS, with a client certificate of etcd's own CA (not
 /// the cluster CA, whose node certificates must not open the datastore).
@@ -113,6 +117,8 @@ pub struct Hardening {
     pub authorization_config: PathBuf,
     /// Whether privileged containers are allowed at all (not on namespace nodes).
     pub allow_privileged: bool,
+    /// An AdmissionConfiguration ([`pod_security_admission`]), for namespace nodes.
+    pub admission_config: Option<PathBuf>,
     pub etcd: EtcdClient,
     /// Kubelets' serving certificates are verified against this CA (CIS 1.2.5).
     pub kubelet_ca: PathBuf,
@@ -142,6 +148,29 @@ pub fn authorization_config(guard_kubeconfig: &Path) -> String {
             {"type": "Node", "name": "node"},
             {"type": "RBAC", "name": "rbac"},
         ],
+    });
+    serde_json::to_string_pretty(&config).expect("JSON")
+}
+
+/// The apiserver's AdmissionConfiguration on namespace nodes: the built-in PodSecurity
+/// admission enforces the Pod Security Standards' `baseline` level in every namespace that
+/// does not choose `restricted` (the `socialweb-pod-security-labels` policy allows no other
+/// choice), at the latest version, with no exemptions. `baseline`, not `restricted`: CI jobs
+/// run as root in their containers, which `restricted` refuses and a namespace node allows
+/// (its containers' root is the host's only through what baseline already refuses).
+pub fn pod_security_admission() -> String {
+    let config = serde_json::json!({
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AdmissionConfiguration",
+        "plugins": [{
+            "name": "PodSecurity",
+            "configuration": {
+                "apiVersion": "pod-security.admission.config.k8s.io/v1",
+                "kind": "PodSecurityConfiguration",
+                "defaults": {"enforce": "baseline", "enforce-version": "latest"},
+                "exemptions": {"usernames": [], "runtimeClasses": [], "namespaces": []},
+            },
+        }],
     });
     serde_json::to_string_pretty(&config).expect("JSON")
 }
@@ -265,6 +294,9 @@ pub fn apiserver_args(a: &Apiserver, c: &Credentials) -> Vec<OsString> {
             arg("etcd-keyfile", &h.etcd.key),
             arg("kubelet-certificate-authority", &h.kubelet_ca),
         ]);
+        if let Some(f) = &h.admission_config {
+            args.push(arg("admission-control-config-file", f));
+        }
     }
     if let Some(f) = &c.front_proxy {
         args.extend([
@@ -421,6 +453,7 @@ mod tests {
                 hardening: Some(Hardening {
                     authorization_config: p("authz.json"),
                     allow_privileged: false,
+                    admission_config: Some(p("admission.json")),
                     etcd: EtcdClient {
                         ca: p("etcd/ca.crt"),
                         cert: p("etcd/apiserver.crt"),
@@ -432,6 +465,18 @@ mod tests {
             &creds(),
         );
         assert!(has(&a, "--authorization-config=/pki/authz.json"));
+        assert!(has(
+            &a,
+            "--admission-control-config-file=/pki/admission.json"
+        ));
+        let psa: serde_json::Value = serde_json::from_str(&pod_security_admission()).unwrap();
+        let c = &psa["plugins"][0]["configuration"];
+        assert_eq!(psa["plugins"][0]["name"], "PodSecurity");
+        assert_eq!(
+            (&c["defaults"]["enforce"], &c["defaults"]["enforce-version"]),
+            (&serde_json::json!("baseline"), &serde_json::json!("latest"))
+        );
+        assert_eq!(c["exemptions"]["namespaces"], serde_json::json!([]));
         assert!(
             !a.iter()
                 .any(|x| x.to_string_lossy().starts_with("--authorization-mode="))

@@ -77,6 +77,8 @@ pub struct Spec {
     /// `GOGC` for every component (Go's default is 100): how much garbage a component's
     /// heap may hold beyond its live objects, in percent (docs/hibernation.md measured it).
     pub gogc: u32,
+    /// The memory, CPU and processes its components share (a cgroup of its own).
+    pub budget: super::cgroup::Budget,
 }
 
 /// What keeps a cluster's objects (docs/hibernation.md says how they compare): etcd, or kine
@@ -122,6 +124,8 @@ pub struct Files {
     /// The guard's serving certificate (of the cluster CA) and where the apiserver calls it.
     pub guard: super::pki::Pair,
     pub guard_addr: std::net::SocketAddr,
+    /// The apiserver's PodSecurity admission configuration (used on namespace nodes).
+    admission_config: PathBuf,
     etcd: EtcdFiles,
     authorization_config: PathBuf,
     kcm_kubeconfig: PathBuf,
@@ -210,7 +214,11 @@ impl Spec {
             &authorization_config,
             super::authorization_config(&guard_kc),
         )?;
+        let admission_config = self.pki_dir().join("admission.json");
+        std::fs::write(&admission_config, super::pod_security_admission())
+            .with_context(|| format!("writing {}", admission_config.display()))?;
         Ok(Files {
+            admission_config,
             front,
             guard,
             guard_addr,
@@ -340,6 +348,7 @@ impl Spec {
                         hardening: Some(super::Hardening {
                             authorization_config: f.authorization_config.clone(),
                             allow_privileged: !self.isolated,
+                            admission_config: self.isolated.then(|| f.admission_config.clone()),
                             etcd: super::EtcdClient {
                                 ca: f.etcd.ca.clone(),
                                 cert: f.etcd.apiserver.cert.clone(),
@@ -411,7 +420,21 @@ impl Running {
         let (tx, rx) = watch::channel(Health::Starting("starting the datastore".into()));
         let (api_tx, api_rx) = watch::channel(false);
         let stop = CancellationToken::new();
-        let task = tokio::spawn(supervise(spec, files.clone(), (tx, api_tx), stop.clone()));
+        let cgroup = if spec.budget.is_none() {
+            None
+        } else {
+            Some(super::cgroup::ClusterCgroup::create(
+                &super::cgroup::name_for(&spec.dir),
+                &spec.budget,
+            )?)
+        };
+        let task = tokio::spawn(supervise(
+            spec,
+            files.clone(),
+            cgroup,
+            (tx, api_tx),
+            stop.clone(),
+        ));
         Ok(Running {
             health: rx,
             api_ready: api_rx,
@@ -479,6 +502,8 @@ struct Supervisor {
     children: Vec<Option<Proc>>,
     restarts: Vec<u32>,
     next_try: Vec<tokio::time::Instant>,
+    /// The cluster's cgroup, which every component enters as it starts.
+    cgroup: Option<super::cgroup::ClusterCgroup>,
 }
 
 impl Supervisor {
@@ -516,6 +541,20 @@ impl Supervisor {
             children,
             restarts: vec![0; n],
             next_try: vec![tokio::time::Instant::now(); n],
+            cgroup: None,
+        }
+    }
+
+    /// Bounds each component's log (its output, appended forever otherwise).
+    fn rotate_logs(&self) {
+        for (name, _) in &self.components {
+            let log = self.spec.log(name);
+            match process::rotate(&log, process::LOG_MAX_BYTES) {
+                Ok(true) => info!(cluster = %self.spec.cluster, component = name,
+                                  "{} moved to .1 at {} MiB", log.display(), process::LOG_MAX_BYTES >> 20),
+                Ok(false) => {}
+                Err(e) => warn!(cluster = %self.spec.cluster, "rotating {}: {e}", log.display()),
+            }
         }
     }
 
@@ -554,6 +593,13 @@ impl Supervisor {
             &self.spec.pidfile(name),
         ) {
             Ok(c) => {
+                // Into the budget before it has done much: at most what a process does
+                // between exec and here runs outside it.
+                if let (Some(cg), Some(pid)) = (&self.cgroup, c.id())
+                    && let Err(e) = cg.enter(pid)
+                {
+                    warn!(cluster = %self.spec.cluster, component = name, "{e:#}");
+                }
                 info!(cluster = %self.spec.cluster, component = name, "{name} started");
                 self.children[i] = Some(Proc::Own(c));
                 true
@@ -608,6 +654,9 @@ impl Supervisor {
                 let _ = std::fs::remove_file(self.spec.pidfile(name));
             }
         }
+        if let Some(cg) = &self.cgroup {
+            cg.remove();
+        }
         let _ = self.health.send(Health::Stopped);
         info!(cluster = %self.spec.cluster, "control plane stopped");
     }
@@ -618,12 +667,23 @@ impl Supervisor {
 async fn supervise(
     spec: Spec,
     files: Files,
+    cgroup: Option<super::cgroup::ClusterCgroup>,
     health: (watch::Sender<Health>, watch::Sender<bool>),
     stop: CancellationToken,
 ) {
     let mut s = Supervisor::new(spec, files, health);
+    s.cgroup = cgroup;
+    // What a previous broker left running joins the budget too (a no-op if it is in).
+    if let Some(cg) = &s.cgroup {
+        for pid in s.children.iter().flatten().filter_map(Proc::pid) {
+            if let Err(e) = cg.enter(pid) {
+                warn!(cluster = %s.spec.cluster, "{e:#}");
+            }
+        }
+    }
     loop {
         let all_ready = s.pass().await;
+        s.rotate_logs();
         let again = Duration::from_millis(if all_ready { 1000 } else { 100 });
         tokio::select! {
             _ = tokio::time::sleep(again) => {}

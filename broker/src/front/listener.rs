@@ -7,7 +7,8 @@
 //!   limit, so a flood cannot take the daemon down, nor shut out a client that works.
 //! - The TLS handshake within `handshake_timeout`; then each request's headers within
 //!   `header_read_timeout` (HTTP/1.1: also the wait for the next request on a kept-alive
-//!   connection); an HTTP/2 connection with no request in flight for `idle_timeout` is closed,
+//!   connection); its body at a minimum pace (`front::body`), and while it arrives the
+//!   request is no work in flight (the connection may be shed); an HTTP/2 connection with no request in flight for `idle_timeout` is closed,
 //!   and HTTP/2 pings find dead peers.
 //! - An accept error (out of file descriptors) waits before the next accept instead of
 //!   spinning.
@@ -37,6 +38,8 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
     pub h2_keepalive: Duration,
+    /// How a request body must arrive.
+    pub body: super::body::Pace,
 }
 
 impl Limits {
@@ -96,11 +99,12 @@ impl Open {
         true
     }
 
-    /// The connection with no request in flight for longest, if any is idle.
+    /// The connection sheddable for longest (no request in flight, or only requests whose
+    /// bodies are still arriving), if any is.
     fn idlest(&self) -> Option<u64> {
         self.conns
             .iter()
-            .filter_map(|(id, h)| h.activity.idle_for().map(|d| (d, *id)))
+            .filter_map(|(id, h)| h.activity.sheddable_for().map(|d| (d, *id)))
             .max()
             .map(|(_, id)| id)
     }
@@ -169,17 +173,48 @@ impl Counts {
     }
 }
 
-/// Requests in flight on one connection (or at one cluster), and since when there were
-/// none: one lock over both, so the two never disagree.
+/// Requests in flight on one connection (or at one cluster), how many of them are still
+/// receiving their bodies, and since when there was none (idle) and none but those
+/// (sheddable): one lock over all, so they never disagree.
 #[derive(Debug)]
 pub struct Activity {
-    state: Mutex<(usize, Option<Instant>)>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    in_flight: usize,
+    receiving: usize,
+    idle_since: Option<Instant>,
+    sheddable_since: Option<Instant>,
+}
+
+impl State {
+    fn changed(&mut self) {
+        let now = Instant::now();
+        if self.in_flight == 0 {
+            self.idle_since.get_or_insert(now);
+        } else {
+            self.idle_since = None;
+        }
+        if self.in_flight <= self.receiving {
+            self.sheddable_since.get_or_insert(now);
+        } else {
+            self.sheddable_since = None;
+        }
+    }
 }
 
 impl Default for Activity {
     fn default() -> Activity {
+        let now = Instant::now();
         Activity {
-            state: Mutex::new((0, Some(Instant::now()))),
+            state: Mutex::new(State {
+                in_flight: 0,
+                receiving: 0,
+                idle_since: Some(now),
+                sheddable_since: Some(now),
+            }),
         }
     }
 }
@@ -188,32 +223,65 @@ impl Default for Activity {
 #[derive(Debug)]
 pub struct InFlight(Arc<Activity>);
 
+/// A request body still arriving (`front::body`), until it has arrived or failed.
+#[derive(Debug)]
+pub struct Receiving(Arc<Activity>);
+
 impl Activity {
     pub fn start(self: &Arc<Self>) -> InFlight {
         let mut s = self.state.lock().expect("lock");
-        s.0 += 1;
-        s.1 = None;
+        s.in_flight += 1;
+        s.changed();
         InFlight(self.clone())
+    }
+
+    /// Marks a request's body as arriving: the request is no work of the front's until it
+    /// has arrived.
+    pub fn receiving(self: &Arc<Self>) -> Receiving {
+        let mut s = self.state.lock().expect("lock");
+        s.receiving += 1;
+        s.changed();
+        Receiving(self.clone())
     }
 
     /// How long there has been no request in flight (`None`: one is).
     pub fn idle_for(&self) -> Option<Duration> {
-        self.state.lock().expect("lock").1.map(|t| t.elapsed())
+        self.state
+            .lock()
+            .expect("lock")
+            .idle_since
+            .map(|t| t.elapsed())
+    }
+
+    /// How long every request in flight, if any, has been receiving its body (`None`: one
+    /// is being answered). Such a connection may be shed for a new one at the cap.
+    pub fn sheddable_for(&self) -> Option<Duration> {
+        self.state
+            .lock()
+            .expect("lock")
+            .sheddable_since
+            .map(|t| t.elapsed())
     }
 
     /// How many requests are in flight.
     pub fn in_flight(&self) -> usize {
-        self.state.lock().expect("lock").0
+        self.state.lock().expect("lock").in_flight
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         let mut s = self.0.state.lock().expect("lock");
-        s.0 -= 1;
-        if s.0 == 0 {
-            s.1 = Some(Instant::now());
-        }
+        s.in_flight -= 1;
+        s.changed();
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock().expect("lock");
+        s.receiving -= 1;
+        s.changed();
     }
 }
 
@@ -339,6 +407,10 @@ mod tests {
             header_read_timeout: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(1),
             h2_keepalive: Duration::from_secs(1),
+            body: super::super::body::Pace {
+                timeout: Duration::from_secs(1),
+                min_bytes_per_sec: 1,
+            },
         }
     }
 
@@ -400,5 +472,25 @@ mod tests {
         assert!(a.idle_for().is_none(), "one still in flight");
         drop(r2);
         assert!(a.idle_for().is_some());
+    }
+
+    #[test]
+    fn a_connection_whose_requests_all_receive_their_bodies_is_sheddable() {
+        let c = Arc::new(Counts::default());
+        let src = |i: u8| IpAddr::from([192, 0, 2, i]);
+        let l = limits();
+        let slow = c.admit(src(1), &l).unwrap();
+        let _r = slow.activity.start();
+        let arriving = slow.activity.receiving();
+        let busy = c.admit(src(2), &l).unwrap();
+        let _b = busy.activity.start();
+        let other = c.admit(src(3), &l).unwrap();
+        let _o = other.activity.start();
+        assert!(slow.activity.idle_for().is_none(), "not idle: a request");
+        let _new = c.admit(src(4), &l).unwrap();
+        assert!(slow.shed.is_cancelled(), "its body was still arriving");
+        assert!(!busy.shed.is_cancelled() && !other.shed.is_cancelled());
+        drop(arriving);
+        assert!(slow.activity.sheddable_for().is_none(), "arrived: work");
     }
 }

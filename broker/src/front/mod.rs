@@ -12,6 +12,7 @@
 //! - [`wake`]: holding a request while its cluster starts or wakes from hibernation.
 
 pub mod admit;
+pub mod body;
 pub mod listener;
 pub mod proxy;
 pub mod tls;
@@ -236,6 +237,7 @@ async fn connection(
             let (front, conn, api) = (front.clone(), conn.clone(), api.clone());
             async move {
                 let in_flight = conn.activity.start();
+                let req = req.map(|b| body::paced(Body::new(b), limits.body, &conn.activity));
                 let resp = handle(&front, &conn, api, req).await;
                 Ok::<_, std::convert::Infallible>(listener::tracked(resp, in_flight))
             }
@@ -380,11 +382,11 @@ async fn handle(
     front: &Front,
     conn: &Conn,
     api: axum::Router,
-    req: Request<hyper::body::Incoming>,
+    req: Request<Body>,
 ) -> Response<Body> {
     let path = req.uri().path().to_string();
     if path.starts_with("/xrpc/") {
-        let mut req = req.map(Body::new);
+        let mut req = req;
         req.extensions_mut().insert(Peer(conn.peer));
         return api.oneshot(req).await.unwrap_or_else(|e| match e {});
     }

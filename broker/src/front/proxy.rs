@@ -142,7 +142,7 @@ pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
 /// Upgrade when there is one. (The body is added by the caller.)
 fn outbound(
     up: &Upstream,
-    req: &Request<hyper::body::Incoming>,
+    req: &Request<Body>,
     tail: &str,
     did: &str,
     upgrade: Option<&HeaderValue>,
@@ -219,7 +219,7 @@ fn tunnel(
 /// request in flight at its cluster) lives as long as the response body or the stream.
 pub(super) async fn forward(
     up: &Upstream,
-    mut req: Request<hyper::body::Incoming>,
+    mut req: Request<Body>,
     tail: &str,
     did: &str,
     conn: &super::Conn,
