@@ -288,6 +288,12 @@ fn concurrent_creates_stop_at_the_limit_and_requests_at_the_rate() {
     let head = limited.expect("no 429 within 40 requests of a 30-a-minute budget");
     assert!(head.contains("retry-after:"), "{head}");
     // Another address is not held to that one's budget.
+    assert_eq!(status_from_host(&b, &url), "200");
+}
+
+/// The HTTP status the operator's host gets for `url` at the front ("000": no answer in
+/// 10 s).
+fn status_from_host(b: &Broker<'_>, url: &str) -> String {
     let o = b
         .host
         .output(
@@ -298,13 +304,28 @@ fn concurrent_creates_stop_at_the_limit_and_requests_at_the_rate() {
                 "/dev/null",
                 "-w",
                 "%{http_code}",
+                "--max-time",
+                "10",
                 "--cacert",
                 b.front_ca().to_str().unwrap(),
-                &url,
+                url,
             ],
         )
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "200");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Whether the front has closed `s`, or answered on it, within `wait`.
+fn closed_or_answered(
+    s: &mut rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+    wait: Duration,
+) -> bool {
+    s.sock.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = [0u8; 256];
+    !matches!(
+        s.read(&mut buf),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+    )
 }
 
 /// A Pod manifest with `spec` merged in.
@@ -768,6 +789,11 @@ fn client_csr(dir: &Path, name: &str, subject: &str) -> String {
     .to_string()
 }
 
+/// The front's describeServer URL.
+fn describe_server(b: &Broker<'_>) -> String {
+    format!("{}/xrpc/computer.socialweb.describeServer", b.front_url())
+}
+
 /// The front's address.
 fn front_addr(b: &Broker<'_>) -> SocketAddr {
     b.front_url()
@@ -913,38 +939,14 @@ fn the_front_bounds_every_connection() {
     (&fifth).write_all(b"\x16\x03\x01\x00\x05hello").unwrap();
     let n = (&fifth).read(&mut probe).unwrap_or(0);
     assert_eq!(n, 0, "a fifth connection from one address was served");
-    let o = b
-        .host
-        .output(
-            "curl",
-            &[
-                "-s",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "--cacert",
-                b.front_ca().to_str().unwrap(),
-                &format!("{}/xrpc/computer.socialweb.describeServer", b.front_url()),
-            ],
-        )
-        .unwrap();
     assert_eq!(
-        String::from_utf8_lossy(&o.stdout),
+        status_from_host(&b, &describe_server(&b)),
         "200",
         "another address is served at max_connections"
     );
     let shed = held
         .iter_mut()
-        .map(|s| {
-            s.sock
-                .set_read_timeout(Some(Duration::from_millis(500)))
-                .unwrap();
-            !matches!(
-                s.read(&mut probe),
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
-            )
-        })
+        .map(|s| closed_or_answered(s, Duration::from_millis(500)))
         .filter(|closed| *closed)
         .count();
     assert_eq!(shed, 1, "one idle connection made room, the others held");
@@ -986,26 +988,8 @@ fn slow_bodies_from_many_addresses_are_cut_and_make_room_for_a_client_that_works
     // Another party's request is served: a connection receiving its body is no work of
     // the front's, so one of them makes room. (Before, all eight counted as busy and the
     // new connection was refused.)
-    let o = b
-        .host
-        .output(
-            "curl",
-            &[
-                "-s",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "--max-time",
-                "10",
-                "--cacert",
-                b.front_ca().to_str().unwrap(),
-                &format!("{}/xrpc/computer.socialweb.describeServer", b.front_url()),
-            ],
-        )
-        .unwrap();
     assert_eq!(
-        String::from_utf8_lossy(&o.stdout),
+        status_from_host(&b, &describe_server(&b)),
         "200",
         "another address is served while the front is full of slow bodies"
     );
@@ -1017,18 +1001,9 @@ fn slow_bodies_from_many_addresses_are_cut_and_make_room_for_a_client_that_works
             if ended[i].is_some() {
                 continue;
             }
-            c.sock
-                .set_read_timeout(Some(Duration::from_millis(10)))
-                .unwrap();
-            let mut buf = [0u8; 256];
-            let gone = match c.read(&mut buf) {
-                Ok(_) => true,
-                Err(e) => !matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ),
-            };
-            if gone || c.write_all(b" ").and_then(|_| c.flush()).is_err() {
+            if closed_or_answered(c, Duration::from_millis(10))
+                || c.write_all(b" ").and_then(|_| c.flush()).is_err()
+            {
                 ended[i] = Some(t0.elapsed());
             }
         }

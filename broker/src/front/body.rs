@@ -63,6 +63,7 @@ pub fn paced(inner: Body, pace: Pace, activity: &Arc<Activity>) -> Body {
         waited: Duration::ZERO,
         pending_since: None,
         sleep: Box::pin(tokio::time::sleep(pace.timeout)),
+        unlimited: false,
         receiving: Some(activity.receiving()),
     })
 }
@@ -76,6 +77,8 @@ struct Paced {
     /// Since when the current wait for the client has lasted.
     pending_since: Option<Instant>,
     sleep: Pin<Box<tokio::time::Sleep>>,
+    /// The current wait has no deadline (an allowance past what the clock can hold).
+    unlimited: bool,
     /// Dropped when the body has arrived (or failed).
     receiving: Option<Receiving>,
 }
@@ -108,17 +111,26 @@ impl http_body::Body for Paced {
                 Poll::Ready(frame)
             }
             Poll::Pending => {
-                let since = *this.pending_since.get_or_insert_with(Instant::now);
-                let allowance = this.pace.allowance(this.received);
-                let left = allowance.saturating_sub(this.waited);
-                let deadline = since.checked_add(left);
-                let expired = match deadline {
-                    None => false,
-                    Some(d) => {
-                        this.sleep.as_mut().reset(d);
-                        this.sleep.as_mut().poll(cx).is_ready()
+                // The deadline is fixed for the whole wait (nothing arrives during it): the
+                // timer is armed once, when the wait begins, not on every poll.
+                let since = match this.pending_since {
+                    Some(t) => t,
+                    None => {
+                        let now = Instant::now();
+                        this.pending_since = Some(now);
+                        let left = this
+                            .pace
+                            .allowance(this.received)
+                            .saturating_sub(this.waited);
+                        let deadline = now.checked_add(left);
+                        this.unlimited = deadline.is_none();
+                        if let Some(d) = deadline {
+                            this.sleep.as_mut().reset(d);
+                        }
+                        now
                     }
                 };
+                let expired = !this.unlimited && this.sleep.as_mut().poll(cx).is_ready();
                 if !expired {
                     return Poll::Pending;
                 }
