@@ -419,8 +419,12 @@ async fn bring_up(s: Arc<Shared>, stop: CancellationToken) -> Result<()> {
     }
     tokio::spawn(label_own(client.clone(), id.clone()));
     let endpoint = mesh.endpoint_id().to_string();
-    let directory =
-        crate::directory::kube::watch(client.clone(), id.node.clone(), endpoint.clone());
+    let directory = crate::directory::kube::watch(
+        client.clone(),
+        id.node.clone(),
+        endpoint.clone(),
+        id.node_ip,
+    );
     let (net_tx, mut net_rx) = watch::channel(false);
     tokio::spawn(follow_directory(
         s.clone(),
@@ -437,14 +441,8 @@ async fn bring_up(s: Arc<Shared>, stop: CancellationToken) -> Result<()> {
 
     s.steps
         .until_done("mesh-annotation", retry(), || async {
-            crate::directory::kube::annotate_own(
-                &client,
-                &id.node,
-                &endpoint,
-                &mesh.bound_addrs(),
-                id.node_ip,
-            )
-            .await?;
+            crate::directory::kube::annotate_own(&client, &id.node, &endpoint, &mesh.bound_addrs())
+                .await?;
             Ok(((), Some(format!("endpoint {endpoint}"))))
         })
         .await;
@@ -742,7 +740,12 @@ async fn follow_directory(
     );
     loop {
         let entries = directory.borrow_and_update().clone();
-        let view = peer_directory::view(&entries, &s.id.node, &s.id.cluster_cidr);
+        let view = peer_directory::view(
+            &entries,
+            &s.id.node,
+            &s.id.cluster_cidr,
+            &socialweb_wire::mesh::node_range(),
+        );
         let cidr = view.own.as_ref().map(|o| o.pod_cidr);
         let due = retry_at.is_some_and(|t| t <= tokio::time::Instant::now());
         if cidr != own || due {

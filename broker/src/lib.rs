@@ -14,7 +14,8 @@
 //!   (the certificate front), [`auth`] (service-auth tokens), [`tenant`] (what the broker
 //!   does inside a cluster), [`tunnel`] (the way between nodes and their control plane),
 //!   [`guard`] (the authorization webhook that keeps tenants from undoing node isolation),
-//!   [`approver`] (nodes' certificate requests),
+//!   [`approver`] (nodes' certificate requests), [`node_addresses`] (nodes' cluster
+//!   addresses, for the mesh),
 //!   [`store`], [`relay`], [`metrics`], [`process`].
 //! - [`daemon`]: the composition root: builds each subsystem from its own [`config`]
 //!   section, wires them, and shuts them down.
@@ -34,6 +35,7 @@ pub mod guard;
 pub mod host;
 pub mod market;
 pub mod metrics;
+pub mod node_addresses;
 pub mod process;
 pub mod provision;
 pub mod relay;

@@ -252,8 +252,14 @@ fn nodes_of_two_providers_behind_nat_join_and_serve_through_the_brokers_endpoint
         "an admission webhook served by a Pod admits one object and refuses another",
     );
 
+    a_node_names_no_address_but_its_own(&b, &u, &node_of("web-1"), &node_of("web-2"));
+    step(
+        t,
+        "a node re-annotating its address and writing the broker's ConfigMap changes no route",
+    );
+
     // NodePort: web-1's Service answers on every node's InternalIP, from a Pod on the other
-    // provider.
+    // provider (after the attack above: the routes the node tried to bend still hold).
     let port = u.json(&b, &["get", "service", "web-1-nodeport"])["spec"]["ports"][0]["nodePort"]
         .as_u64()
         .unwrap();
@@ -293,6 +299,128 @@ fn nodes_of_two_providers_behind_nat_join_and_serve_through_the_brokers_endpoint
         t,
         "the operator's host reaches no node or Pod, a node reaches only public listeners",
     );
+}
+
+/// The device `ip route get <ip>` picks on `node`.
+fn route_dev(b: &Broker<'_>, node: &str, ip: &str) -> String {
+    let o = b.on_node(node, "ip", &["-o", "route", "get", ip]).unwrap();
+    let out = text(&o);
+    out.split_whitespace()
+        .skip_while(|w| *w != "dev")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no device in `ip route get {ip}` on {node}: {out}"))
+        .to_string()
+}
+
+/// Issue 36, attack 5: node `a`, with its own kubelet credentials, names the broker's public
+/// address as its own (the annotation agents once read) and tries to write the broker's
+/// ConfigMap of node addresses. Node `z` routes neither to it: peers take addresses from
+/// the broker only, and only inside the node range.
+fn a_node_names_no_address_but_its_own(b: &Broker<'_>, u: &User, a: &str, z: &str) {
+    let ips = node_ips(u, b);
+    let machine = b.agent_socket(a).unwrap().parent().unwrap().to_path_buf();
+    // The kubelet's kubeconfig names its certificate inside the machine (/var/lib/kubelet,
+    // which is var-lib/kubelet of a machine running this host's agent, kubelet of an image's).
+    let kubelet = ["var-lib/kubelet", "kubelet"]
+        .map(|d| machine.join(d))
+        .into_iter()
+        .find(|d| d.join("kubeconfig").is_file())
+        .unwrap_or_else(|| panic!("no kubelet kubeconfig under {}", machine.display()));
+    // Its client certificate is a link to a dated file, named from inside the machine too.
+    let current = kubelet.join("pki/kubelet-client-current.pem");
+    let dated = std::fs::read_link(&current).unwrap();
+    let dated = kubelet.join("pki").join(dated.file_name().unwrap());
+    let kc = std::fs::read_to_string(kubelet.join("kubeconfig"))
+        .unwrap()
+        .replace(
+            "/var/lib/kubelet/pki/kubelet-client-current.pem",
+            dated.to_str().unwrap(),
+        )
+        .replace("/var/lib/kubelet", kubelet.to_str().unwrap());
+    let kc_path = machine.join("attacker.kubeconfig");
+    std::fs::write(&kc_path, kc).unwrap();
+    let kube = testbed::k8s::binaries().unwrap().kube();
+    let as_node = |args: &[&str]| {
+        let mut all = vec!["kubectl", "--kubeconfig", kc_path.to_str().unwrap()];
+        all.extend_from_slice(args);
+        b.on_node(a, kube.to_str().unwrap(), &all).unwrap()
+    };
+    let broker_addr = OPERATOR_ADDR.to_string();
+    let o = as_node(&[
+        "annotate",
+        "node",
+        a,
+        "--overwrite",
+        &format!("socialweb.computer/mesh-node-ip={broker_addr}"),
+    ]);
+    assert!(
+        o.status.success(),
+        "a node annotates its own Node: {}",
+        text(&o)
+    );
+    let o = as_node(&[
+        "-n",
+        "kube-system",
+        "patch",
+        "configmap",
+        "socialweb-node-addresses",
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"data": {{"{a}": "{broker_addr}"}}}}"#),
+    ]);
+    assert!(
+        !o.status.success() && text(&o).contains("forbidden"),
+        "a node wrote the broker's node addresses: {}",
+        text(&o)
+    );
+    // What it may read: every node's address, as the broker assigned it.
+    let o = as_node(&[
+        "-n",
+        "kube-system",
+        "get",
+        "configmap",
+        "socialweb-node-addresses",
+        "-o",
+        "jsonpath={.data}",
+    ]);
+    let published: BTreeMap<String, String> = serde_json::from_str(&text(&o))
+        .unwrap_or_else(|e| panic!("the node addresses as a node reads them: {e}: {}", text(&o)));
+    assert_eq!(
+        published, ips,
+        "the broker's node addresses are the Nodes' InternalIPs"
+    );
+    // A peer that believed the annotation routed it into the mesh within a second (the
+    // directory is a watch); give it three.
+    std::thread::sleep(Duration::from_secs(3));
+    // The mesh's TUN device is the one holding z's own node address.
+    let o = b
+        .on_node(z, "ip", &["-o", "-4", "addr", "show", "to", &ips[z]])
+        .unwrap();
+    let tun = text(&o)
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no device holds {z}'s {}: {}", ips[z], text(&o)))
+        .to_string();
+    assert_eq!(
+        route_dev(b, z, &ips[a]),
+        tun,
+        "{z} routes {a}'s address {} into the mesh",
+        ips[a]
+    );
+    assert_ne!(
+        route_dev(b, z, &broker_addr),
+        tun,
+        "{z} routes the broker's address {broker_addr} into the mesh, as {a} asked"
+    );
+    let st: Value =
+        serde_json::from_str(&b.agent_cli(z, &["mesh", "status", "--json"]).unwrap()).unwrap();
+    assert_eq!(st["peers"][0]["node"], a, "{st}");
+    assert_eq!(
+        st["peers"][0]["connected"], true,
+        "{z} still reaches {a}: {st}"
+    );
+    let o = as_node(&["annotate", "node", a, "socialweb.computer/mesh-node-ip-"]);
+    assert!(o.status.success(), "{}", text(&o));
 }
 
 /// `logs -f` streams, and the apiserver's pods/proxy and services/proxy reach the Pod.

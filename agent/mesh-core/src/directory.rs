@@ -70,10 +70,13 @@ fn valid_endpoint(s: &str) -> bool {
 }
 
 /// Builds the view of `entries` for node `me` in a cluster whose pod CIDRs come from
-/// `cluster_cidr`. A peer is refused if its endpoint is malformed or is ours, or its pod CIDR
-/// lies outside the cluster CIDR or overlaps ours or an already accepted peer's (entries are
-/// taken in node-name order, so every node decides alike).
-pub fn view(entries: &[NodeEntry], me: &str, cluster_cidr: &IpNet) -> View {
+/// `cluster_cidr` and node addresses from `node_range`. A peer is refused if its endpoint is
+/// malformed or is ours, or its pod CIDR lies outside the cluster CIDR or overlaps ours or an
+/// already accepted peer's, or its node address lies outside the node range or is ours or
+/// another's (entries are taken in node-name order, so every node decides alike). The node
+/// range is what keeps a wrong address from being routed into the mesh at all: whatever a
+/// source says, no peer takes the broker's, a provider's or the internet's addresses.
+pub fn view(entries: &[NodeEntry], me: &str, cluster_cidr: &IpNet, node_range: &IpNet) -> View {
     let mut sorted: Vec<&NodeEntry> = entries.iter().collect();
     sorted.sort_by(|a, b| a.node.cmp(&b.node));
     let own = sorted.iter().find(|e| e.node == me).map(|e| (*e).clone());
@@ -82,7 +85,7 @@ pub fn view(entries: &[NodeEntry], me: &str, cluster_cidr: &IpNet) -> View {
         ..View::default()
     };
     for e in sorted.into_iter().filter(|e| e.node != me) {
-        match refusal(e, own.as_ref(), &v.peers, cluster_cidr) {
+        match refusal(e, own.as_ref(), &v.peers, cluster_cidr, node_range) {
             Some(r) => v.rejected.push((e.node.clone(), r)),
             None => {
                 v.peers.insert(e.node.clone(), e.clone());
@@ -98,6 +101,7 @@ fn refusal(
     own: Option<&NodeEntry>,
     accepted: &BTreeMap<String, NodeEntry>,
     cluster_cidr: &IpNet,
+    node_range: &IpNet,
 ) -> Option<String> {
     if !valid_endpoint(&e.endpoint) {
         return Some("endpoint id is not 64 hex digits".to_string());
@@ -118,8 +122,10 @@ fn refusal(
         ));
     }
     if let Some(ip) = e.node_ip {
-        if cluster_cidr.contains(&ip) {
-            return Some(format!("node address {ip} is inside the cluster CIDR"));
+        if !node_range.contains(&ip) {
+            return Some(format!(
+                "node address {ip} is outside the node range {node_range}"
+            ));
         }
         if own.is_some_and(|o| o.node_ip == Some(ip)) {
             return Some(format!("node address {ip} is this node's"));
@@ -212,16 +218,19 @@ mod tests {
             with("c", '3', "10.42.3.0/24", "10.41.0.1"), // a's
             with("d", '4', "10.42.4.0/24", "10.41.0.2"), // b's
             with("f", '6', "10.42.6.0/24", "10.42.9.9"), // inside the cluster CIDR
+            with("g", '7', "10.42.7.0/24", "203.0.113.1"), // the broker's public address
         ];
-        let v = view(&entries, "a", &cluster());
+        let v = view(&entries, "a", &cluster(), &nodes());
         assert_eq!(v.peers.keys().collect::<Vec<_>>(), ["b"]);
         let reasons: BTreeMap<_, _> = v.rejected.into_iter().collect();
         assert!(reasons["c"].contains("this node's"), "{reasons:?}");
         assert!(reasons["d"].contains("also b's"), "{reasons:?}");
-        assert!(
-            reasons["f"].contains("inside the cluster CIDR"),
-            "{reasons:?}"
-        );
+        for n in ["f", "g"] {
+            assert!(
+                reasons[n].contains("outside the node range 10.41.0.0/16"),
+                "{reasons:?}"
+            );
+        }
         let b = &v.peers["b"];
         assert!(b.holds(&"10.41.0.2".parse().unwrap()) && b.holds(&"10.42.2.7".parse().unwrap()));
         assert!(!b.holds(&"10.41.0.1".parse().unwrap()));
@@ -238,12 +247,17 @@ mod tests {
         "10.42.0.0/16".parse().unwrap()
     }
 
+    fn nodes() -> IpNet {
+        "10.41.0.0/16".parse().unwrap()
+    }
+
     #[test]
     fn own_entry_and_peers_are_told_apart() {
         let v = view(
             &[e("a", '1', "10.42.1.0/24"), e("b", '2', "10.42.2.0/24")],
             "a",
             &cluster(),
+            &nodes(),
         );
         assert_eq!(v.own.unwrap().node, "a");
         assert_eq!(v.peers.keys().collect::<Vec<_>>(), ["b"]);
@@ -268,7 +282,7 @@ mod tests {
                 ..e("g", '7', "10.42.7.0/24")
             },
         ];
-        let v = view(&entries, "a", &cluster());
+        let v = view(&entries, "a", &cluster(), &nodes());
         assert_eq!(v.peers.keys().collect::<Vec<_>>(), ["e"]);
         let reasons: BTreeMap<_, _> = v.rejected.into_iter().collect();
         assert!(reasons["b"].contains("overlaps this node"));

@@ -226,6 +226,23 @@ impl Clusters {
         Ok(Some(t0))
     }
 
+    /// What the cluster's nodes get from the broker for the period: their certificates
+    /// approved by the store's plan, and their cluster addresses published from it.
+    fn serve_nodes(&self, client: &kube::Client, name: &str, period: &CancellationToken) {
+        tokio::spawn(crate::approver::run(
+            client.clone(),
+            name.to_string(),
+            self.store.clone(),
+            period.clone(),
+        ));
+        tokio::spawn(crate::node_addresses::run(
+            client.clone(),
+            name.to_string(),
+            self.store.clone(),
+            period.clone(),
+        ));
+    }
+
     /// One awake period: the control plane up, the driver run, until `stop` or idle.
     async fn awake(
         self: &Arc<Self>,
@@ -252,12 +269,7 @@ impl Clusters {
             return Ok(Ended::Stopped);
         };
         let files = up.running.files.clone();
-        tokio::spawn(crate::approver::run(
-            up.client.clone(),
-            name.to_string(),
-            self.store.clone(),
-            period.clone(),
-        ));
+        self.serve_nodes(&up.client, name, &period);
         let watches = Watches::start(&up.client, &period);
         crate::tunnel::egress::serve(
             Egress {
