@@ -365,7 +365,15 @@ pub struct ClusterDefaults {
     pub pids_max: u64,
     /// The CPUs each control plane may use (1.5: one and a half); 0: no limit.
     pub cpu_max: f64,
+    /// How much each cluster's datastore may hold, in MiB, etcd's semantics: past it, writes
+    /// are refused and reads and deletes still served (docs/security.md, "Budgets"). etcd's
+    /// own default is 2048. 0: no quota.
+    pub datastore_quota_mib: u64,
 }
+
+/// The smallest datastore quota: a new cluster's objects, their history until kine's first
+/// compaction, and room to work.
+pub const MIN_DATASTORE_QUOTA_MIB: u64 = 32;
 
 impl ClusterDefaults {
     /// The control planes' budget (a cgroup each).
@@ -375,6 +383,11 @@ impl ClusterDefaults {
             pids: (self.pids_max > 0).then_some(self.pids_max),
             cpu_millis: (self.cpu_max > 0.0).then(|| (self.cpu_max * 1000.0).round() as u64),
         }
+    }
+
+    /// The datastore quota in bytes, if there is one.
+    pub fn datastore_quota(&self) -> Option<u64> {
+        (self.datastore_quota_mib > 0).then_some(self.datastore_quota_mib << 20)
     }
 }
 
@@ -531,6 +544,7 @@ impl Default for ClusterDefaults {
             memory_max_mib: 2048,
             pids_max: 8192,
             cpu_max: 2.0,
+            datastore_quota_mib: 2048,
         }
     }
 }
@@ -985,6 +999,18 @@ impl Config {
                 format!(
                     "{} MiB is too little for a control plane (an idle one uses about 400); 0 is no limit",
                     self.clusters.memory_max_mib
+                ),
+            ));
+        }
+        if self.clusters.datastore_quota_mib > 0
+            && self.clusters.datastore_quota_mib < MIN_DATASTORE_QUOTA_MIB
+        {
+            return Err(err(
+                &o("clusters.datastore_quota_mib"),
+                format!(
+                    "{} MiB is less than a new cluster's own objects take (at least \
+                     {MIN_DATASTORE_QUOTA_MIB}); 0 is no quota",
+                    self.clusters.datastore_quota_mib
                 ),
             ));
         }

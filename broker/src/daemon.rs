@@ -366,6 +366,7 @@ fn cluster_settings(cfg: &Config) -> ClusterSettings {
         kine_binary: cfg.clusters.kine_binary.clone(),
         gogc: cfg.clusters.gogc,
         budget: cfg.clusters.budget(),
+        datastore_quota: cfg.clusters.datastore_quota(),
         knobs: Knobs {
             max_nodes: cfg.scale.max_nodes,
             pods_per_node: cfg.scale.pods_per_node,

@@ -32,6 +32,7 @@ pub fn review(sar: &Value) -> Value {
         resource: s("resource"),
         subresource: s("subresource"),
         name: s("name"),
+        namespace: s("namespace"),
     };
     let status = match refuse(&req) {
         Some(why) if attr.is_object() => {

@@ -15,7 +15,7 @@
 //!   does inside a cluster), [`tunnel`] (the way between nodes and their control plane),
 //!   [`guard`] (the authorization webhook that keeps tenants from undoing node isolation),
 //!   [`approver`] (nodes' certificate requests), [`node_addresses`] (nodes' cluster
-//!   addresses, for the mesh),
+//!   addresses, for the mesh), [`quota`] (the datastore quota on kine),
 //!   [`store`], [`relay`], [`metrics`], [`process`].
 //! - [`daemon`]: the composition root: builds each subsystem from its own [`config`]
 //!   section, wires them, and shuts them down.
@@ -38,6 +38,7 @@ pub mod metrics;
 pub mod node_addresses;
 pub mod process;
 pub mod provision;
+pub mod quota;
 pub mod relay;
 pub mod scale;
 pub mod services;

@@ -714,6 +714,173 @@ fn an_escape_pod_is_refused_and_its_owner_cannot_lift_the_policy() {
     let _ = key;
 }
 
+/// A tenant's kubectl: (success, stdout and stderr), `stdin` piped in when given.
+fn kubectl_with(
+    b: &Broker<'_>,
+    kubeconfig: &Path,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> (bool, String) {
+    let mut c = b.kubectl_as(kubeconfig, &[], args);
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    if let Some(s) = stdin {
+        // A kubectl that gave up before reading it all says why on stderr.
+        let _ = child.stdin.take().unwrap().write_all(s.as_bytes());
+    } else {
+        drop(child.stdin.take());
+    }
+    let o = child.wait_with_output().unwrap();
+    (
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
+
+/// Issue 36, attack 8: a tenant fills its datastore with Secrets. At the quota (48 MiB here,
+/// 2048 by default) its writes are refused with the reason, reads and deletes are served,
+/// it cannot lift the quota, the broker's own writes go on, and another tenant's cluster on
+/// the same broker is not affected.
+#[test]
+fn a_tenant_filling_its_datastore_is_stopped_at_the_quota_and_no_one_else_is() {
+    const QUOTA_MIB: u64 = 48;
+    let world = World::new(0).unwrap();
+    let dir = TempDir::new("quota").unwrap();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            clusters_toml: format!("datastore_quota_mib = {QUOTA_MIB}\n"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut kubeconfigs = Vec::new();
+    for name in ["full", "other"] {
+        let (key_file, _) = user(dir.path(), name);
+        b.api(&key_file, &["create-cluster", name, "--wait", "2m"])
+            .unwrap();
+        let kc = dir.path().join(format!("{name}.kubeconfig"));
+        b.api(
+            &key_file,
+            &["kubeconfig", name, "--out", kc.to_str().unwrap()],
+        )
+        .unwrap();
+        kubeconfigs.push(kc);
+    }
+    let (full, other) = (&kubeconfigs[0], &kubeconfigs[1]);
+    // Secrets of 960 KiB (a Secret holds at most 1 MiB), eight to a kubectl call.
+    let blob = "A".repeat(960 * 1024 / 3 * 4);
+    let batch = |from: usize| -> String {
+        (from..from + 8)
+            .map(|i| {
+                format!(
+                    "apiVersion: v1\nkind: Secret\nmetadata: {{name: s-{i}, namespace: default}}\ndata: {{blob: {blob}}}\n"
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("---\n")
+    };
+    let db = b.cluster_dir("full").join("kine/state.db");
+    let mut written = 0;
+    let t = Instant::now();
+    let refusal = loop {
+        let (ok, out) = kubectl_with(&b, full, &["create", "-f", "-"], Some(&batch(written)));
+        let created = out.matches("created").count();
+        written += created;
+        eprintln!(
+            "[{:>6.1}s] {written} written, the database file {} MiB",
+            t.elapsed().as_secs_f64(),
+            std::fs::metadata(&db).map(|m| m.len() >> 20).unwrap_or(0)
+        );
+        if !ok {
+            break out;
+        }
+        assert!(
+            written < 4 * QUOTA_MIB as usize,
+            "{written} Secrets of 960 KiB written, none refused; the database is {} bytes",
+            std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0)
+        );
+    };
+    let size = std::fs::metadata(&db).unwrap().len();
+    eprintln!(
+        "{written} Secrets of 960 KiB written before the first refusal; kine's database file: {} MiB",
+        size >> 20
+    );
+    assert!(
+        refusal.contains(&format!("at its quota of {QUOTA_MIB} MiB")),
+        "{refusal}"
+    );
+    assert!(
+        written >= 8,
+        "the quota refused the first writes: {refusal}"
+    );
+    assert!(
+        size < (QUOTA_MIB + 16) << 20,
+        "the database grew to {size} bytes past a quota of {QUOTA_MIB} MiB"
+    );
+    // Any write is refused, not just big ones.
+    let (ok, out) = kubectl_with(&b, full, &["create", "configmap", "small"], None);
+    assert!(!ok && out.contains("quota"), "{out}");
+    // Reads and deletes are served.
+    let (ok, out) = kubectl_with(&b, full, &["get", "secret", "s-0", "-o", "name"], None);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl_with(&b, full, &["delete", "secret", "s-1"], None);
+    assert!(ok, "{out}");
+    // The tenant (cluster-admin of its cluster) cannot lift the quota.
+    let (ok, out) = kubectl_with(
+        &b,
+        full,
+        &[
+            "-n",
+            "kube-system",
+            "patch",
+            "configmap",
+            "socialweb-datastore-quota",
+            "--type=merge",
+            "-p",
+            r#"{"data": {"full": "false"}}"#,
+        ],
+        None,
+    );
+    assert!(!ok && out.contains("the broker's ConfigMaps"), "{out}");
+    let (ok, out) = kubectl_with(
+        &b,
+        full,
+        &[
+            "delete",
+            "validatingadmissionpolicybinding",
+            "socialweb-datastore-quota",
+        ],
+        None,
+    );
+    assert!(!ok && out.contains("admission policies"), "{out}");
+    for who in [
+        vec!["--as=system:kube-scheduler"],
+        vec!["--as=x", "--as-group=system:nodes"],
+        vec!["--as=system:node:n1"],
+    ] {
+        let mut args = who.clone();
+        args.extend(["create", "configmap", "as-someone"]);
+        // The front drops Impersonate-* headers (the request is the tenant's own, and refused
+        // as such); in-cluster clients with the right to impersonate meet the guard, which
+        // refuses these identities (broker/core/src/guard.rs).
+        let (ok, out) = kubectl_with(&b, full, &args, None);
+        assert!(!ok && out.contains("datastore quota"), "{who:?}: {out}");
+    }
+    // The broker's own writes (system:masters) go on.
+    b.kubectl("full", &["create", "configmap", "the-brokers"])
+        .unwrap();
+    // The other cluster is not affected.
+    let (ok, out) = kubectl_with(&b, other, &["create", "-f", "-"], Some(&batch(0)));
+    assert!(ok, "the other cluster refused a write: {out}");
+}
+
 /// Every component of `cluster`'s control plane is in one cgroup of its own whose memory
 /// limit is the default `clusters.memory_max_mib` (2048) and process limit `pids_max` (8192).
 fn control_plane_in_its_budget(b: &Broker<'_>, cluster: &str) {

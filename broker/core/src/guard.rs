@@ -4,7 +4,9 @@
 //! would pass every authorizer), impersonate `system:masters`, or write an APIService of a
 //! group outside those [`aggregatable`] allows (Kubernetes' own groups are served by the
 //! apiserver itself; repointed at a tenant's Service, its own policy informers and signers
-//! would read the tenant's answers). The apiserver asks the
+//! would read the tenant's answers), write the broker's ConfigMaps in `kube-system`, or
+//! impersonate a node or the control plane (the datastore quota exempts them). The apiserver
+//! asks the
 //! broker's authorization webhook (the guard) only for requests its match conditions
 //! select -- [`match_conditions`], the same rules in CEL -- and the guard answers with
 //! [`refuse`]. `system:masters` (the broker's own admin) is allowed before any webhook.
@@ -18,10 +20,28 @@ pub struct Request<'a> {
     pub resource: &'a str,
     pub subresource: &'a str,
     pub name: &'a str,
+    pub namespace: &'a str,
 }
 
 /// The prefix of the broker's own objects in a tenant cluster.
 pub const PROTECTED_PREFIX: &str = "socialweb-";
+
+/// Where the broker's own ConfigMaps are (the nodes' addresses, the datastore quota's state),
+/// named with [`PROTECTED_PREFIX`].
+pub const PROTECTED_NAMESPACE: &str = "kube-system";
+
+/// Groups no tenant may impersonate: the broker's admin, and nodes (what the broker exempts
+/// from the datastore quota, and what the Node authorizer trusts).
+pub const CONTROL_GROUPS: [&str; 2] = ["system:masters", "system:nodes"];
+
+/// Users no tenant may impersonate besides nodes' (`system:node:<name>`): the control plane's
+/// own components.
+pub const CONTROL_USERS: [&str; 3] = [
+    "system:kube-controller-manager",
+    "system:kube-scheduler",
+    "system:apiserver",
+];
+const NODE_USER_PREFIX: &str = "system:node:";
 
 const POLICIES: [&str; 2] = [
     "validatingadmissionpolicies",
@@ -93,12 +113,29 @@ pub fn refuse(r: &Request<'_>) -> Option<&'static str> {
              (docs/security.md)",
         );
     }
-    if r.verb == "impersonate"
-        && r.group.is_empty()
-        && r.resource == "groups"
-        && r.name == "system:masters"
+    if r.group.is_empty()
+        && r.resource == "configmaps"
+        && r.namespace == PROTECTED_NAMESPACE
+        && WRITES.contains(&r.verb)
+        && (r.verb == "deletecollection" || r.name.starts_with(PROTECTED_PREFIX))
     {
-        return Some("no one may impersonate system:masters");
+        return Some(
+            "the broker's ConfigMaps in kube-system (nodes' addresses, the datastore quota) are \
+             the broker's to write (docs/security.md)",
+        );
+    }
+    if r.verb == "impersonate" && r.group.is_empty() {
+        let control = match r.resource {
+            "groups" => CONTROL_GROUPS.contains(&r.name),
+            "users" => CONTROL_USERS.contains(&r.name) || r.name.starts_with(NODE_USER_PREFIX),
+            _ => false,
+        };
+        if control {
+            return Some(
+                "no one may impersonate the broker's admin, a node or the control plane \
+                 (system:masters, system:nodes, system:node:*, the control-plane components)",
+            );
+        }
     }
     None
 }
@@ -138,9 +175,17 @@ pub fn match_conditions() -> Vec<String> {
         "({group} == 'certificates.k8s.io' && (({resource} == 'certificatesigningrequests' && \
          {sub} == 'approval') || ({resource} == 'signers' && {verb} == 'approve')))"
     );
+    let namespace = field("namespace");
     let masters = format!(
-        "({verb} == 'impersonate' && {group} == '' && {resource} == 'groups' && \
-         {name} == 'system:masters')"
+        "({verb} == 'impersonate' && {group} == '' && (({resource} == 'groups' && {name} in {}) \
+         || ({resource} == 'users' && ({name} in {} || {name}.startsWith('{NODE_USER_PREFIX}')))))",
+        list(&CONTROL_GROUPS),
+        list(&CONTROL_USERS)
+    );
+    let configmaps = format!(
+        "({group} == '' && {resource} == 'configmaps' && {namespace} == '{PROTECTED_NAMESPACE}' && \
+         {verb} in {} && ({verb} == 'deletecollection' || {name}.startsWith('{PROTECTED_PREFIX}')))",
+        list(&WRITES)
     );
     // Every write of an APIService goes to the guard, which applies [`aggregatable`].
     let apiservices = format!(
@@ -149,7 +194,7 @@ pub fn match_conditions() -> Vec<String> {
     );
     vec![
         "has(request.resourceAttributes)".to_string(),
-        format!("{policy} || {approval} || {masters} || {apiservices}"),
+        format!("{policy} || {approval} || {masters} || {apiservices} || {configmaps}"),
     ]
 }
 
@@ -184,6 +229,21 @@ mod tests {
             req("update", ar, vap, "socialweb-node-isolation"),
             req("deletecollection", ar, vap, ""),
             req("impersonate", "", "groups", "system:masters"),
+            req("impersonate", "", "groups", "system:nodes"),
+            req("impersonate", "", "users", "system:node:ci-1"),
+            req("impersonate", "", "users", "system:kube-scheduler"),
+            Request {
+                namespace: "kube-system",
+                ..req("patch", "", "configmaps", "socialweb-datastore-quota")
+            },
+            Request {
+                namespace: "kube-system",
+                ..req("delete", "", "configmaps", "socialweb-node-addresses")
+            },
+            Request {
+                namespace: "kube-system",
+                ..req("deletecollection", "", "configmaps", "")
+            },
             req("patch", reg, api, "v1.admissionregistration.k8s.io"),
             req("update", reg, api, "v1."),
             req("delete", reg, api, "v1.apps"),
@@ -232,6 +292,22 @@ mod tests {
             req("create", reg, api, ""),
             req("get", reg, api, "v1.apps"),
             req("impersonate", "", "users", "system:masters"),
+            req(
+                "impersonate",
+                "",
+                "users",
+                "system:serviceaccount:ci:runner",
+            ),
+            req("impersonate", "", "groups", "developers"),
+            req("patch", "", "configmaps", "socialweb-datastore-quota"),
+            Request {
+                namespace: "kube-system",
+                ..req("patch", "", "configmaps", "coredns")
+            },
+            Request {
+                namespace: "kube-system",
+                ..req("get", "", "configmaps", "socialweb-node-addresses")
+            },
         ] {
             assert_eq!(refuse(&r), None, "{r:?} refused");
         }
@@ -268,14 +344,27 @@ mod tests {
     #[test]
     fn every_field_the_conditions_read_is_guarded_by_has() {
         let all = match_conditions().join(" ");
-        for f in ["verb", "group", "resource", "subresource", "name"] {
+        for f in [
+            "verb",
+            "group",
+            "resource",
+            "subresource",
+            "name",
+            "namespace",
+        ] {
             let bare = format!("request.resourceAttributes.{f}");
             let guarded = format!("has({bare}) ? {bare} : ''");
+            // Every read of the field ends there (`name` is also the start of `namespace`).
+            let reads = [")", " "]
+                .iter()
+                .map(|end| all.matches(&format!("{bare}{end}")).count())
+                .sum::<usize>();
             assert_eq!(
-                all.matches(&bare).count(),
-                2 * all.matches(&guarded).count(),
+                all.matches(&bare).count() - all.matches(&format!("{bare}space")).count(),
+                reads,
                 "{f}"
             );
+            assert_eq!(reads, 2 * all.matches(&guarded).count(), "{f}");
         }
     }
 }

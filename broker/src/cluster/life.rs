@@ -123,6 +123,7 @@ impl Clusters {
         let mut extra = vec![
             crate::access::ACCESS_MANIFEST.to_string(),
             crate::control_plane::APISERVICES_MANIFEST.to_string(),
+            crate::control_plane::DATASTORE_QUOTA_MANIFEST.to_string(),
         ];
         if spec.isolated {
             extra.push(crate::control_plane::NODE_ISOLATION_MANIFEST.to_string());
@@ -226,9 +227,11 @@ impl Clusters {
         Ok(Some(t0))
     }
 
-    /// What the cluster's nodes get from the broker for the period: their certificates
-    /// approved by the store's plan, and their cluster addresses published from it.
-    fn serve_nodes(&self, client: &kube::Client, name: &str, period: &CancellationToken) {
+    /// What the broker keeps up in the cluster for the period: nodes' certificates approved
+    /// by the store's plan, their cluster addresses published from it, and the datastore
+    /// quota's state (published once before this returns).
+    async fn keep_up(&self, spec: &Spec, client: &kube::Client, period: &CancellationToken) {
+        let name = spec.cluster.as_str();
         tokio::spawn(crate::approver::run(
             client.clone(),
             name.to_string(),
@@ -241,6 +244,13 @@ impl Clusters {
             self.store.clone(),
             period.clone(),
         ));
+        crate::quota::Watch {
+            cluster: name.to_string(),
+            kine_db: spec.kine_db(),
+            quota: spec.datastore_quota,
+        }
+        .start(client.clone(), period.clone())
+        .await;
     }
 
     /// One awake period: the control plane up, the driver run, until `stop` or idle.
@@ -269,7 +279,7 @@ impl Clusters {
             return Ok(Ended::Stopped);
         };
         let files = up.running.files.clone();
-        self.serve_nodes(&up.client, name, &period);
+        self.keep_up(spec, &up.client, &period).await;
         let watches = Watches::start(&up.client, &period);
         crate::tunnel::egress::serve(
             Egress {

@@ -59,6 +59,8 @@ pub struct ClusterSettings {
     pub gogc: u32,
     /// `clusters.memory_max_mib`, `pids_max`, `cpu_max`: each control plane's budget.
     pub budget: crate::control_plane::cgroup::Budget,
+    /// `clusters.datastore_quota_mib`, in bytes.
+    pub datastore_quota: Option<u64>,
 }
 
 /// A cluster to create.
@@ -409,6 +411,7 @@ impl Clusters {
             },
             gogc: self.settings.gogc,
             budget: self.settings.budget,
+            datastore_quota: self.settings.datastore_quota,
         }
     }
 

@@ -42,6 +42,9 @@ pub const AGENT_RBAC: &str = include_str!("../../../agent/deploy/rbac.yaml");
 pub const NODE_ISOLATION_MANIFEST: &str = include_str!("../../deploy/node-isolation.yaml");
 /// The admission policy every broker cluster gets: aggregated APIs only for groups of its own.
 pub const APISERVICES_MANIFEST: &str = include_str!("../../deploy/apiservices.yaml");
+/// The admission policy every broker cluster gets: tenants' writes refused while the
+/// datastore is at its quota (`crate::quota`).
+pub const DATASTORE_QUOTA_MANIFEST: &str = include_str!("../../deploy/datastore-quota.yaml");
 
 /// How the apiserver reaches etcd: TLS, with a client certificate of etcd's own CA (not
 /// the cluster CA, whose node certificates must not open the datastore).

@@ -79,6 +79,9 @@ pub struct Spec {
     pub gogc: u32,
     /// The memory, CPU and processes its components share (a cgroup of its own).
     pub budget: super::cgroup::Budget,
+    /// What its datastore may hold, in bytes: etcd's `--quota-backend-bytes`; for kine, the
+    /// broker's `quota` watch.
+    pub datastore_quota: Option<u64>,
 }
 
 /// What keeps a cluster's objects (docs/hibernation.md says how they compare): etcd, or kine
@@ -262,6 +265,12 @@ impl Spec {
         })
     }
 
+    /// kine's database, when the datastore is kine.
+    pub fn kine_db(&self) -> Option<PathBuf> {
+        matches!(self.datastore, Datastore::Kine { .. })
+            .then(|| self.dir.join("kine").join("state.db"))
+    }
+
     fn kine_args(&self, e: &EtcdFiles) -> Vec<OsString> {
         let db = self.dir.join("kine").join("state.db");
         vec![
@@ -313,6 +322,12 @@ impl Spec {
             arg("peer-key-file", &e.peer.key),
             arg("peer-trusted-ca-file", &e.ca),
         ]
+        .into_iter()
+        .chain(
+            self.datastore_quota
+                .map(|q| arg("quota-backend-bytes", &q.to_string())),
+        )
+        .collect()
     }
 
     fn components(&self, f: &Files) -> Vec<(&'static str, Vec<OsString>)> {

@@ -1,0 +1,199 @@
+//! The datastore quota of a cluster on kine (docs/security.md, "Budgets"), with etcd's
+//! semantics: once its database holds the quota, the cluster's admission policy
+//! `socialweb-datastore-quota` (`broker/deploy/datastore-quota.yaml`) refuses tenants'
+//! creates and updates; reads and deletes are served, and writes come back once deleted
+//! objects have been compacted away. etcd clusters get the same from etcd itself
+//! (`--quota-backend-bytes`); this watch only publishes that they are not full.
+//!
+//! What counts is the pages SQLite has in use (pages less the free list): deleting and
+//! compacting makes room, and the file never grows much past the quota because SQLite
+//! reuses free pages before it grows.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use sqlx::ConnectOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// The ConfigMap the policy reads its state from (`kube-system`, the broker's own).
+pub const STATE: (&str, &str) = ("kube-system", "socialweb-datastore-quota");
+
+/// How often the database is measured: a tenant may go past the quota by what it writes
+/// in this time (a few MiB at the front's rates), as etcd's own check lags its writes.
+const EVERY: Duration = Duration::from_secs(1);
+
+/// Whether a database of `used` bytes is full under `quota`.
+pub fn full(used: u64, quota: u64) -> bool {
+    used >= quota
+}
+
+/// The bytes SQLite's pages in use take: page size times (pages less free pages). Read
+/// through a read-only connection, which sees the last commit, the write-ahead log's
+/// included.
+pub async fn used_bytes(conn: &mut SqliteConnection) -> Result<u64> {
+    let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+        .fetch_one(&mut *conn)
+        .await?;
+    let free: i64 = sqlx::query_scalar("PRAGMA freelist_count")
+        .fetch_one(&mut *conn)
+        .await?;
+    let size: i64 = sqlx::query_scalar("PRAGMA page_size")
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(u64::try_from((pages - free).max(0) * size)?)
+}
+
+/// A read-only connection to kine's database.
+pub async fn open(db: &Path) -> Result<SqliteConnection> {
+    SqliteConnectOptions::new()
+        .filename(db)
+        .read_only(true)
+        .connect()
+        .await
+        .with_context(|| format!("opening {} to measure it", db.display()))
+}
+
+/// Writes the policy's state: full or not, and the quota it is at.
+pub async fn publish(client: &kube::Client, full: bool, quota: Option<u64>) -> Result<()> {
+    let (namespace, name) = STATE;
+    let cm = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "socialweb"}},
+        "data": {
+            "full": full.to_string(),
+            "quota_mib": quota.map(|q| (q >> 20).to_string()).unwrap_or_else(|| "none".into()),
+        },
+    });
+    Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .patch(
+            name,
+            &PatchParams::apply("socialweb-broker").force(),
+            &Patch::Apply(&cm),
+        )
+        .await
+        .with_context(|| format!("writing ConfigMap {namespace}/{name}"))?;
+    Ok(())
+}
+
+/// The cluster's quota as the broker keeps it.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    pub cluster: String,
+    /// kine's database; `None`: the datastore keeps its own quota (etcd).
+    pub kine_db: Option<PathBuf>,
+    pub quota: Option<u64>,
+}
+
+impl Watch {
+    /// Publishes the state once (before the cluster is served: while the state is missing
+    /// the policy has nothing to refuse with), then keeps it current until `stop`.
+    pub async fn start(self, client: kube::Client, stop: CancellationToken) {
+        let mut was = None;
+        let mut conn = None;
+        self.step(&client, &mut conn, &mut was).await;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(EVERY) => {}
+                    _ = stop.cancelled() => return,
+                }
+                self.step(&client, &mut conn, &mut was).await;
+            }
+        });
+    }
+
+    /// Measures, and publishes when the state is not what was published.
+    async fn step(
+        &self,
+        client: &kube::Client,
+        conn: &mut Option<SqliteConnection>,
+        was: &mut Option<bool>,
+    ) {
+        let cluster = &self.cluster;
+        let now = match (&self.kine_db, self.quota) {
+            (Some(db), Some(quota)) => {
+                if conn.is_none() {
+                    match open(db).await {
+                        Ok(c) => *conn = Some(c),
+                        Err(e) => return warn!(%cluster, "{e:#}"),
+                    }
+                }
+                match used_bytes(conn.as_mut().expect("opened above")).await {
+                    Ok(used) => {
+                        let now = full(used, quota);
+                        if *was != Some(now) {
+                            info!(%cluster, used_mib = used >> 20, quota_mib = quota >> 20,
+                                  full = now, "datastore quota");
+                        }
+                        now
+                    }
+                    Err(e) => {
+                        *conn = None;
+                        return warn!(%cluster, "measuring the datastore: {e:#}");
+                    }
+                }
+            }
+            _ => false,
+        };
+        if *was != Some(now) {
+            match publish(client, now, self.quota).await {
+                Ok(()) => *was = Some(now),
+                Err(e) => warn!(%cluster, "{e:#}"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_at_the_quota() {
+        assert!(!full(0, 1 << 20));
+        assert!(!full((1 << 20) - 1, 1 << 20));
+        assert!(full(1 << 20, 1 << 20));
+    }
+
+    #[tokio::test]
+    async fn used_bytes_grow_with_rows_and_shrink_with_deletes() {
+        let dir = std::env::temp_dir().join(format!("sw-quota-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = dir.join("state.db");
+        let mut w = SqliteConnectOptions::new()
+            .filename(&db)
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+            .connect()
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE kine (v BLOB)")
+            .execute(&mut w)
+            .await
+            .unwrap();
+        let mut r = open(&db).await.unwrap();
+        let empty = used_bytes(&mut r).await.unwrap();
+        for _ in 0..8 {
+            sqlx::query("INSERT INTO kine VALUES (zeroblob(1048576))")
+                .execute(&mut w)
+                .await
+                .unwrap();
+        }
+        let written = used_bytes(&mut r).await.unwrap();
+        assert!(written >= empty + (8 << 20), "{empty} then {written}");
+        sqlx::query("DELETE FROM kine")
+            .execute(&mut w)
+            .await
+            .unwrap();
+        let deleted = used_bytes(&mut r).await.unwrap();
+        assert!(deleted < empty + (1 << 20), "{written} then {deleted}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
