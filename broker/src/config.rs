@@ -178,6 +178,10 @@ pub struct Vm {
     /// counts only hardware virtualization (KVM) as a boundary, so by default a TCG guest
     /// bids as `namespace`.
     pub tcg_as_vm: bool,
+    /// Private IPv4 networks guests may reach besides the public internet (a registry or a
+    /// proxy of the operator's, say). Loopback, RFC 1918, link-local (cloud metadata),
+    /// CGNAT and multicast are refused otherwise (docs/security.md).
+    pub egress_allow: Vec<ipnet::Ipv4Net>,
 }
 
 impl Default for Vm {
@@ -188,6 +192,7 @@ impl Default for Vm {
             qemu: "qemu-system-x86_64".into(),
             qemu_img: "qemu-img".into(),
             tcg_as_vm: false,
+            egress_allow: Vec::new(),
         }
     }
 }

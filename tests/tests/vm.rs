@@ -21,9 +21,25 @@ fn step(t: Instant, what: &str) {
     eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
 }
 
+/// Where the provider's machine listens for the guest's probes (issue 36, attack 4): on its
+/// loopback (slirp's 10.0.2.2 is the host's 127.0.0.1) and its public address, the same
+/// port; and as a cloud's metadata service.
+const PROBE_PORT: u16 = 18080;
+const METADATA: &str = "169.254.169.254";
+
 /// A Pod with everything a tenant may ask of its node: privileged, the host's PID
-/// namespace, the host's `/` at `/host`. It says what it sees, then sleeps.
-fn escape_pod(marker: &str) -> String {
+/// namespace, the host's `/` at `/host`. It says what it sees and what of its provider's
+/// machine it reaches (`public` the machine's public address), then sleeps.
+fn escape_pod(marker: &str, public: &str) -> String {
+    let probe = |ip: &str, port: u16| {
+        format!("$(nc -w 5 {ip} {port} </dev/null 2>&1 | head -1 | tr ' ' _)")
+    };
+    let probes = format!(
+        "echo loopback={}; echo metadata={}; echo public={};",
+        probe("10.0.2.2", PROBE_PORT),
+        probe(METADATA, 80),
+        probe(public, PROBE_PORT)
+    );
     format!(
         r#"apiVersion: v1
 kind: Pod
@@ -37,7 +53,7 @@ spec:
     imagePullPolicy: Never
     securityContext: {{privileged: true}}
     volumeMounts: [{{name: root, mountPath: /host}}]
-    command: ["sh", "-c", "echo started; if [ -e /host{marker} ]; then echo marker=seen; else echo marker=absent; fi; echo comms=$(cat /proc/[0-9]*/comm | sort -u | tr '\n' ','); echo fstab=$(grep -c socialweb-root /host/etc/fstab); echo root_mib=$(df -m /host | tail -1 | awk '{{print $2}}'); echo done; sleep 3600"]
+    command: ["sh", "-c", "echo started; if [ -e /host{marker} ]; then echo marker=seen; else echo marker=absent; fi; echo comms=$(cat /proc/[0-9]*/comm | sort -u | tr '\n' ','); echo fstab=$(grep -c socialweb-root /host/etc/fstab); echo root_mib=$(df -m /host | tail -1 | awk '{{print $2}}'); {probes} echo done; sleep 3600"]
   volumes: [{{name: root, hostPath: {{path: /}}}}]
 "#
     )
@@ -78,6 +94,23 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
     let marker = format!("/var/lib/socialweb-host-marker-{}", std::process::id());
     std::fs::write(&marker, "the host's\n").unwrap();
     let world = World::new(1).unwrap();
+    // What the guest must not reach on its provider's machine, and the control it must.
+    let pm = &world.providers[0];
+    pm.ns
+        .exec(
+            "ip",
+            &["addr", "add", &format!("{METADATA}/32"), "dev", "lo"],
+        )
+        .unwrap();
+    let _servers = [
+        format!("TCP-LISTEN:{PROBE_PORT},fork,reuseaddr"),
+        format!("TCP-LISTEN:80,bind={METADATA},fork,reuseaddr"),
+    ]
+    .map(|listen| {
+        pm.ns
+            .spawn("socat", &[&listen, "SYSTEM:echo provider-machine-answers"])
+            .unwrap()
+    });
     let mut b = Broker::start(
         &world,
         BrokerOptions {
@@ -136,7 +169,7 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
         "{answer}"
     );
     let manifest = dir.path().join("escape.yaml");
-    std::fs::write(&manifest, escape_pod(&marker)).unwrap();
+    std::fs::write(&manifest, escape_pod(&marker, &pm.addr.to_string())).unwrap();
     u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
     step(t, "a cluster at zero nodes, a privileged Pod applied");
 
@@ -199,6 +232,15 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
             .lines()
             .find(|l| l.starts_with("Seccomp"))
             .unwrap_or("no Seccomp line")
+    );
+    // ... and as the VMs' unprivileged user (-runas), not root.
+    let uids = qemu_status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .unwrap_or_default();
+    assert!(
+        uids.split_whitespace().all(|u| u != "0"),
+        "qemu runs as root: Uid: {uids}"
     );
     // The guest said `started` and `ready` on its status port, in that order, after qemu
     // started (the provider's book; the lease is running by `ready` alone).
@@ -265,6 +307,16 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
         );
     }
     assert_eq!(field(&log, "fstab"), "1", "the guest's own files at /host");
+    // The provider's machine: its public address answers (the probe is real), its loopback
+    // and a metadata address do not (crate jail: the VMs' user reaches the internet only).
+    let answers = "provider-machine-answers";
+    assert_eq!(field(&log, "public"), answers, "the public address: {log}");
+    for private in ["loopback", "metadata"] {
+        assert!(
+            !field(&log, private).contains(answers),
+            "the guest reached the provider machine's {private}: {log}"
+        );
+    }
     let root_mib: u64 = field(&log, "root_mib").parse().unwrap();
     assert!(
         root_mib > 10_000,
@@ -272,7 +324,8 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
     );
     step(
         t,
-        "the privileged Pod saw the guest's processes and files, nothing outside",
+        "the privileged Pod saw the guest's processes and files, nothing outside, and reached \
+         its provider's public address but not its loopback or a metadata address",
     );
 
     // A provider that restarts adopts the guest that still runs: the same qemu, the lease

@@ -15,6 +15,7 @@
 //! provider that restarts adopts the machines it left running instead of losing them.
 
 mod book;
+pub mod jail;
 pub mod machine;
 pub mod network;
 mod nodes;
@@ -175,6 +176,10 @@ impl Provider {
                 )
             }
             (MachineKind::Vm(s), Some(image)) => {
+                let uid = jail::vm_user()?;
+                jail::install(uid, &s.egress_allow)?;
+                info!(user = jail::VM_USER, uid, allowed = ?s.egress_allow,
+                      "local provider: guests reach the internet only (nftables table {})", jail::TABLE);
                 let (accel, why) = vm::choose_accel(s, image)?;
                 info!(accel = accel.as_str(), image = %image.name, "local provider: VMs run under {} ({why})", accel.as_str().to_uppercase());
                 Some((accel, why))

@@ -65,6 +65,8 @@ pub struct VmSettings {
     /// Whether a TCG guest bids as `vm` isolation (the operator's choice: QEMU does not count
     /// TCG as a security boundary).
     pub tcg_as_vm: bool,
+    /// Private addresses guests may reach besides the internet ([`crate::jail`]).
+    pub egress_allow: Vec<ipnet::Ipv4Net>,
 }
 
 /// How long KVM gets to show that it runs a guest: a working one prints the kernel's banner
@@ -308,6 +310,9 @@ pub fn qemu_args(
     // scheduling or limits refused. Not `spawn=deny`: -daemonize forks after the filter is
     // on; not `elevateprivileges=deny`: qemu 7.2 then exits at -daemonize without a word.
     push(&["-sandbox", "on,resourcecontrol=deny"]);
+    // Root only while it opens its disks and devices; the guest runs as the VMs' user, whose
+    // sockets (every connection the guest makes) reach only the internet (crate::jail).
+    push(&["-runas", crate::jail::VM_USER]);
     // No display, no monitor, no default devices; a guest that powers off or panics ends
     // its qemu (panic=-1 reboots at once, -no-reboot turns that into an exit).
     push(&[
@@ -627,6 +632,7 @@ mod tests {
         assert!(j.contains("-accel tcg -smp 3 -m 3072"), "{j}");
         assert!(!j.contains("-cpu host"), "{j}");
         assert!(j.contains("-sandbox on,resourcecontrol=deny"), "{j}");
+        assert!(j.contains("-runas socialweb-vm"), "{j}");
         assert!(
             j.contains("file=/g/root.qcow2,if=virtio,format=qcow2"),
             "{j}"
