@@ -370,9 +370,9 @@ pub struct ClusterDefaults {
     pub pids_max: u64,
     /// The CPUs each control plane may use (1.5: one and a half); 0: no limit.
     pub cpu_max: f64,
-    /// How much each cluster's datastore may hold, in MiB, etcd's semantics: past it, writes
-    /// are refused and reads and deletes still served (docs/security.md, "Budgets"). etcd's
-    /// own default is 2048. 0: no quota.
+    /// How much each kine cluster's datastore may hold, in MiB, etcd's semantics: past it,
+    /// writes are refused and reads and deletes still served (docs/security.md, "Budgets").
+    /// etcd clusters keep etcd's own 2048. 0: no quota.
     pub datastore_quota_mib: u64,
 }
 

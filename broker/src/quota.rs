@@ -2,8 +2,8 @@
 //! semantics: once its database holds the quota, the cluster's admission policy
 //! `socialweb-datastore-quota` (`broker/deploy/datastore-quota.yaml`) refuses tenants'
 //! creates and updates; reads and deletes are served, and writes come back once deleted
-//! objects have been compacted away. etcd clusters get the same from etcd itself
-//! (`--quota-backend-bytes`); this watch only publishes that they are not full.
+//! objects have been compacted away. etcd clusters have etcd's own quota (its default,
+//! 2 GiB); this watch only publishes that they are not full.
 //!
 //! What counts is the pages SQLite has in use (pages less the free list): deleting and
 //! compacting makes room, and the file never grows much past the quota because SQLite

@@ -412,6 +412,33 @@ fn a_node_names_no_address_but_its_own(b: &Broker<'_>, u: &User, a: &str, z: &st
         tun,
         "{z} routes the broker's address {broker_addr} into the mesh, as {a} asked"
     );
+    // The node range alone refuses the broker's address; an unused one inside it is refused
+    // because the address comes from the broker, not from the annotation.
+    let unused = "10.41.200.1";
+    let o = as_node(&[
+        "annotate",
+        "node",
+        a,
+        "--overwrite",
+        &format!("socialweb.computer/mesh-node-ip={unused}"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(route_dev(b, z, &ips[a]), tun, "{a}'s own address, after");
+    assert_ne!(
+        route_dev(b, z, unused),
+        tun,
+        "{z} routes {unused} into the mesh, as {a} asked"
+    );
+    // Nor may a node create the broker's ConfigMaps (were one missing).
+    let o = as_node(&[
+        "-n",
+        "kube-system",
+        "create",
+        "configmap",
+        "socialweb-node-addresses-2",
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
     let st: Value =
         serde_json::from_str(&b.agent_cli(z, &["mesh", "status", "--json"]).unwrap()).unwrap();
     assert_eq!(st["peers"][0]["node"], a, "{st}");

@@ -774,6 +774,20 @@ fn a_tenant_filling_its_datastore_is_stopped_at_the_quota_and_no_one_else_is() {
         kubeconfigs.push(kc);
     }
     let (full, other) = (&kubeconfigs[0], &kubeconfigs[1]);
+    // The tenant cannot create a ConfigMap of the broker's names (were one missing).
+    let (ok, out) = kubectl_with(
+        &b,
+        full,
+        &[
+            "-n",
+            "kube-system",
+            "create",
+            "configmap",
+            "socialweb-datastore-quota-2",
+        ],
+        None,
+    );
+    assert!(!ok && out.contains("are the broker's"), "{out}");
     // Secrets of 960 KiB (a Secret holds at most 1 MiB), eight to a kubectl call.
     let blob = "A".repeat(960 * 1024 / 3 * 4);
     let batch = |from: usize| -> String {

@@ -23,22 +23,24 @@ fn step(t: Instant, what: &str) {
 
 /// Where the provider's machine listens for the guest's probes (issue 36, attack 4): on its
 /// loopback (slirp's 10.0.2.2 is the host's 127.0.0.1) and its public address, the same
-/// port; and as a cloud's metadata service.
+/// port; and as a cloud's metadata service. Another machine on the internet (the operator's)
+/// listens on the same port: what the guest must reach.
 const PROBE_PORT: u16 = 18080;
 const METADATA: &str = "169.254.169.254";
 
 /// A Pod with everything a tenant may ask of its node: privileged, the host's PID
 /// namespace, the host's `/` at `/host`. It says what it sees and what of its provider's
-/// machine it reaches (`public` the machine's public address), then sleeps.
-fn escape_pod(marker: &str, public: &str) -> String {
+/// machine it reaches (`own` the machine's public address, `internet` another's), then sleeps.
+fn escape_pod(marker: &str, own: &str, internet: &str) -> String {
     let probe = |ip: &str, port: u16| {
         format!("$(nc -w 5 {ip} {port} </dev/null 2>&1 | head -1 | tr ' ' _)")
     };
     let probes = format!(
-        "echo loopback={}; echo metadata={}; echo public={};",
+        "echo loopback={}; echo metadata={}; echo own={}; echo internet={};",
         probe("10.0.2.2", PROBE_PORT),
         probe(METADATA, 80),
-        probe(public, PROBE_PORT)
+        probe(own, PROBE_PORT),
+        probe(internet, PROBE_PORT)
     );
     format!(
         r#"apiVersion: v1
@@ -111,6 +113,16 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
             .spawn("socat", &[&listen, "SYSTEM:echo provider-machine-answers"])
             .unwrap()
     });
+    let _internet = world
+        .operator
+        .spawn(
+            "socat",
+            &[
+                &format!("TCP-LISTEN:{PROBE_PORT},fork,reuseaddr"),
+                "SYSTEM:echo the-internet-answers",
+            ],
+        )
+        .unwrap();
     let mut b = Broker::start(
         &world,
         BrokerOptions {
@@ -169,7 +181,15 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
         "{answer}"
     );
     let manifest = dir.path().join("escape.yaml");
-    std::fs::write(&manifest, escape_pod(&marker, &pm.addr.to_string())).unwrap();
+    std::fs::write(
+        &manifest,
+        escape_pod(
+            &marker,
+            &pm.addr.to_string(),
+            &testbed::world::OPERATOR_ADDR.to_string(),
+        ),
+    )
+    .unwrap();
     u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
     step(t, "a cluster at zero nodes, a privileged Pod applied");
 
@@ -307,11 +327,12 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
         );
     }
     assert_eq!(field(&log, "fstab"), "1", "the guest's own files at /host");
-    // The provider's machine: its public address answers (the probe is real), its loopback
-    // and a metadata address do not (crate jail: the VMs' user reaches the internet only).
+    // Another machine on the internet answers (the probe is real); the provider's machine
+    // does not, on its loopback, its own public address or a metadata address (the jail:
+    // the VMs' user reaches other machines' public addresses only).
+    assert_eq!(field(&log, "internet"), "the-internet-answers", "{log}");
     let answers = "provider-machine-answers";
-    assert_eq!(field(&log, "public"), answers, "the public address: {log}");
-    for private in ["loopback", "metadata"] {
+    for private in ["loopback", "own", "metadata"] {
         assert!(
             !field(&log, private).contains(answers),
             "the guest reached the provider machine's {private}: {log}"
@@ -325,7 +346,7 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
     step(
         t,
         "the privileged Pod saw the guest's processes and files, nothing outside, and reached \
-         its provider's public address but not its loopback or a metadata address",
+         the internet but not its provider machine's loopback, public address or a metadata address",
     );
 
     // A provider that restarts adopts the guest that still runs: the same qemu, the lease

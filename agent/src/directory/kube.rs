@@ -144,11 +144,14 @@ pub fn watch(
             match event {
                 Err((what, e)) => {
                     warn!("watching {what}: {e}");
-                    // A cluster that does not let nodes read the addresses still routes
-                    // pods: the directory goes on without them rather than waiting.
-                    addresses_listed |= !is_nodes;
                     tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
+                    if is_nodes || addresses_listed {
+                        continue;
+                    }
+                    // A cluster that does not let nodes read the addresses still routes
+                    // pods: the directory goes on without them (now, not at the next Node
+                    // event) rather than waiting.
+                    addresses_listed = true;
                 }
                 Ok(false) => continue,
                 Ok(true) if is_nodes => nodes_listed = true,

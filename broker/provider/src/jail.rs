@@ -1,10 +1,13 @@
 //! What a VM guest may reach of its provider's machine: nothing but the internet. qemu runs
 //! as an unprivileged user of its own ([`VM_USER`], `-runas`), and the machine's nftables
 //! let that user's sockets -- which carry every connection the guest makes through qemu's
-//! user-mode NAT -- reach only public unicast addresses, the machine's own resolvers on port
-//! 53 (the guest's DNS), and what the operator adds (`local_provider.vm.egress_allow`). Not
-//! the machine's loopback (slirp's 10.0.2.2 is the host's 127.0.0.1), its private networks,
-//! link-local (a cloud's metadata service at 169.254.169.254), CGNAT or multicast.
+//! user-mode NAT -- reach only public unicast addresses of other machines, the machine's own
+//! resolvers on port 53 (the guest's DNS), and what the operator adds
+//! (`local_provider.vm.egress_allow`). Not the machine's own addresses (its loopback, which
+//! slirp's 10.0.2.2 is, and its public ones: what listens there is behind no cloud firewall
+//! from inside), its private networks, link-local (a cloud's metadata service at
+//! 169.254.169.254), CGNAT or multicast. A provider that shares its machine with the broker
+//! (the embedded one) lists the machine's public address in `egress_allow`.
 //!
 //! Firecracker's jailer also gives each guest its own network, mount namespace and cgroup;
 //! those are not done yet (docs/security.md says what is).
@@ -48,6 +51,9 @@ pub fn ruleset(uid: u32, resolvers: &[Ipv4Addr], allow: &[Ipv4Net]) -> String {
     let resolvers = set(resolvers.iter().map(|r| r.to_string()).collect());
     let allow = set(allow.iter().map(|a| a.to_string()).collect());
     let not_public = set(NOT_PUBLIC.iter().map(|s| s.to_string()).collect());
+    // Only the VMs' user's packets enter `guest`: a packet with no socket (a reset, an ICMP
+    // error, neighbour discovery) has no owner, so `skuid != uid accept` would have sent it
+    // down the refusals; `skuid uid jump` leaves it alone.
     format!(
         "table inet {TABLE}\n\
          delete table inet {TABLE}\n\
@@ -57,12 +63,18 @@ pub fn ruleset(uid: u32, resolvers: &[Ipv4Addr], allow: &[Ipv4Net]) -> String {
          \x20 set not_public {{ type ipv4_addr; flags interval; {not_public} }}\n\
          \x20 chain output {{\n\
          \x20   type filter hook output priority filter; policy accept;\n\
-         \x20   meta skuid != {uid} accept\n\
+         \x20   meta skuid {uid} jump guest\n\
+         \x20 }}\n\
+         \x20 chain guest {{\n\
          \x20   ip daddr @resolvers udp dport 53 accept\n\
          \x20   ip daddr @resolvers tcp dport 53 accept\n\
          \x20   ip daddr @allowed accept\n\
+         \x20   fib daddr type local goto refuse\n\
          \x20   ip daddr != @not_public accept\n\
          \x20   ip6 daddr 2000::/3 accept\n\
+         \x20   goto refuse\n\
+         \x20 }}\n\
+         \x20 chain refuse {{\n\
          \x20   meta l4proto tcp reject with tcp reset\n\
          \x20   reject\n\
          \x20 }}\n\
@@ -145,7 +157,8 @@ mod tests {
             &["192.0.2.53".parse().unwrap()],
             &["10.1.2.0/24".parse().unwrap()],
         );
-        assert!(r.contains("meta skuid != 998 accept"), "{r}");
+        assert!(r.contains("meta skuid 998 jump guest"), "{r}");
+        assert!(r.contains("fib daddr type local goto refuse"), "{r}");
         assert!(r.contains("elements = { 192.0.2.53 }"), "{r}");
         assert!(r.contains("elements = { 10.1.2.0/24 }"), "{r}");
         assert!(

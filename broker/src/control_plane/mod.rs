@@ -45,6 +45,8 @@ pub const APISERVICES_MANIFEST: &str = include_str!("../../deploy/apiservices.ya
 /// The admission policy every broker cluster gets: tenants' writes refused while the
 /// datastore is at its quota (`crate::quota`).
 pub const DATASTORE_QUOTA_MANIFEST: &str = include_str!("../../deploy/datastore-quota.yaml");
+/// The admission policy every broker cluster gets: only the broker creates its ConfigMaps.
+pub const BROKER_CONFIGMAPS_MANIFEST: &str = include_str!("../../deploy/broker-configmaps.yaml");
 
 /// How the apiserver reaches etcd: TLS, with a client certificate of etcd's own CA (not
 /// the cluster CA, whose node certificates must not open the datastore).

@@ -79,8 +79,9 @@ pub struct Spec {
     pub gogc: u32,
     /// The memory, CPU and processes its components share (a cgroup of its own).
     pub budget: super::cgroup::Budget,
-    /// What its datastore may hold, in bytes: etcd's `--quota-backend-bytes`; for kine, the
-    /// broker's `quota` watch.
+    /// What its kine datastore may hold, in bytes (the broker's `quota` watch). etcd keeps
+    /// its own default (2 GiB): the embedded etcd of `image-builder/kubernetes/main.go` takes
+    /// no quota flag yet, and adding one rebuilds Kubernetes.
     pub datastore_quota: Option<u64>,
 }
 
@@ -322,12 +323,6 @@ impl Spec {
             arg("peer-key-file", &e.peer.key),
             arg("peer-trusted-ca-file", &e.ca),
         ]
-        .into_iter()
-        .chain(
-            self.datastore_quota
-                .map(|q| arg("quota-backend-bytes", &q.to_string())),
-        )
-        .collect()
     }
 
     fn components(&self, f: &Files) -> Vec<(&'static str, Vec<OsString>)> {
