@@ -8,10 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::Api;
-use kube::api::{Patch, PatchParams};
+use anyhow::Result;
 use socialweb_broker_core::records::Provision;
 use socialweb_wire::mesh::NODE_ADDRESSES;
 use tokio_util::sync::CancellationToken;
@@ -33,24 +30,9 @@ pub fn addresses(provisions: &[Provision]) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Writes `data` as the ConfigMap (server-side apply, the broker's field manager).
+/// Writes `data` as the ConfigMap.
 pub async fn publish(client: &kube::Client, data: &BTreeMap<String, String>) -> Result<()> {
-    let (namespace, name) = NODE_ADDRESSES;
-    let cm = serde_json::json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {"app.kubernetes.io/managed-by": "socialweb"}},
-        "data": data,
-    });
-    Api::<ConfigMap>::namespaced(client.clone(), namespace)
-        .patch(
-            name,
-            &PatchParams::apply("socialweb-broker").force(),
-            &Patch::Apply(&cm),
-        )
-        .await
-        .with_context(|| format!("writing ConfigMap {namespace}/{name}"))?;
-    Ok(())
+    crate::tenant::apply_configmap(client, NODE_ADDRESSES, &serde_json::json!(data)).await
 }
 
 /// Keeps `cluster`'s published addresses equal to the store's live provisions until `stop`

@@ -13,9 +13,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::Api;
-use kube::api::{Patch, PatchParams};
 use sqlx::ConnectOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use tokio_util::sync::CancellationToken;
@@ -61,25 +58,11 @@ pub async fn open(db: &Path) -> Result<SqliteConnection> {
 
 /// Writes the policy's state: full or not, and the quota it is at.
 pub async fn publish(client: &kube::Client, full: bool, quota: Option<u64>) -> Result<()> {
-    let (namespace, name) = STATE;
-    let cm = serde_json::json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {"app.kubernetes.io/managed-by": "socialweb"}},
-        "data": {
-            "full": full.to_string(),
-            "quota_mib": quota.map(|q| (q >> 20).to_string()).unwrap_or_else(|| "none".into()),
-        },
+    let data = serde_json::json!({
+        "full": full.to_string(),
+        "quota_mib": quota.map(|q| (q >> 20).to_string()).unwrap_or_else(|| "none".into()),
     });
-    Api::<ConfigMap>::namespaced(client.clone(), namespace)
-        .patch(
-            name,
-            &PatchParams::apply("socialweb-broker").force(),
-            &Patch::Apply(&cm),
-        )
-        .await
-        .with_context(|| format!("writing ConfigMap {namespace}/{name}"))?;
-    Ok(())
+    crate::tenant::apply_configmap(client, STATE, &data).await
 }
 
 /// The cluster's quota as the broker keeps it.

@@ -23,6 +23,30 @@ pub async fn client(admin_kubeconfig: &Path) -> Result<Client> {
     Client::try_from(cfg).context("building the Kubernetes client")
 }
 
+/// Writes one of the broker's ConfigMaps in a tenant cluster (server-side apply, the broker's
+/// field manager, forced): its whole `data`.
+pub async fn apply_configmap(
+    c: &Client,
+    (namespace, name): (&str, &str),
+    data: &serde_json::Value,
+) -> Result<()> {
+    let cm = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "socialweb"}},
+        "data": data,
+    });
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.clone(), namespace)
+        .patch(
+            name,
+            &PatchParams::apply("socialweb-broker").force(),
+            &Patch::Apply(&cm),
+        )
+        .await
+        .with_context(|| format!("writing ConfigMap {namespace}/{name}"))?;
+    Ok(())
+}
+
 /// Creates (or replaces) the bootstrap token Secret for a node.
 pub async fn put_token(c: &Client, secret: &serde_json::Value) -> Result<()> {
     let s: Secret = serde_json::from_value(secret.clone())?;

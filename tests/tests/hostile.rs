@@ -373,27 +373,7 @@ fn an_escape_pod_is_refused_and_its_owner_cannot_lift_the_policy() {
     )
     .unwrap();
     control_plane_in_its_budget(&b, "t");
-    let kubectl = |args: &[&str], stdin: Option<&str>| -> (bool, String) {
-        let mut c = b.kubectl_as(&kc, &[], args);
-        c.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        if let Some(s) = stdin {
-            child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
-        } else {
-            drop(child.stdin.take());
-        }
-        let o = child.wait_with_output().unwrap();
-        (
-            o.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            ),
-        )
-    };
+    let kubectl = |args: &[&str], stdin: Option<&str>| kubectl_with(&b, &kc, args, stdin);
     // The attack as it was done: privileged, hostPID, the host's / mounted.
     let escape = pod(
         "escape",

@@ -13,7 +13,7 @@
 //! those are not done yet (docs/security.md says what is).
 
 use std::net::Ipv4Addr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use ipnet::Ipv4Net;
@@ -124,26 +124,7 @@ pub fn vm_user() -> Result<u32> {
 /// Installs the rules in this network namespace (replacing an earlier provider's).
 pub fn install(uid: u32, allow: &[Ipv4Net]) -> Result<()> {
     let resolvers = nameservers(&std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default());
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running nft (nftables) for the VMs' egress")?;
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(ruleset(uid, &resolvers, allow).as_bytes())?;
-    let o = child.wait_with_output()?;
-    if !o.status.success() {
-        bail!(
-            "nft: the VMs' egress rules: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        );
-    }
-    Ok(())
+    crate::network::nft_apply(&ruleset(uid, &resolvers, allow), "the VMs' egress rules")
 }
 
 #[cfg(test)]

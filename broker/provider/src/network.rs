@@ -196,13 +196,19 @@ pub fn machine_nat(prefix: &str, subnet: Ipv4Addr) -> Result<()> {
     let rules = format!(
         "table ip {table} {{}}\ndelete table ip {table}\ntable ip {table} {{\n  chain postrouting {{ type nat hook postrouting priority srcnat; policy accept; ip saddr {subnet}/16 oifname != \"{links}*\" masquerade; }}\n}}\n"
     );
+    nft_apply(&rules, "the guests' NAT")
+}
+
+/// Applies an nftables ruleset in this network namespace (`nft -f -`, one transaction);
+/// `what` names it in errors.
+pub fn nft_apply(rules: &str, what: &str) -> Result<()> {
     use std::io::Write;
     let mut child = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("running nft (nftables) for the guests' NAT")?;
+        .with_context(|| format!("running nft (nftables) for {what}"))?;
     child
         .stdin
         .take()
@@ -211,7 +217,7 @@ pub fn machine_nat(prefix: &str, subnet: Ipv4Addr) -> Result<()> {
     let out = child.wait_with_output()?;
     if !out.status.success() {
         bail!(
-            "nft: the guests' NAT: {}",
+            "nft: {what}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
