@@ -182,6 +182,10 @@ pub struct Vm {
     /// proxy of the operator's, say). Loopback, RFC 1918, link-local (cloud metadata),
     /// CGNAT and multicast are refused otherwise (docs/security.md).
     pub egress_allow: Vec<ipnet::Ipv4Net>,
+    /// Whether each guest's qemu runs jailed: its own uid, network namespace, mount
+    /// namespace (chrooted) and cgroup with the RFP's budget (docs/security.md). `false`
+    /// only to measure what the jail costs (`bench/vm`): unjailed guests never bid as `vm`.
+    pub jail: bool,
 }
 
 impl Default for Vm {
@@ -193,6 +197,7 @@ impl Default for Vm {
             qemu_img: "qemu-img".into(),
             tcg_as_vm: false,
             egress_allow: Vec::new(),
+            jail: true,
         }
     }
 }

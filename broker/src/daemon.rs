@@ -78,6 +78,7 @@ pub fn provider_config(cfg: &Config) -> ProviderConfig {
                     qemu_img: lp.vm.qemu_img.clone(),
                     tcg_as_vm: lp.vm.tcg_as_vm,
                     egress_allow: lp.vm.egress_allow.clone(),
+                    jail: lp.vm.jail,
                 })
             }
         },

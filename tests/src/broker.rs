@@ -57,6 +57,9 @@ pub struct BrokerOptions {
     /// Nodes are qemu guests booted from `image` (`machine = "vm"`), and the broker rents
     /// only VMs (`market.isolation = "vm"`).
     pub vm: bool,
+    /// With `vm`: the guests unjailed (`local_provider.vm.jail = false`, `bench/vm`'s
+    /// "before"), and the broker renting them as the namespace isolation they then bid.
+    pub vm_unjailed: bool,
     /// Lines for the configuration's `[front]` section.
     pub front_toml: String,
     /// Lines for the `[access]` section. Default: registration open and the tenants trusted
@@ -88,6 +91,7 @@ impl Default for BrokerOptions {
             node_mem_mib: 2048,
             image: None,
             vm: false,
+            vm_unjailed: false,
             front_toml: String::new(),
             access_toml: "registration = \"open\"\ntenants_trusted = true\n".into(),
             extra_seeds: Vec::new(),
@@ -181,7 +185,12 @@ impl NodeSoftware {
             },
             image: match (&opts.image, opts.vm) {
                 (Some(i), true) => format!(
-                    "image = {i:?}\nmachine = \"vm\"\n[local_provider.vm]\naccel = \"auto\"\nboot_timeout = \"15m\"\n# This machine has no working KVM (nested guests hang): its TCG guests stand for VMs.\ntcg_as_vm = true\n"
+                    "image = {i:?}\nmachine = \"vm\"\n[local_provider.vm]\naccel = \"auto\"\nboot_timeout = \"15m\"\n# This machine has no working KVM (nested guests hang): its TCG guests stand for VMs.\ntcg_as_vm = true\n{}",
+                    if opts.vm_unjailed {
+                        "jail = false\n"
+                    } else {
+                        ""
+                    }
                 ),
                 (Some(i), false) => format!("image = {i:?}\n"),
                 (None, _) => String::new(),
@@ -887,7 +896,11 @@ did_web_nameservers = ["{RESOLVER_ADDR}:53"]
         timeout = humantime::format_duration(opts.request_timeout),
         // A guest under TCG boots and joins in minutes.
         boot = if opts.vm { "15m" } else { "120s" },
-        isolation = if opts.vm { "isolation = \"vm\"\n" } else { "" },
+        isolation = if opts.vm && !opts.vm_unjailed {
+            "isolation = \"vm\"\n"
+        } else {
+            ""
+        },
         local = sw.section(PROVIDER_ADDR, prefix, opts.provider_capacity, &[]),
     )
 }

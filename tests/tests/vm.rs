@@ -61,6 +61,103 @@ spec:
     )
 }
 
+/// What jails a guest's qemu, as the kernel shows it.
+#[derive(Debug)]
+struct Jail {
+    uid: u32,
+    root: std::path::PathBuf,
+    /// Its v1 memory cgroup's directory.
+    memory: std::path::PathBuf,
+    memory_limit_mib: u64,
+}
+
+fn cgroup_mib(dir: &std::path::Path, file: &str) -> u64 {
+    let bytes: u64 = std::fs::read_to_string(dir.join(file))
+        .unwrap_or_else(|e| panic!("{}/{file}: {e}", dir.display()))
+        .trim()
+        .parse()
+        .unwrap();
+    bytes >> 20
+}
+
+/// Checks qemu `pid`'s jail (`status` its /proc status; `provider_netns` the provider
+/// machine's network namespace) and says what it is.
+fn jail_of(pid: u32, status: &str, provider_netns: &std::path::Path) -> Jail {
+    use std::os::unix::fs::MetadataExt;
+    let uid: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|u| u.split_whitespace().next())
+        .and_then(|u| u.parse().ok())
+        .expect("qemu's Uid");
+    assert!(
+        uid > socialweb_provider::jail::UID_BASE,
+        "qemu runs as a guest's own uid, not {uid}"
+    );
+    let proc_ = |what: &str| format!("/proc/{pid}/{what}");
+    let ino = |p: &str| {
+        std::fs::metadata(p)
+            .unwrap_or_else(|e| panic!("{p}: {e}"))
+            .ino()
+    };
+    assert_ne!(
+        ino(&proc_("ns/net")),
+        std::fs::metadata(provider_netns).unwrap().ino(),
+        "qemu in the provider machine's network namespace"
+    );
+    assert_ne!(
+        ino(&proc_("ns/mnt")),
+        ino("/proc/self/ns/mnt"),
+        "qemu in the host's mount namespace"
+    );
+    let root = std::fs::read_link(proc_("root")).unwrap();
+    assert!(
+        root.ends_with("root") && root != std::path::Path::new("/"),
+        "qemu chrooted: {root:?}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&root).unwrap().count(),
+        1,
+        "the chroot holds etc/ alone: {root:?}"
+    );
+    let cgroups = std::fs::read_to_string(proc_("cgroup")).unwrap();
+    let under = |hierarchy: &str| {
+        let path = cgroups
+            .lines()
+            .find_map(|l| l.split_once(&format!(":{hierarchy}:")).map(|(_, p)| p))
+            .unwrap_or_else(|| panic!("no {hierarchy} cgroup: {cgroups}"));
+        assert!(path.contains("vm"), "qemu in its guest's cgroup: {path}");
+        std::path::Path::new("/sys/fs/cgroup")
+            .join(hierarchy)
+            .join(path.trim_start_matches('/'))
+    };
+    let memory = under("memory");
+    let memory_limit_mib = cgroup_mib(&memory, "memory.limit_in_bytes");
+    assert!(
+        memory_limit_mib < 64 << 10,
+        "a memory budget: {memory_limit_mib} MiB"
+    );
+    let pids = std::fs::read_to_string(under("pids").join("pids.max")).unwrap();
+    assert_eq!(pids.trim(), "256");
+    // (`cpu` is its own hierarchy here; elsewhere `cpu,cpuacct`, with `cpu` a link to it.)
+    let cpu = if cgroups.contains(":cpu,cpuacct:") {
+        "cpu,cpuacct"
+    } else {
+        "cpu"
+    };
+    let quota = std::fs::read_to_string(under(cpu).join("cpu.cfs_quota_us")).unwrap();
+    assert!(
+        quota.trim().parse::<i64>().unwrap() > 0,
+        "a CPU budget: {quota}"
+    );
+    Jail {
+        uid,
+        root,
+        memory,
+        memory_limit_mib,
+    }
+}
+
 /// The provider's own view of its leases.
 fn leases(b: &Broker<'_>) -> Vec<Value> {
     let url = format!("{}/v1/leases", b.providers[0].url);
@@ -253,15 +350,12 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
             .find(|l| l.starts_with("Seccomp"))
             .unwrap_or("no Seccomp line")
     );
-    // ... and as the VMs' unprivileged user (-runas), not root.
-    let uids = qemu_status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .unwrap_or_default();
-    assert!(
-        uids.split_whitespace().all(|u| u != "0"),
-        "qemu runs as root: Uid: {uids}"
-    );
+    // ... and jailed: as a uid of its own, not root; in a network and a mount namespace of
+    // its own, chrooted; in a cgroup with a budget.
+    let qemu_pid = guests[0].1.unwrap();
+    let jail = jail_of(qemu_pid, &qemu_status, &pm.ns.path());
+    eprintln!("the jail: {jail:?}");
+    step(t, &format!("qemu runs jailed, as uid {}", jail.uid));
     // The guest said `started` and `ready` on its status port, in that order, after qemu
     // started (the provider's book; the lease is running by `ready` alone).
     let book: Value = serde_json::from_slice(
@@ -338,6 +432,11 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
             "the guest reached the provider machine's {private}: {log}"
         );
     }
+    eprintln!(
+        "the guest's qemu used at most {} MiB of its cgroup's {} MiB",
+        cgroup_mib(&jail.memory, "memory.max_usage_in_bytes"),
+        jail.memory_limit_mib
+    );
     let root_mib: u64 = field(&log, "root_mib").parse().unwrap();
     assert!(
         root_mib > 10_000,
@@ -384,7 +483,11 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
         "{:?}",
         leases(&b)
     );
-    step(t, "teardown: no guest, no disks");
+    assert!(
+        !jail.memory.exists() && !jail.root.exists(),
+        "the guest's cgroup and chroot outlived it: {jail:?}"
+    );
+    step(t, "teardown: no guest, no disks, no jail");
 
     let _ = std::fs::remove_file(&marker);
 }

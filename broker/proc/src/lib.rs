@@ -4,6 +4,7 @@
 //! and, after a restart, adopt only if it still names the same process. And their state
 //! on disk, owner-only ([`owner_only`]).
 
+pub mod cgroup;
 pub mod owner_only;
 
 use std::path::Path;

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use book::{Acceptance, Ledger, Offer, set_state};
 use network::NodeNet;
@@ -176,10 +176,17 @@ impl Provider {
                 )
             }
             (MachineKind::Vm(s), Some(image)) => {
-                let uid = jail::vm_user()?;
-                jail::install(uid, &s.egress_allow)?;
-                info!(user = jail::VM_USER, uid, allowed = ?s.egress_allow,
-                      "local provider: guests reach the internet only (nftables table {})", jail::TABLE);
+                if s.jail {
+                    machine::check_cgroups()?;
+                    network::machine_nat(&cfg.prefix, cfg.subnet)?;
+                    jail::install(cfg.subnet, &s.egress_allow)?;
+                    info!(allowed = ?s.egress_allow,
+                          "local provider: each guest jailed, reaching the internet only (nftables table {})", jail::TABLE);
+                } else {
+                    warn!(
+                        "local provider: guests run unjailed (local_provider.vm.jail = false): they bid as namespace isolation"
+                    );
+                }
                 let (accel, why) = vm::choose_accel(s, image)?;
                 info!(accel = accel.as_str(), image = %image.name, "local provider: VMs run under {} ({why})", accel.as_str().to_uppercase());
                 Some((accel, why))
@@ -214,7 +221,7 @@ impl Provider {
     fn offer(&self) -> Offer {
         let base = self.inner.cfg.offer();
         match (&self.inner.accel, &self.inner.cfg.machine) {
-            (Some((accel, _)), MachineKind::Vm(s)) => vm_offer(base, *accel, s.tcg_as_vm),
+            (Some((accel, _)), MachineKind::Vm(s)) => vm_offer(base, *accel, s.tcg_as_vm, s.jail),
             _ => base,
         }
     }
@@ -339,9 +346,10 @@ impl Provider {
 
 /// A VM provider's offer: its guests are `vm` isolation under KVM, and under TCG only when
 /// the operator says so (`tcg_as_vm`): QEMU's security policy counts hardware
-/// virtualization, not TCG, as a boundary.
-fn vm_offer(mut o: Offer, accel: vm::Accel, tcg_as_vm: bool) -> Offer {
-    if accel == vm::Accel::Kvm || tcg_as_vm {
+/// virtualization, not TCG, as a boundary. An unjailed guest (`jailed` false: measuring
+/// the jail) is never `vm`.
+fn vm_offer(mut o: Offer, accel: vm::Accel, tcg_as_vm: bool, jailed: bool) -> Offer {
+    if jailed && (accel == vm::Accel::Kvm || tcg_as_vm) {
         o.isolation = socialweb_market::Isolation::Vm;
     }
     o.machine = format!("vm/{}", accel.as_str());
@@ -373,13 +381,15 @@ mod tests {
             machine: "namespace".into(),
             eta_ms: 3000,
         };
-        let kvm = vm_offer(base.clone(), vm::Accel::Kvm, false);
+        let kvm = vm_offer(base.clone(), vm::Accel::Kvm, false, true);
         assert_eq!(kvm.isolation, socialweb_market::Isolation::Vm);
         assert_eq!(kvm.machine, "vm/kvm");
-        let tcg = vm_offer(base.clone(), vm::Accel::Tcg, false);
+        let tcg = vm_offer(base.clone(), vm::Accel::Tcg, false, true);
         assert_eq!(tcg.isolation, socialweb_market::Isolation::Namespace);
         assert_eq!(tcg.machine, "vm/tcg");
-        let opted = vm_offer(base, vm::Accel::Tcg, true);
+        let opted = vm_offer(base.clone(), vm::Accel::Tcg, true, true);
         assert_eq!(opted.isolation, socialweb_market::Isolation::Vm);
+        let unjailed = vm_offer(base, vm::Accel::Kvm, true, false);
+        assert_eq!(unjailed.isolation, socialweb_market::Isolation::Namespace);
     }
 }

@@ -125,26 +125,32 @@ impl NodeNet {
         r
     }
 
+    /// Creates the gateway's namespace alone, with its uplink to the machine and its NAT
+    /// table (nothing new in from the machine's side), for a process that is its own NAT
+    /// (a VM guest's qemu, whose slirp is the guest's gateway: [`crate::jail`]). Replaces a
+    /// leftover of the same name.
+    pub fn create_uplink(&self) -> Result<()> {
+        self.remove();
+        let r = self.build_uplink();
+        if r.is_err() {
+            self.remove();
+        }
+        r
+    }
+
+    /// The gateway's namespace path.
+    pub fn gateway_path(&self) -> PathBuf {
+        PathBuf::from(NETNS_DIR).join(&self.gateway)
+    }
+
     fn build(&self) -> Result<()> {
+        self.build_uplink()?;
         let (g, n) = (self.gateway.as_str(), self.netns.as_str());
-        ip(&["netns", "add", g])?;
         ip(&["netns", "add", n])?;
-        let host = format!("{}/24", self.host_addr);
-        let wan = format!("{}/24", self.node_addr);
         let guest_gw = format!("{GUEST_GATEWAY}/24");
         let guest = format!("{GUEST_ADDR}/24");
-        let (hg, gw) = (self.host_addr.to_string(), GUEST_GATEWAY.to_string());
-        let h = self.host_link.as_str();
-        let steps: [&[&str]; 14] = [
-            &[
-                "link", "add", h, "type", "veth", "peer", "name", "wan", "netns", g,
-            ],
-            &["addr", "add", &host, "dev", h],
-            &["link", "set", h, "up"],
-            &["-n", g, "link", "set", "lo", "up"],
-            &["-n", g, "addr", "add", &wan, "dev", "wan"],
-            &["-n", g, "link", "set", "wan", "up"],
-            &["-n", g, "route", "add", "default", "via", &hg],
+        let gw = GUEST_GATEWAY.to_string();
+        let steps: [&[&str]; 7] = [
             &[
                 "-n", g, "link", "add", "lan", "type", "veth", "peer", "name", "eth0", "netns", n,
             ],
@@ -158,7 +164,31 @@ impl NodeNet {
         for s in steps {
             ip(s)?;
         }
-        in_netns(g, "sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"], None)?;
+        in_netns(g, "sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"], None)
+    }
+
+    /// The gateway's namespace, its uplink and its NAT table.
+    fn build_uplink(&self) -> Result<()> {
+        let g = self.gateway.as_str();
+        ip(&["netns", "add", g])?;
+        let host = format!("{}/24", self.host_addr);
+        let wan = format!("{}/24", self.node_addr);
+        let hg = self.host_addr.to_string();
+        let h = self.host_link.as_str();
+        let steps: [&[&str]; 7] = [
+            &[
+                "link", "add", h, "type", "veth", "peer", "name", "wan", "netns", g,
+            ],
+            &["addr", "add", &host, "dev", h],
+            &["link", "set", h, "up"],
+            &["-n", g, "link", "set", "lo", "up"],
+            &["-n", g, "addr", "add", &wan, "dev", "wan"],
+            &["-n", g, "link", "set", "wan", "up"],
+            &["-n", g, "route", "add", "default", "via", &hg],
+        ];
+        for s in steps {
+            ip(s)?;
+        }
         in_netns(g, "nft", &["-f", "-"], Some(GATEWAY_NFT)).context("the gateway's NAT")
     }
 

@@ -121,7 +121,7 @@ impl Provider {
             let _ = std::fs::remove_dir_all(&m.dir);
         }
         match &e.guest {
-            Some(g) => self.remove_guest(g),
+            Some(g) => self.remove_guest(e, g),
             None => self.net(e.slot).remove(),
         }
         if let crate::MachineKind::Vm(_) = self.inner.cfg.machine {
@@ -131,6 +131,7 @@ impl Provider {
                 dir: self.node_dir(&e.lease.id),
             };
             crate::vm::kill_leftover(&files);
+            self.jail_of(e).remove();
             let _ = std::fs::remove_dir_all(&files.dir);
         }
         self.inner.ledger.update(&e.lease.id, |x| {

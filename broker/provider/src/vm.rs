@@ -19,8 +19,11 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use socialweb_market::NodeSpec;
+use socialweb_proc::cgroup::Cgroup;
 use socialweb_proc::same;
 use socialweb_wire::guest::{self, Event};
+
+use crate::jail::Jail;
 
 /// How a provider's VMs run their vCPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +70,9 @@ pub struct VmSettings {
     pub tcg_as_vm: bool,
     /// Private addresses guests may reach besides the internet ([`crate::jail`]).
     pub egress_allow: Vec<ipnet::Ipv4Net>,
+    /// Whether each guest is jailed ([`crate::jail`]). Off only to measure what the jail
+    /// costs (`bench/vm`): an unjailed guest never bids as `vm` isolation.
+    pub jail: bool,
 }
 
 /// How long KVM gets to show that it runs a guest: a working one prints the kernel's banner
@@ -289,17 +295,51 @@ fn disk_args(image: &NodeImage, files: &GuestFiles) -> Vec<String> {
     ]
 }
 
+/// The guest's network and its status port.
+fn io_args(files: &GuestFiles) -> Vec<String> {
+    let mut a: Vec<String> = Vec::new();
+    let mut push = |xs: &[&str]| a.extend(xs.iter().map(|s| s.to_string()));
+    // User-mode NAT: the guest's connections leave from this machine's own sockets; no
+    // port is forwarded in.
+    push(&[
+        "-netdev",
+        "user,id=n0",
+        "-device",
+        "virtio-net-pci,netdev=n0",
+    ]);
+    let status = format!("file,id=status,append=on,path={}", files.status().display());
+    let port = format!(
+        "virtserialport,bus=vs.0,chardev=status,name={}",
+        guest::PORT_NAME
+    );
+    push(&[
+        "-device",
+        "virtio-serial-pci,id=vs",
+        "-chardev",
+        &status,
+        "-device",
+        &port,
+    ]);
+    a
+}
+
 /// qemu's command line for one guest (after the program's name).
 pub fn qemu_args(
     image: &NodeImage,
     spec: &NodeSpec,
     accel: Accel,
     files: &GuestFiles,
+    jail: Option<&Jail>,
     extra_append: &str,
 ) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
     let mut push = |xs: &[&str]| a.extend(xs.iter().map(|s| s.to_string()));
-    push(&["-machine", "q35", "-accel", accel.as_str()]);
+    // A jailed TCG guest's translated code is bounded, so its cgroup's budget holds it.
+    let accel_opt = match (accel, jail) {
+        (Accel::Tcg, Some(_)) => format!("tcg,tb-size={}", crate::jail::TCG_TB_MIB),
+        _ => accel.as_str().to_string(),
+    };
+    push(&["-machine", "q35", "-accel", &accel_opt]);
     if accel == Accel::Kvm {
         push(&["-cpu", "host"]);
     }
@@ -310,9 +350,11 @@ pub fn qemu_args(
     // scheduling or limits refused. Not `spawn=deny`: -daemonize forks after the filter is
     // on; not `elevateprivileges=deny`: qemu 7.2 then exits at -daemonize without a word.
     push(&["-sandbox", "on,resourcecontrol=deny"]);
-    // Root only while it opens its disks and devices; the guest runs as the VMs' user, whose
-    // sockets (every connection the guest makes) reach only the internet (crate::jail).
-    push(&["-runas", crate::jail::VM_USER]);
+    // Root only while it opens its disks and devices; then chrooted, as the guest's own uid
+    // (crate::jail).
+    if let Some(j) = jail {
+        push(&j.qemu_args().iter().map(String::as_str).collect::<Vec<_>>());
+    }
     // No display, no monitor, no default devices; a guest that powers off or panics ends
     // its qemu (panic=-1 reboots at once, -no-reboot turns that into an exit).
     push(&[
@@ -323,8 +365,12 @@ pub fn qemu_args(
         "none",
         "-no-reboot",
     ]);
-    let console = format!("file:{}", files.console().display());
-    push(&["-serial", &console]);
+    // Appended, so the provider may cut it short under a guest that floods it (trim_logs).
+    let console = format!(
+        "file,id=console,append=on,path={}",
+        files.console().display()
+    );
+    push(&["-chardev", &console, "-serial", "chardev:console"]);
     let kernel = image.kernel.display().to_string();
     let initrd = image.initrd.display().to_string();
     let append = format!("{} panic=-1 {extra_append}", image.cmdline);
@@ -342,27 +388,12 @@ pub fn qemu_args(
             .map(String::as_str)
             .collect::<Vec<_>>(),
     );
-    // User-mode NAT: the guest's connections leave from this machine's own sockets; no
-    // port is forwarded in.
-    push(&[
-        "-netdev",
-        "user,id=n0",
-        "-device",
-        "virtio-net-pci,netdev=n0",
-    ]);
-    let status = format!("file,id=status,path={}", files.status().display());
-    let port = format!(
-        "virtserialport,bus=vs.0,chardev=status,name={}",
-        guest::PORT_NAME
+    push(
+        &io_args(files)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
     );
-    push(&[
-        "-device",
-        "virtio-serial-pci,id=vs",
-        "-chardev",
-        &status,
-        "-device",
-        &port,
-    ]);
     push(&["-device", "virtio-rng-pci"]);
     let pidfile = files.pidfile().display().to_string();
     push(&["-pidfile", &pidfile, "-daemonize"]);
@@ -474,15 +505,26 @@ pub fn start(
     spec: &NodeSpec,
     accel: Accel,
     files: &GuestFiles,
+    jail: Option<(&Jail, &Cgroup)>,
     extra_append: &str,
 ) -> Result<GuestRecord> {
     let _ = std::fs::remove_file(files.pidfile());
     std::fs::write(files.status(), "")?;
     let vmm_started_ms = now_ms();
+    let mut cmd = match jail {
+        Some((j, cgroup)) => j.command(&s.qemu, cgroup),
+        None => Command::new(&s.qemu),
+    };
     run(
-        Command::new(&s.qemu)
-            .args(qemu_args(image, spec, accel, files, extra_append))
-            .stdin(Stdio::null()),
+        cmd.args(qemu_args(
+            image,
+            spec,
+            accel,
+            files,
+            jail.map(|(j, _)| j),
+            extra_append,
+        ))
+        .stdin(Stdio::null()),
         "qemu-system-x86_64",
     )?;
     let pid: u32 = std::fs::read_to_string(files.pidfile())
@@ -517,7 +559,7 @@ impl GuestRecord {
         // Read at most the port's first 64 KiB: a guest that floods it says nothing more.
         let mut text = String::new();
         if let Ok(f) = std::fs::File::open(self.files().status()) {
-            let _ = f.take(64 << 10).read_to_string(&mut text);
+            let _ = f.take(READ_MAX).read_to_string(&mut text);
         }
         guest::events(&text)
     }
@@ -547,17 +589,55 @@ fn stop_qemu(pid: u32, started: u64) {
     }
 }
 
-/// The console's last 64 KiB, read from there: the guest writes the console, so the file is
-/// as big as the guest makes it, and only its end is ever read into memory.
+/// The most of a guest's console or status port kept on disk: the guest writes them as fast
+/// as it likes.
+pub const LOG_MAX: u64 = 4 << 20;
+
+/// What of a guest's console and status port is read: its end and its start.
+const READ_MAX: u64 = 64 << 10;
+
+/// Cuts a guest's console or status port that grew past [`LOG_MAX`] (qemu appends, so it
+/// writes on at the new end): the console to nothing, its last 64 KiB kept in `console.1`
+/// first; the status port to its first 64 KiB, all the provider ever reads of it.
+pub fn trim_logs(files: &GuestFiles) {
+    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let cut = |p: &Path, to: u64| {
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .open(p)
+            .and_then(|f| f.set_len(to));
+    };
+    if len(&files.console()) > LOG_MAX {
+        if let Ok(end) = console_end(files) {
+            let _ = std::fs::write(files.dir.join("console.1"), end);
+        }
+        cut(&files.console(), 0);
+    }
+    if len(&files.status()) > LOG_MAX {
+        cut(&files.status(), READ_MAX);
+    }
+}
+
+/// The console's last 64 KiB (with what was kept of it at its last cut), read from there:
+/// only its end is ever read into memory.
 fn console_end(files: &GuestFiles) -> std::io::Result<Vec<u8>> {
     use std::io::{Seek, SeekFrom};
-    const END: u64 = 64 << 10;
-    let mut f = std::fs::File::open(files.console())?;
-    let len = f.metadata()?.len();
-    f.seek(SeekFrom::Start(len.saturating_sub(END)))?;
-    let mut bytes = Vec::new();
-    f.take(END).read_to_end(&mut bytes)?;
-    Ok(bytes)
+    let tail = |p: &Path| -> std::io::Result<Vec<u8>> {
+        let mut f = std::fs::File::open(p)?;
+        let len = f.metadata()?.len();
+        f.seek(SeekFrom::Start(len.saturating_sub(READ_MAX)))?;
+        let mut bytes = Vec::new();
+        f.take(READ_MAX).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    };
+    let now = tail(&files.console())?;
+    if now.len() as u64 >= READ_MAX {
+        return Ok(now);
+    }
+    let mut bytes = tail(&files.dir.join("console.1")).unwrap_or_default();
+    bytes.extend_from_slice(&now);
+    let skip = bytes.len().saturating_sub(READ_MAX as usize);
+    Ok(bytes.split_off(skip))
 }
 
 /// The console's `Kernel panic` line, if the guest's kernel panicked: the tail after it is
@@ -627,12 +707,28 @@ mod tests {
             mem_mib: 3072,
             disk_mib: 20480,
         };
-        let a = qemu_args(&image(), &spec, Accel::Tcg, &files, "");
+        let jail = Jail::plan("swp-", "172.30.0.0".parse().unwrap(), 5, &files.dir);
+        let a = qemu_args(&image(), &spec, Accel::Tcg, &files, Some(&jail), "");
         let j = a.join(" ");
-        assert!(j.contains("-accel tcg -smp 3 -m 3072"), "{j}");
+        assert!(j.contains("-accel tcg,tb-size=256 -smp 3 -m 3072"), "{j}");
         assert!(!j.contains("-cpu host"), "{j}");
         assert!(j.contains("-sandbox on,resourcecontrol=deny"), "{j}");
-        assert!(j.contains("-runas socialweb-vm"), "{j}");
+        assert!(
+            j.contains("-runas 2000000005:2000000005 -chroot /g/root"),
+            "{j}"
+        );
+        assert!(
+            j.contains(
+                "-chardev file,id=console,append=on,path=/g/console.log -serial chardev:console"
+            ),
+            "{j}"
+        );
+        let bare = qemu_args(&image(), &spec, Accel::Tcg, &files, None, "").join(" ");
+        assert!(bare.contains("-accel tcg -smp"), "{bare}");
+        assert!(
+            !bare.contains("-runas") && !bare.contains("-chroot"),
+            "{bare}"
+        );
         assert!(
             j.contains("file=/g/root.qcow2,if=virtio,format=qcow2"),
             "{j}"
@@ -654,7 +750,15 @@ mod tests {
             a[i + 1],
             "root=LABEL=socialweb-root rw console=ttyS0 panic=-1"
         );
-        let k = qemu_args(&image(), &spec, Accel::Kvm, &files, "init=/bin/false").join(" ");
+        let k = qemu_args(
+            &image(),
+            &spec,
+            Accel::Kvm,
+            &files,
+            Some(&jail),
+            "init=/bin/false",
+        )
+        .join(" ");
         assert!(k.contains("-accel kvm -cpu host"), "{k}");
         assert!(k.contains("panic=-1 init=/bin/false"), "{k}");
     }
@@ -705,5 +809,29 @@ mod tests {
         assert_eq!(console_end(&files).unwrap().len(), 64 << 10);
         assert!(console_tail(&files, 1).ends_with("last words"));
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_flooded_console_is_cut_and_its_end_kept() {
+        let dir = std::env::temp_dir().join(format!("sw-trim-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = GuestFiles { dir: dir.clone() };
+        let mut flood = "x".repeat(LOG_MAX as usize);
+        flood.push_str("\nthe last words before the cut\n");
+        std::fs::write(files.console(), &flood).unwrap();
+        std::fs::write(files.status(), "s".repeat(LOG_MAX as usize + 1)).unwrap();
+        trim_logs(&files);
+        assert_eq!(std::fs::metadata(files.console()).unwrap().len(), 0);
+        assert_eq!(std::fs::metadata(files.status()).unwrap().len(), READ_MAX);
+        assert!(console_tail(&files, 1).contains("the last words before the cut"));
+        std::fs::write(files.console(), "after the cut\n").unwrap();
+        assert_eq!(
+            console_tail(&files, 2),
+            "the last words before the cut\nafter the cut"
+        );
+        // Under the bound, nothing is cut.
+        trim_logs(&files);
+        assert_eq!(std::fs::metadata(files.console()).unwrap().len(), 14);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -10,6 +10,7 @@ use socialweb_wire::guest::Event;
 use tracing::{info, warn};
 
 use crate::book::{LeaseEntry, set_state};
+use crate::jail::{self, Jail};
 use crate::vm::{self, GuestFiles, GuestRecord};
 use crate::{MachineKind, Provider, failpoint};
 
@@ -34,7 +35,14 @@ impl Provider {
         })
     }
 
-    /// Makes the guest's disks and starts it (blocking).
+    /// The jail of a lease's guest (made only when `local_provider.vm.jail` is on; removing
+    /// it is harmless either way).
+    pub(crate) fn jail_of(&self, e: &LeaseEntry) -> Jail {
+        let c = &self.inner.cfg;
+        Jail::plan(&c.prefix, c.subnet, e.slot, &self.node_dir(&e.lease.id))
+    }
+
+    /// Makes the guest's disks and jail and starts it (blocking).
     pub(crate) fn boot_guest(&self, e: &LeaseEntry) -> Result<GuestRecord> {
         let s = self.vm_settings();
         let image = self.inner.image.as_ref().context("no node image")?;
@@ -59,9 +67,23 @@ impl Provider {
         } else {
             ""
         };
-        let g = vm::start(s, image, &spec, accel, &files, extra)?;
+        let jail = s.jail.then(|| self.jail_of(e));
+        let cgroup = match &jail {
+            Some(j) => Some(j.create(&jail::budget(&spec, accel == vm::Accel::Tcg))?),
+            None => None,
+        };
+        let g = vm::start(
+            s,
+            image,
+            &spec,
+            accel,
+            &files,
+            jail.as_ref().zip(cgroup.as_ref()),
+            extra,
+        )?;
         info!(lease = %e.lease.id, pid = g.pid, accel = accel.as_str(), vcpu = spec.vcpu,
-              mem_mib = spec.mem_mib, disk_mib = spec.disk_mib, "local provider: guest booting");
+              mem_mib = spec.mem_mib, disk_mib = spec.disk_mib, uid = jail.as_ref().map(|j| j.uid),
+              "local provider: guest booting");
         Ok(g)
     }
 
@@ -89,6 +111,7 @@ impl Provider {
             self.fail_guest(id, g, why);
             return;
         }
+        vm::trim_logs(&g.files());
         let events = g.events();
         let now = vm::now_ms();
         let started = g.agent_started_ms.or_else(|| {
@@ -140,9 +163,10 @@ impl Provider {
         }
     }
 
-    /// Powers a lease's guest off and removes its disks.
-    pub(crate) fn remove_guest(&self, g: &GuestRecord) {
+    /// Powers a lease's guest off and removes its jail and disks.
+    pub(crate) fn remove_guest(&self, e: &LeaseEntry, g: &GuestRecord) {
         g.stop();
+        self.jail_of(e).remove();
         let _ = std::fs::remove_dir_all(&g.dir);
     }
 }

@@ -433,10 +433,13 @@ impl Running {
         let cgroup = if spec.budget.is_none() {
             None
         } else {
-            Some(super::cgroup::ClusterCgroup::create(
-                &super::cgroup::name_for(&spec.dir),
-                &spec.budget,
-            )?)
+            Some(
+                super::cgroup::Cgroup::create(&super::cgroup::name_for(&spec.dir), &spec.budget)
+                    .context(
+                        "the cluster's budget (clusters.memory_max_mib, pids_max and cpu_max = 0 \
+                         run control planes without one)",
+                    )?,
+            )
         };
         let task = tokio::spawn(supervise(
             spec,
@@ -513,7 +516,7 @@ struct Supervisor {
     restarts: Vec<u32>,
     next_try: Vec<tokio::time::Instant>,
     /// The cluster's cgroup, which every component enters as it starts.
-    cgroup: Option<super::cgroup::ClusterCgroup>,
+    cgroup: Option<super::cgroup::Cgroup>,
 }
 
 impl Supervisor {
@@ -677,7 +680,7 @@ impl Supervisor {
 async fn supervise(
     spec: Spec,
     files: Files,
-    cgroup: Option<super::cgroup::ClusterCgroup>,
+    cgroup: Option<super::cgroup::Cgroup>,
     health: (watch::Sender<Health>, watch::Sender<bool>),
     stop: CancellationToken,
 ) {

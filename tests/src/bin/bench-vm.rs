@@ -1,6 +1,7 @@
 //! `bench/vm`: how long a rented node that is a VM takes, from the provider accepting the
 //! lease to the Node Ready, phase by phase, against the same node image run as a machine of
-//! namespaces by the same provider (no VM), on the real topology (one provider machine).
+//! namespaces by the same provider (no VM), on the real topology (one provider machine); and
+//! the same guest unjailed (`local_provider.vm.jail = false`), for what the jail costs.
 //!
 //! Each boot is a fresh broker and cluster on the same world, a Pod applied at zero nodes:
 //!
@@ -11,7 +12,7 @@
 //! - `node_ready`: the Node's Ready condition seen true through the front (polled, 200 ms).
 //!
 //! The provider sees the status port every 250 ms, so the guest's phases are that coarse.
-//! Rounds interleave (vm, namespace, vm, ...). The seeds' firecracker guest reached Ready
+//! Rounds interleave (vm, vm_unjailed, namespace, vm, ...). The seeds' firecracker guest reached Ready
 //! 5.5 s after its VMM started (a quoted figure: no firecracker here, and KVM, which it needs,
 //! hangs nested guests on this machine).
 
@@ -32,8 +33,8 @@ const FIRECRACKER_SEED_READY_MS: f64 = 5500.0;
 #[derive(Debug, Parser)]
 #[command(about = "A VM node's boot, phase by phase, against the same image as namespaces")]
 struct Args {
-    /// Boots of each kind (interleaved).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=20))]
+    /// Boots of each kind (interleaved: jailed VM, unjailed VM, namespaces).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u8).range(1..=20))]
     rounds: u8,
 }
 
@@ -95,7 +96,28 @@ fn book(b: &Broker<'_>) -> Result<Value> {
     Ok(serde_json::from_slice(&std::fs::read(&path)?)?)
 }
 
-fn one_boot(world: &World, image: &Path, vm: bool, round: u8) -> Result<Boot> {
+/// What a round boots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A qemu guest, jailed as providers run them.
+    Vm,
+    /// A qemu guest without the jail (`local_provider.vm.jail = false`): the "before".
+    VmUnjailed,
+    /// The same image as a machine of namespaces.
+    Namespace,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Vm => "vm",
+            Kind::VmUnjailed => "vm_unjailed",
+            Kind::Namespace => "namespace",
+        }
+    }
+}
+
+fn one_boot(world: &World, image: &Path, kind: Kind, round: u8) -> Result<Boot> {
     let b = Broker::start(
         world,
         BrokerOptions {
@@ -104,7 +126,8 @@ fn one_boot(world: &World, image: &Path, vm: bool, round: u8) -> Result<Boot> {
             max_nodes: 1,
             hold: Duration::from_secs(600),
             image: Some(image.to_path_buf()),
-            vm,
+            vm: kind != Kind::Namespace,
+            vm_unjailed: kind == Kind::VmUnjailed,
             ..Default::default()
         },
     )?;
@@ -167,55 +190,78 @@ fn print(name: &str, v: Vec<f64>) -> f64 {
     p50
 }
 
+/// A VM kind's phases, printed under `prefix`; returns the p50s of VMM start to Node Ready
+/// and of accepted to Node Ready.
+fn print_vm(prefix: &str, vms: &[Boot]) -> (f64, f64) {
+    let phase =
+        |f: &dyn Fn(&Boot) -> Option<f64>| -> Vec<f64> { vms.iter().filter_map(f).collect() };
+    let p = |name: &str| format!("{prefix}_{name}");
+    print(&p("accepted_to_vmm"), phase(&|b| Some(b.vmm? - b.accepted)));
+    print(&p("vmm_to_agent"), phase(&|b| Some(b.agent? - b.vmm?)));
+    print(
+        &p("agent_to_guest_ready"),
+        phase(&|b| Some(b.guest_ready? - b.agent?)),
+    );
+    print(
+        &p("agent_to_node_ready"),
+        phase(&|b| Some(b.node_ready - b.agent?)),
+    );
+    let vmm_ready = print(
+        &p("vmm_to_node_ready"),
+        phase(&|b| Some(b.node_ready - b.vmm?)),
+    );
+    let total = print(
+        &p("accepted_to_node_ready"),
+        phase(&|b| Some(b.node_ready - b.accepted)),
+    );
+    print(
+        &p("pod_applied_to_node_ready"),
+        phase(&|b| Some(b.node_ready - b.applied)),
+    );
+    (vmm_ready, total)
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let image = testbed::nodeimage::test_image()?;
     let world = World::new(1)?;
-    let (mut vms, mut nss) = (Vec::new(), Vec::new());
+    let (mut vms, mut unjailed, mut nss) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=args.rounds {
-        for vm in [true, false] {
-            let kind = if vm { "vm" } else { "namespace" };
-            eprintln!("round {round}/{}: a {kind} node", args.rounds);
-            let boot = one_boot(&world, &image, vm, round)?;
+        for kind in [Kind::Vm, Kind::VmUnjailed, Kind::Namespace] {
+            eprintln!("round {round}/{}: a {} node", args.rounds, kind.name());
+            let boot = one_boot(&world, &image, kind, round)?;
             eprintln!(
-                "  {kind}: accepted to Node Ready {:.1} s",
+                "  {}: accepted to Node Ready {:.1} s",
+                kind.name(),
                 (boot.node_ready - boot.accepted) / 1e3
             );
-            if vm { &mut vms } else { &mut nss }.push(boot);
+            match kind {
+                Kind::Vm => &mut vms,
+                Kind::VmUnjailed => &mut unjailed,
+                Kind::Namespace => &mut nss,
+            }
+            .push(boot);
         }
     }
     let accel = vms[0].accel.clone().unwrap_or_else(|| "unknown".into());
     println!("vm_accel={accel}");
     println!("rounds={}", args.rounds);
-    let phase =
-        |f: &dyn Fn(&Boot) -> Option<f64>| -> Vec<f64> { vms.iter().filter_map(f).collect() };
-    print("vm_accepted_to_vmm", phase(&|b| Some(b.vmm? - b.accepted)));
-    print("vm_vmm_to_agent", phase(&|b| Some(b.agent? - b.vmm?)));
-    print(
-        "vm_agent_to_guest_ready",
-        phase(&|b| Some(b.guest_ready? - b.agent?)),
-    );
-    print(
-        "vm_agent_to_node_ready",
-        phase(&|b| Some(b.node_ready - b.agent?)),
-    );
-    let vmm_ready = print(
-        "vm_vmm_to_node_ready",
-        phase(&|b| Some(b.node_ready - b.vmm?)),
-    );
-    let vm_total = print(
-        "vm_accepted_to_node_ready",
-        phase(&|b| Some(b.node_ready - b.accepted)),
-    );
-    print(
-        "vm_pod_applied_to_node_ready",
-        phase(&|b| Some(b.node_ready - b.applied)),
-    );
+    let (vmm_ready, vm_total) = print_vm("vm", &vms);
+    let (unjailed_vmm_ready, unjailed_total) = print_vm("vm_unjailed", &unjailed);
     let ns_total = print(
         "namespace_accepted_to_node_ready",
         nss.iter().map(|b| b.node_ready - b.accepted).collect(),
     );
     println!("ratio_vm_vs_namespace={:.2}", vm_total / ns_total);
+    // The jail's cost: the same guest, jailed over unjailed.
+    println!(
+        "ratio_jailed_vs_unjailed_vmm_to_node_ready={:.2}",
+        vmm_ready / unjailed_vmm_ready
+    );
+    println!(
+        "ratio_jailed_vs_unjailed_accepted_to_node_ready={:.2}",
+        vm_total / unjailed_total
+    );
     println!("firecracker_seed_vmm_to_ready_ms={FIRECRACKER_SEED_READY_MS:.0}");
     println!(
         "ratio_vm_vs_firecracker_seed={:.2}",
