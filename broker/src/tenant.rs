@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Config};
 
+use socialweb_broker_core::placement::AntiAffinity;
 use socialweb_broker_core::scale::{Phase, PodView};
 
 /// A client for a tenant cluster, from its admin kubeconfig.
@@ -295,7 +296,55 @@ pub fn pod_view(p: &Pod) -> PodView {
         follows_nodes: mirror || owners.iter().any(|o| o.kind == "DaemonSet"),
         cpu_millis: cpu,
         memory_bytes: mem,
+        labels: p.metadata.labels.clone().unwrap_or_default(),
+        anti_affinity: anti_affinity(spec),
     }
+}
+
+/// A Pod's required anti-affinity terms on the hostname, as the placement reads them (a
+/// term with no label selector selects no Pod, as the API defines it).
+fn anti_affinity(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<AntiAffinity> {
+    use socialweb_broker_core::placement::{HOSTNAME, Namespaces, Requirement, Selector};
+    let terms = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    terms
+        .into_iter()
+        .flatten()
+        .filter(|t| t.topology_key == HOSTNAME)
+        .filter_map(|t| {
+            let sel = t.label_selector.as_ref()?;
+            let match_expressions = sel
+                .match_expressions
+                .iter()
+                .flatten()
+                .filter_map(|e| {
+                    let (k, vs) = (e.key.clone(), e.values.clone().unwrap_or_default());
+                    Some(match e.operator.as_str() {
+                        "In" => Requirement::In(k, vs),
+                        "NotIn" => Requirement::NotIn(k, vs),
+                        "Exists" => Requirement::Exists(k),
+                        "DoesNotExist" => Requirement::DoesNotExist(k),
+                        _ => return None,
+                    })
+                })
+                .collect();
+            Some(AntiAffinity {
+                selector: Selector {
+                    match_labels: sel.match_labels.clone().unwrap_or_default(),
+                    match_expressions,
+                },
+                namespaces: match &t.namespace_selector {
+                    Some(_) => Namespaces::All,
+                    None => Namespaces::Listed(t.namespaces.clone().unwrap_or_default()),
+                },
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -120,6 +120,8 @@ mod tests {
             follows_nodes: false,
             cpu_millis: 0,
             memory_bytes: 0,
+            labels: Default::default(),
+            anti_affinity: Vec::new(),
         }
     }
 

@@ -6,11 +6,17 @@
 //!   DaemonSet and static Pods, which follow nodes rather than ask for them), Pods at or below
 //!   the expendable priority cutoff (GitLab's pause Pods run at -10), and Pending Pods whose
 //!   requests no node size on offer can hold (those are reported, to get an Event).
-//! - Target = min(max_nodes, ceil(intent / pods_per_node)).
-//! - Provision when the target exceeds the live leases; with zero intent for longer than the
-//!   hold, Teardown to zero. Never an intermediate scale-in: a node with work stays.
+//! - The Pods that wait are placed as the scheduler would ([`crate::placement`]): on the
+//!   leased nodes beside the Pods bound to them, then on as few new nodes of the configured
+//!   size as first-fit-decreasing finds (requests, `pods_per_node` slots, required
+//!   anti-affinity on the hostname), at most up to `max_nodes`.
+//! - Provision the new nodes; with zero intent for longer than the hold, Teardown to zero.
+//!   Never an intermediate scale-in: a node with work stays.
 
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
+
+use crate::placement::{self, AntiAffinity, Capacity, Place, Placeable};
 
 use serde::{Deserialize, Serialize};
 
@@ -71,6 +77,22 @@ pub struct PodView {
     /// Sum of the containers' requests (init containers: the largest, as the scheduler counts).
     pub cpu_millis: u64,
     pub memory_bytes: u64,
+    pub labels: BTreeMap<String, String>,
+    /// Its required pod anti-affinity terms on the hostname.
+    pub anti_affinity: Vec<AntiAffinity>,
+}
+
+impl PodView {
+    fn placeable(&self, takes_slot: bool) -> Placeable<'_> {
+        Placeable {
+            namespace: &self.namespace,
+            labels: &self.labels,
+            cpu_millis: self.cpu_millis,
+            memory_bytes: self.memory_bytes,
+            takes_slot,
+            anti_affinity: &self.anti_affinity,
+        }
+    }
 }
 
 /// A lease the broker holds for the cluster (booting or running: a node paid for).
@@ -179,6 +201,51 @@ pub fn is_work(p: &PodView, expendable_priority_cutoff: i32) -> bool {
         && p.priority > expendable_priority_cutoff
 }
 
+/// The picture the placement works on: the Pods bound to each live lease's node, those
+/// that wait, and what the decision counts.
+struct Picture<'a> {
+    existing: Vec<Vec<Placeable<'a>>>,
+    waiting: Vec<Placeable<'a>>,
+    intent: u32,
+    unfit: Vec<(String, String)>,
+}
+
+fn picture<'a>(pods: &'a [PodView], live: &[&str], k: &Knobs) -> Picture<'a> {
+    let index: HashMap<&str, usize> = live.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let mut pic = Picture {
+        existing: vec![Vec::new(); live.len()],
+        waiting: Vec::new(),
+        intent: 0,
+        unfit: Vec::new(),
+    };
+    for p in pods {
+        if !matches!(p.phase, Phase::Pending | Phase::Running | Phase::Unknown) {
+            continue;
+        }
+        let work = is_work(p, k.expendable_priority_cutoff);
+        if let Some(node) = &p.node_name {
+            // Bound: it takes room on its node, an addon's or a DaemonSet's Pod too.
+            if let Some(&i) = index.get(node.as_str()) {
+                pic.existing[i].push(p.placeable(work));
+            }
+            pic.intent += u32::from(work);
+            continue;
+        }
+        if !work {
+            continue;
+        }
+        if p.phase == Phase::Pending {
+            if let Some(why) = unfit(p, &k.node) {
+                pic.unfit.push((format!("{}/{}", p.namespace, p.name), why));
+                continue;
+            }
+            pic.waiting.push(p.placeable(true));
+        }
+        pic.intent += 1;
+    }
+    pic
+}
+
 /// The decision. `last_intent_at` is when intent was last seen non-zero (the cluster's
 /// creation when never).
 pub fn decide(
@@ -188,61 +255,73 @@ pub fn decide(
     now: SystemTime,
     last_intent_at: SystemTime,
 ) -> Decision {
-    let mut intent: u32 = 0;
-    let mut unfit_pods = Vec::new();
-    for p in pods {
-        if !is_work(p, k.expendable_priority_cutoff) {
-            continue;
-        }
-        if p.phase == Phase::Pending
-            && p.node_name.is_none()
-            && let Some(why) = unfit(p, &k.node)
-        {
-            unfit_pods.push((format!("{}/{}", p.namespace, p.name), why));
-            continue;
-        }
-        intent += 1;
-    }
-    let nodes = leases.iter().filter(|l| l.live).count() as u32;
-    let target = intent.div_ceil(k.pods_per_node).min(k.max_nodes);
+    let live: Vec<&str> = leases
+        .iter()
+        .filter(|l| l.live)
+        .map(|l| l.node.as_str())
+        .collect();
+    let nodes = live.len() as u32;
+    let pic = picture(pods, &live, k);
+    let intent = pic.intent;
+    let capacity = Capacity {
+        cpu_millis: u64::from(k.node.vcpu) * 1000,
+        memory_bytes: k.node.mem_mib << 20,
+        slots: k.pods_per_node,
+    };
+    let max_new = k.max_nodes.saturating_sub(nodes) as usize;
+    let plan = placement::plan(&pic.existing, &pic.waiting, capacity, max_new);
+    let count = |f: fn(&Place) -> bool| plan.places.iter().filter(|x| f(x)).count();
+    let on_leased = count(|x| matches!(x, Place::Existing(_)));
+    let capped = count(|x| *x == Place::Capped);
+    let new = plan.new_nodes as u32;
     let mut d = Decision {
         action: Action::Hold,
-        target,
+        target: nodes + new,
         nodes,
         intent,
-        unfit: unfit_pods,
+        unfit: pic.unfit,
         last_intent_at: if intent > 0 { now } else { last_intent_at },
         reason: String::new(),
     };
     if intent > 0 {
-        if target > nodes {
-            d.action = Action::Provision {
-                count: target - nodes,
-            };
-            d.reason = if nodes == 0 {
+        let cap = if capped > 0 {
+            format!(
+                "; {capped} would need more nodes, capped at max_nodes {}",
+                k.max_nodes
+            )
+        } else {
+            String::new()
+        };
+        if new > 0 {
+            d.action = Action::Provision { count: new };
+            d.reason = if nodes == 0 && capped == 0 {
                 "Provision: intent and no node".into()
             } else {
                 format!(
-                    "Provision: {intent} pods need {target} nodes at {} per node, {nodes} leased",
-                    k.pods_per_node
+                    "Provision: {} pods wait, {on_leased} fit the {nodes} nodes leased, {new} more \
+                     nodes for the rest{cap}",
+                    pic.waiting.len()
                 )
             };
+        } else if capped > 0 {
+            d.reason = format!("Hold: {intent} pods on {nodes} nodes{cap}");
         } else {
-            d.reason = if target < intent.div_ceil(k.pods_per_node) {
-                format!(
-                    "Hold: {intent} pods would need {} nodes, capped at max_nodes {}",
-                    intent.div_ceil(k.pods_per_node),
-                    k.max_nodes
-                )
-            } else {
-                format!("Hold: {intent} pods on {nodes} nodes")
-            };
+            d.reason = format!("Hold: {intent} pods on {nodes} nodes");
         }
         return d;
     }
+    idle(
+        &mut d,
+        k,
+        now.duration_since(last_intent_at).unwrap_or_default(),
+    );
+    d
+}
+
+/// The decision of a cluster with no intent, idle for `idle`: Teardown past the hold.
+fn idle(d: &mut Decision, k: &Knobs, idle: Duration) {
     d.target = 0;
-    let idle = now.duration_since(last_intent_at).unwrap_or_default();
-    if nodes == 0 {
+    if d.nodes == 0 {
         d.reason = "Hold: nothing running and no node".into();
     } else if idle > k.hold {
         d.action = Action::Teardown;
@@ -258,7 +337,6 @@ pub fn decide(
             go_duration(k.hold)
         );
     }
-    d
 }
 
 /// When a decision made now with zero intent would turn into a Teardown, if it would.
@@ -294,7 +372,26 @@ mod tests {
             follows_nodes: false,
             cpu_millis: 500,
             memory_bytes: 256 << 20,
+            labels: BTreeMap::new(),
+            anti_affinity: Vec::new(),
         }
+    }
+
+    /// The seeds' GitLab job: one per node.
+    fn job(name: &str) -> PodView {
+        use crate::placement::{Namespaces, Requirement, Selector};
+        let key = "project.runner.gitlab.com/id";
+        let mut p = pod(name, Phase::Pending);
+        p.cpu_millis = 100;
+        p.labels = [(key.to_string(), "42".to_string())].into();
+        p.anti_affinity = vec![AntiAffinity {
+            selector: Selector {
+                match_expressions: vec![Requirement::Exists(key.into())],
+                ..Default::default()
+            },
+            namespaces: Namespaces::Listed(vec![]),
+        }];
+        p
     }
 
     fn leases(n: usize) -> Vec<LeaseView> {
@@ -328,7 +425,10 @@ mod tests {
         assert_eq!(d.action, Action::Provision { count: 5 });
         let d = decide(&pods, &leases(2), &knobs(), t(1), t(0));
         assert_eq!(d.action, Action::Provision { count: 3 });
-        assert!(d.reason.contains("5 pods need 5 nodes"), "{}", d.reason);
+        assert_eq!(
+            d.reason,
+            "Provision: 5 pods wait, 2 fit the 2 nodes leased, 3 more nodes for the rest"
+        );
         let d = decide(&pods, &leases(5), &knobs(), t(1), t(0));
         assert_eq!(d.action, Action::Hold);
     }
@@ -337,14 +437,70 @@ mod tests {
     fn pods_per_node_rounds_up_and_max_nodes_caps() {
         let mut k = knobs();
         k.pods_per_node = 8;
+        // (100m each: the slots, not the CPU, bound them.)
         let pods: Vec<_> = (0..9)
-            .map(|i| pod(&format!("p{i}"), Phase::Pending))
+            .map(|i| {
+                let mut p = pod(&format!("p{i}"), Phase::Pending);
+                p.cpu_millis = 100;
+                p
+            })
             .collect();
         assert_eq!(decide(&pods, &[], &k, t(1), t(0)).target, 2);
         k.pods_per_node = 1;
         let d = decide(&pods, &leases(5), &k, t(1), t(0));
         assert_eq!((d.target, d.action), (5, Action::Hold));
         assert!(d.reason.contains("capped at max_nodes 5"), "{}", d.reason);
+    }
+
+    #[test]
+    fn anti_affine_jobs_get_a_node_each_whatever_pods_per_node_says() {
+        let mut k = knobs();
+        k.pods_per_node = 8;
+        let jobs: Vec<_> = (0..4).map(|i| job(&format!("j{i}"))).collect();
+        let d = decide(&jobs, &[], &k, t(1), t(0));
+        assert_eq!((d.action, d.target), (Action::Provision { count: 4 }, 4));
+        // One runs on n0; the three others wait: three more nodes, not none.
+        let mut some = jobs.clone();
+        some[0].phase = Phase::Running;
+        some[0].node_name = Some("n0".into());
+        let d = decide(&some, &leases(1), &k, t(1), t(0));
+        assert_eq!(d.action, Action::Provision { count: 3 }, "{}", d.reason);
+        // Plain Pods still pack 8 to a node beside a job.
+        let plain: Vec<_> = (0..7)
+            .map(|i| {
+                let mut p = pod(&format!("p{i}"), Phase::Pending);
+                p.cpu_millis = 100;
+                p
+            })
+            .collect();
+        let mut mixed = vec![some[0].clone()];
+        mixed.extend(plain);
+        let d = decide(&mixed, &leases(1), &k, t(1), t(0));
+        assert_eq!(d.action, Action::Hold, "{}", d.reason);
+    }
+
+    #[test]
+    fn requests_decide_how_many_pods_a_node_holds() {
+        let mut k = knobs();
+        k.pods_per_node = 8;
+        // 1500m each on 2-vCPU nodes: one a node.
+        let pods: Vec<_> = (0..3)
+            .map(|i| {
+                let mut p = pod(&format!("big{i}"), Phase::Pending);
+                p.cpu_millis = 1500;
+                p
+            })
+            .collect();
+        assert_eq!(decide(&pods, &[], &k, t(1), t(0)).target, 3);
+        // A DaemonSet's Pod on the leased node takes room too.
+        let mut ds = pod("ds", Phase::Running);
+        ds.follows_nodes = true;
+        ds.node_name = Some("n0".into());
+        ds.cpu_millis = 1000;
+        let mut small = pod("small", Phase::Pending);
+        small.cpu_millis = 1200;
+        let d = decide(&[ds, small], &leases(1), &k, t(1), t(0));
+        assert_eq!(d.action, Action::Provision { count: 1 }, "{}", d.reason);
     }
 
     #[test]
@@ -459,10 +615,16 @@ mod tests {
     #[test]
     fn ten_thousand_pods_are_counted() {
         let pods: Vec<_> = (0..10_000)
-            .map(|i| pod(&format!("p{i}"), Phase::Running))
+            .map(|i| pod(&format!("p{i}"), Phase::Pending))
             .collect();
         let d = decide(&pods, &leases(3), &knobs(), t(1), t(0));
         assert_eq!(d.intent, 10_000);
-        assert_eq!(d.target, 5);
+        assert_eq!((d.target, d.action), (5, Action::Provision { count: 2 }));
+        assert!(
+            d.reason
+                .ends_with("9995 would need more nodes, capped at max_nodes 5"),
+            "{}",
+            d.reason
+        );
     }
 }

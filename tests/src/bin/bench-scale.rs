@@ -86,6 +86,8 @@ fn pods() -> Vec<PodView> {
             follows_nodes: i % 333 == 0,
             cpu_millis: 100,
             memory_bytes: 64 << 20,
+            labels: Default::default(),
+            anti_affinity: Vec::new(),
         })
         .collect()
 }
