@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
 use testbed::world::World;
@@ -266,6 +267,98 @@ fn five_jobs_one_per_node_rent_five_nodes_then_the_cluster_returns_to_zero() {
         "ok"
     );
     step(t, "back at zero nodes, control plane still Ready");
+}
+
+/// The pod `name`'s phase, uid, node and its container's restarts.
+fn pod_state(b: &Broker<'_>, cluster: &str, name: &str) -> (String, String, String, u64) {
+    let v = b
+        .kubectl_json(cluster, &["get", "pod", name])
+        .unwrap_or_default();
+    let s = |x: &Value| x.as_str().unwrap_or_default().to_string();
+    (
+        s(&v["status"]["phase"]),
+        s(&v["metadata"]["uid"]),
+        s(&v["spec"]["nodeName"]),
+        v["status"]["containerStatuses"][0]["restartCount"]
+            .as_u64()
+            .unwrap_or(0),
+    )
+}
+
+#[test]
+fn the_nodes_of_finished_jobs_go_while_a_long_job_runs_on_untouched() {
+    let t = Instant::now();
+    let world = world();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            hold: Duration::from_secs(10),
+            pods_per_node: 8,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        b.cli_json(&["cluster", "create", "ci"]).unwrap()["state"],
+        "ready"
+    );
+    // Three anti-affine jobs: two of 5 s, one of 10 minutes.
+    let jobs = format!(
+        "{}---\n{}---\n{}",
+        gitlab_job(1, 5),
+        gitlab_job(2, 5),
+        gitlab_job(3, 600)
+    );
+    b.apply("ci", &jobs).unwrap();
+    wait_for("3 nodes Ready", Duration::from_secs(240), || {
+        Ok((b.ready_nodes("ci")?.len() == 3).then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let long = wait_for(
+        "two jobs done, the long one running",
+        Duration::from_secs(120),
+        || {
+            let done =
+                (1..=2).all(|i| pod_state(&b, "ci", &format!("scale-check-{i}")).0 == "Succeeded");
+            let long = pod_state(&b, "ci", "scale-check-3");
+            Ok((done && long.0 == "Running").then_some(long))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let ended = Instant::now();
+    step(t, "3 jobs on 3 nodes; two ended, the long one runs");
+    wait_for(
+        "the two empty nodes released",
+        Duration::from_secs(90),
+        || Ok((b.live_leases()?.len() == 1).then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    step(
+        t,
+        &format!(
+            "two nodes released {:.1} s after their jobs ended (hold 10 s); one lease left",
+            ended.elapsed().as_secs_f64()
+        ),
+    );
+    // The long job: the same Pod, on the same node, never restarted; its node still Ready.
+    assert_eq!(pod_state(&b, "ci", "scale-check-3"), long);
+    wait_for(
+        "the released nodes' Nodes gone",
+        Duration::from_secs(30),
+        || Ok((b.ready_nodes("ci")? == vec![long.2.clone()]).then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let log = b.kubectl("ci", &["logs", "scale-check-3"]).unwrap();
+    assert!(log.starts_with("SCALE_CHECK job=scale-check-3"), "{log}");
+    step(t, "the long job runs on, untouched, on the one node left");
+    b.kubectl("ci", &["delete", "pods", "--all", "--wait=true"])
+        .unwrap();
+    wait_for("zero live leases", Duration::from_secs(90), || {
+        Ok(b.live_leases()?.is_empty().then_some(()))
+    })
+    .unwrap();
+    assert_eq!(b.provider_leases().unwrap().len(), 3, "three leases in all");
+    step(t, "back at zero nodes");
 }
 
 /// Runs one job through a broker that a failpoint kills at `step` of its provision, then

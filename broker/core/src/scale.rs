@@ -11,7 +11,9 @@
 //!   size as first-fit-decreasing finds (requests, `pods_per_node` slots, required
 //!   anti-affinity on the hostname), at most up to `max_nodes`.
 //! - Provision the new nodes; with zero intent for longer than the hold, Teardown to zero.
-//!   Never an intermediate scale-in: a node with work stays.
+//! - A leased node with no work while others work is empty; empty for the hold, it is
+//!   released (Karpenter's `consolidateAfter` with `WhenEmpty`). A node with work stays:
+//!   nothing running is ever moved.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
@@ -148,6 +150,10 @@ pub struct Decision {
     /// When intent was last non-zero (to be stored: a restarted broker keeps the hold).
     pub last_intent_at: SystemTime,
     pub reason: String,
+    /// Leased nodes with no work bound and none the placement sends them, while the cluster
+    /// has work elsewhere: released once empty for the hold ([`releases`]). Empty when
+    /// intent is zero (then the whole cluster follows the hold).
+    pub empty: Vec<String>,
 }
 
 /// Why a Pending Pod cannot be placed on any node on offer, if it cannot.
@@ -274,6 +280,11 @@ pub fn decide(
     let on_leased = count(|x| matches!(x, Place::Existing(_)));
     let capped = count(|x| *x == Place::Capped);
     let new = plan.new_nodes as u32;
+    let empty = if intent > 0 {
+        empty_nodes(&live, &pic.existing, &plan.places)
+    } else {
+        Vec::new()
+    };
     let mut d = Decision {
         action: Action::Hold,
         target: nodes + new,
@@ -282,6 +293,7 @@ pub fn decide(
         unfit: pic.unfit,
         last_intent_at: if intent > 0 { now } else { last_intent_at },
         reason: String::new(),
+        empty,
     };
     if intent > 0 {
         let cap = if capped > 0 {
@@ -316,6 +328,50 @@ pub fn decide(
         now.duration_since(last_intent_at).unwrap_or_default(),
     );
     d
+}
+
+/// The live nodes no work is bound to and the placement sends none.
+fn empty_nodes(live: &[&str], existing: &[Vec<Placeable<'_>>], places: &[Place]) -> Vec<String> {
+    let mut used: Vec<bool> = existing
+        .iter()
+        .map(|pods| pods.iter().any(|p| p.takes_slot))
+        .collect();
+    for p in places {
+        if let Place::Existing(i) = p {
+            used[*i] = true;
+        }
+    }
+    live.iter()
+        .zip(used)
+        .filter(|(_, used)| !used)
+        .map(|(n, _)| n.to_string())
+        .collect()
+}
+
+/// The empty nodes to release now: those empty for longer than `hold`. `since` remembers
+/// when each node was first seen empty (kept by the caller between decisions; a node with
+/// work again is forgotten, so its clock starts over).
+pub fn releases(
+    empty: &[String],
+    since: &mut HashMap<String, SystemTime>,
+    now: SystemTime,
+    hold: Duration,
+) -> Vec<(String, Duration)> {
+    since.retain(|n, _| empty.contains(n));
+    let mut due = Vec::new();
+    for n in empty {
+        let at = *since.entry(n.clone()).or_insert(now);
+        let idle = now.duration_since(at).unwrap_or_default();
+        if idle > hold {
+            due.push((n.clone(), idle));
+        }
+    }
+    due
+}
+
+/// When the next empty node's hold ends, if one is empty.
+pub fn next_release(since: &HashMap<String, SystemTime>, hold: Duration) -> Option<SystemTime> {
+    since.values().min().map(|t| *t + hold)
 }
 
 /// The decision of a cluster with no intent, idle for `idle`: Teardown past the hold.
@@ -501,6 +557,57 @@ mod tests {
         small.cpu_millis = 1200;
         let d = decide(&[ds, small], &leases(1), &k, t(1), t(0));
         assert_eq!(d.action, Action::Provision { count: 1 }, "{}", d.reason);
+    }
+
+    #[test]
+    fn a_node_whose_work_ended_is_released_past_the_hold_while_others_work() {
+        let k = knobs();
+        // Three jobs on three nodes; two have finished.
+        let mut jobs: Vec<_> = (0..3).map(|i| job(&format!("j{i}"))).collect();
+        for (i, j) in jobs.iter_mut().enumerate() {
+            j.node_name = Some(format!("n{i}"));
+            j.phase = if i == 2 {
+                Phase::Running
+            } else {
+                Phase::Succeeded
+            };
+        }
+        let d = decide(&jobs, &leases(3), &k, t(100), t(0));
+        assert_eq!((d.action, d.intent), (Action::Hold, 1));
+        assert_eq!(d.empty, vec!["n0".to_string(), "n1".to_string()]);
+        let mut since = HashMap::new();
+        assert!(releases(&d.empty, &mut since, t(100), k.hold).is_empty());
+        assert_eq!(next_release(&since, k.hold), Some(t(160)));
+        assert!(
+            releases(&d.empty, &mut since, t(160), k.hold).is_empty(),
+            "at the hold, kept"
+        );
+        let due = releases(&d.empty, &mut since, t(161), k.hold);
+        assert_eq!(
+            due,
+            vec![
+                ("n0".into(), Duration::from_secs(61)),
+                ("n1".into(), Duration::from_secs(61))
+            ]
+        );
+        // A node a waiting Pod will go to is not empty, and its clock starts over.
+        let mut next = jobs.clone();
+        next.push(pod("waits", Phase::Pending));
+        let d = decide(&next, &leases(3), &k, t(162), t(0));
+        assert_eq!(d.empty, vec!["n1".to_string()]);
+        releases(&d.empty, &mut since, t(162), k.hold);
+        assert_eq!(since.keys().collect::<Vec<_>>(), vec!["n1"]);
+        // An expendable Pod (GitLab's pause Pods) or a DaemonSet's keeps no node.
+        let mut pause = pod("pause", Phase::Running);
+        pause.priority = -10;
+        pause.node_name = Some("n0".into());
+        let mut ds = pod("ds", Phase::Running);
+        ds.follows_nodes = true;
+        ds.node_name = Some("n1".into());
+        let d = decide(&[pause, ds, jobs[2].clone()], &leases(3), &k, t(1), t(0));
+        assert_eq!(d.empty, vec!["n0".to_string(), "n1".to_string()]);
+        // With no work at all, the whole cluster follows the hold instead.
+        assert!(decide(&[], &leases(3), &k, t(1), t(0)).empty.is_empty());
     }
 
     #[test]

@@ -19,7 +19,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::decision::{Action, Decision, Knobs, LeaseView, decide, teardown_due};
+use super::decision::{
+    Action, Decision, Knobs, LeaseView, decide, go_duration, next_release, releases, teardown_due,
+};
 use crate::provision::{ClusterCtx, Provisioner};
 use crate::tenant;
 
@@ -84,6 +86,11 @@ struct Driver {
     told: HashSet<String>,
     last_reconcile: Option<Instant>,
     next_plan_at: tokio::time::Instant,
+    /// When each leased node was first seen empty while others work (in memory: a restarted
+    /// broker starts every clock over, which only keeps a node longer).
+    empty_since: HashMap<String, SystemTime>,
+    /// Provisions whose empty node is being released (not started twice).
+    released: HashSet<String>,
 }
 
 /// A cluster's Pods and Nodes, watched: what the driver decides from (and the tunnel's
@@ -138,6 +145,8 @@ pub async fn run(
         told: HashSet::new(),
         last_reconcile: None,
         next_plan_at: tokio::time::Instant::now(),
+        empty_since: HashMap::new(),
+        released: HashSet::new(),
     };
     loop {
         let wake = d.pass().await;
@@ -159,6 +168,8 @@ impl Driver {
     async fn pass(&mut self) -> tokio::time::Instant {
         let soon = tokio::time::Instant::now() + IDLE_PASS;
         self.tasks.retain(|_, h| !h.is_finished());
+        // A release that ended (or was called off: a Pod landed) may be needed again later.
+        self.released.retain(|id| self.tasks.contains_key(id));
         let Some(mut provisions) = self.provisions().await else {
             return soon;
         };
@@ -177,8 +188,18 @@ impl Driver {
         if self.act(&d, &provisions).await {
             return tokio::time::Instant::now();
         }
-        // Wake on the hold's end, if it is near.
-        match teardown_due(&d, &self.knobs)
+        if d.action != Action::Teardown {
+            self.release_empty(&d, &provisions);
+        }
+        // Wake on the hold's end, or an empty node's, if it is near.
+        let due = [
+            teardown_due(&d, &self.knobs),
+            next_release(&self.empty_since, self.knobs.hold),
+        ];
+        match due
+            .into_iter()
+            .flatten()
+            .min()
             .and_then(|due| due.duration_since(SystemTime::now()).ok())
         {
             Some(left) => soon.min(tokio::time::Instant::now() + left + Duration::from_millis(50)),
@@ -376,29 +397,66 @@ impl Driver {
             }
             Action::Teardown => {
                 for prov in provisions.iter().filter(|x| x.state.live()) {
-                    if let Some(h) = self.tasks.remove(&prov.id) {
-                        // The step machine is crash-safe: stopping it mid-step is a crash.
-                        h.abort();
-                    }
-                    let (pp, cc, pv, n) = (
-                        self.p.clone(),
-                        self.c.clone(),
-                        prov.clone(),
-                        self.nudge.clone(),
-                    );
-                    let why = d.reason.clone();
-                    let h = tokio::spawn(async move {
-                        if let Err(e) = pp.release(cc, pv, why).await {
-                            warn!("release: {e:#}");
-                        }
-                        n.notify_one();
-                    });
-                    self.tasks.insert(prov.id.clone(), h);
+                    self.spawn_release(prov, d.reason.clone());
                 }
                 false
             }
             Action::Hold => false,
         }
+    }
+}
+
+impl Driver {
+    /// Releases `prov`'s node on a task of its own (the one moving it, if any, stopped: the
+    /// step machine is crash-safe, so stopping it mid-step is a crash).
+    fn spawn_release(&mut self, prov: &Provision, why: String) {
+        if let Some(h) = self.tasks.remove(&prov.id) {
+            h.abort();
+        }
+        let (pp, cc, pv, n) = (
+            self.p.clone(),
+            self.c.clone(),
+            prov.clone(),
+            self.nudge.clone(),
+        );
+        let h = tokio::spawn(async move {
+            if let Err(e) = pp.release(cc, pv, why).await {
+                warn!("release: {e:#}");
+            }
+            n.notify_one();
+        });
+        self.tasks.insert(prov.id.clone(), h);
+    }
+
+    /// Releases the nodes empty for longer than the hold while others work (the release
+    /// cordons the node and calls itself off if a Pod landed there).
+    fn release_empty(&mut self, d: &Decision, provisions: &[Provision]) {
+        let hold = self.knobs.hold;
+        for (node, idle) in releases(&d.empty, &mut self.empty_since, SystemTime::now(), hold) {
+            let Some(prov) = provisions
+                .iter()
+                .find(|x| x.node == node && x.state.live() && !self.releasing(&x.id))
+            else {
+                continue;
+            };
+            let why = format!(
+                "Release: node {node} empty for {}, past the {} hold, while {} pods work on {} \
+                 other nodes",
+                go_duration(idle),
+                go_duration(hold),
+                d.intent,
+                d.nodes.saturating_sub(d.empty.len() as u32)
+            );
+            info!(cluster = %self.c.name, node = %node, "{why}");
+            self.p.metrics().decision("Release");
+            self.spawn_release(prov, why);
+            self.released.insert(prov.id.clone());
+        }
+    }
+
+    /// Whether a release of provision `id` is under way.
+    fn releasing(&self, id: &str) -> bool {
+        self.released.contains(id)
     }
 }
 
