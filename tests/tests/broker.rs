@@ -178,18 +178,13 @@ spec:
     )
 }
 
-#[test]
-fn five_jobs_one_per_node_rent_five_nodes_then_the_cluster_returns_to_zero() {
-    let t = Instant::now();
-    let world = world();
-    // Finished jobs keep no node: the hold must outlast reading the five logs after the
-    // last job ends (on a loaded machine 3 s did not: the nodes went, and their logs).
-    // At the product's default of 8 pods a node: the jobs' anti-affinity, not the
-    // setting, makes it one job per node (issue 37).
+/// A broker with `hold` and cluster `ci` ready, at the product's default of 8 pods a node:
+/// the jobs' anti-affinity, not the setting, makes it one job per node (issue 37).
+fn ci_cluster(world: &World, hold: Duration) -> Broker<'_> {
     let b = Broker::start(
-        &world,
+        world,
         BrokerOptions {
-            hold: Duration::from_secs(15),
+            hold,
             pods_per_node: 8,
             ..Default::default()
         },
@@ -199,6 +194,16 @@ fn five_jobs_one_per_node_rent_five_nodes_then_the_cluster_returns_to_zero() {
         b.cli_json(&["cluster", "create", "ci"]).unwrap()["state"],
         "ready"
     );
+    b
+}
+
+#[test]
+fn five_jobs_one_per_node_rent_five_nodes_then_the_cluster_returns_to_zero() {
+    let t = Instant::now();
+    let world = world();
+    // Finished jobs keep no node: the hold must outlast reading the five logs after the
+    // last job ends (on a loaded machine 3 s did not: the nodes went, and their logs).
+    let b = ci_cluster(&world, Duration::from_secs(15));
     let jobs: String = (1..=5)
         .map(|i| format!("{}---\n", gitlab_job(i, 15)))
         .collect();
@@ -289,19 +294,7 @@ fn pod_state(b: &Broker<'_>, cluster: &str, name: &str) -> (String, String, Stri
 fn the_nodes_of_finished_jobs_go_while_a_long_job_runs_on_untouched() {
     let t = Instant::now();
     let world = world();
-    let b = Broker::start(
-        &world,
-        BrokerOptions {
-            hold: Duration::from_secs(10),
-            pods_per_node: 8,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(
-        b.cli_json(&["cluster", "create", "ci"]).unwrap()["state"],
-        "ready"
-    );
+    let b = ci_cluster(&world, Duration::from_secs(10));
     // Three anti-affine jobs: two of 5 s, one of 10 minutes.
     let jobs = format!(
         "{}---\n{}---\n{}",

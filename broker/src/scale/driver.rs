@@ -435,7 +435,7 @@ impl Driver {
         for (node, idle) in releases(&d.empty, &mut self.empty_since, SystemTime::now(), hold) {
             let Some(prov) = provisions
                 .iter()
-                .find(|x| x.node == node && x.state.live() && !self.releasing(&x.id))
+                .find(|x| x.node == node && x.state.live() && !self.released.contains(&x.id))
             else {
                 continue;
             };
@@ -452,11 +452,6 @@ impl Driver {
             self.spawn_release(prov, why);
             self.released.insert(prov.id.clone());
         }
-    }
-
-    /// Whether a release of provision `id` is under way.
-    fn releasing(&self, id: &str) -> bool {
-        self.released.contains(id)
     }
 }
 
