@@ -357,6 +357,9 @@ fn the_nodes_of_finished_jobs_go_while_a_long_job_runs_on_untouched() {
 /// Runs one job through a broker that a failpoint kills at `step` of its provision, then
 /// through the restarted broker; returns once the cluster is back at zero.
 fn job_through_a_crash(b: &mut Broker<'_>, cluster: &str, n: u32, step_name: &str) {
+    // Leases are counted over the provider's whole history, not the live ones: the node
+    // may already be on its way out (the hold is short) when the job is seen done.
+    let before = b.provider_leases().unwrap().len();
     b.apply(cluster, &pod(&format!("job-{n}"), "echo done; sleep 1"))
         .unwrap();
     b.wait_broker_exit(Duration::from_secs(90))
@@ -378,17 +381,17 @@ fn job_through_a_crash(b: &mut Broker<'_>, cluster: &str, n: u32, step_name: &st
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
-    let live = b.live_leases().unwrap();
+    let leases = b.provider_leases().unwrap();
     assert_eq!(
-        live.len(),
-        1,
-        "crash at {step_name}: one lease, no double rent: {live:?}"
+        leases.len(),
+        before + 1,
+        "crash at {step_name}: one lease, no double rent: {leases:?}"
     );
+    // At most one: the one node may already be gone once the hold has passed.
     let nodes = b.kubectl_json(cluster, &["get", "nodes"]).unwrap();
-    assert_eq!(
-        nodes["items"].as_array().unwrap().len(),
-        1,
-        "crash at {step_name}: one node"
+    assert!(
+        nodes["items"].as_array().unwrap().len() <= 1,
+        "crash at {step_name}: no second node: {nodes}"
     );
     b.kubectl(cluster, &["delete", "pod", &name, "--wait=true"])
         .unwrap();
