@@ -132,6 +132,10 @@ pub struct LocalProvider {
     pub brokers: Vec<String>,
     /// How many nodes it may run at once.
     pub capacity: u32,
+    /// The node sizes it rents and their prices (`[[local_provider.shapes]]`); none: the
+    /// `[node]` size at price 0. The broker sizes each node it rents from the shapes its
+    /// providers offer (docs/scale.md).
+    pub shapes: Vec<LocalShape>,
     /// Node links are carved from this /16: node `i` gets `<a>.<b>.<i>.0/24`.
     pub subnet: Ipv4Addr,
     /// Prefix of the network namespaces, links and cgroups it creates.
@@ -151,6 +155,33 @@ pub struct LocalProvider {
     pub machine: MachineKind,
     /// How VMs run (`machine = "vm"`).
     pub vm: Vm,
+}
+
+/// `[[local_provider.shapes]]`: a node size and its price.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalShape {
+    pub vcpu: u32,
+    #[serde(rename = "memMiB")]
+    pub mem_mib: u64,
+    #[serde(rename = "diskMiB")]
+    pub disk_mib: u64,
+    /// Millionths of a currency unit per hour.
+    #[serde(default)]
+    pub price_micros_per_hour: u64,
+}
+
+impl From<LocalShape> for socialweb_market::Shape {
+    fn from(s: LocalShape) -> socialweb_market::Shape {
+        socialweb_market::Shape {
+            spec: socialweb_market::NodeSpec {
+                vcpu: s.vcpu,
+                mem_mib: s.mem_mib,
+                disk_mib: s.disk_mib,
+            },
+            price_micros_per_hour: s.price_micros_per_hour,
+        }
+    }
 }
 
 /// `local_provider.machine`.
@@ -503,6 +534,7 @@ impl Default for LocalProvider {
         LocalProvider {
             listen: "127.0.0.1:7480".parse().expect("address"),
             capacity: 16,
+            shapes: Vec::new(),
             subnet: Ipv4Addr::new(172, 30, 0, 0),
             prefix: "swn-".into(),
             agent: "/usr/local/bin/socialweb-agent".into(),
@@ -899,6 +931,17 @@ impl Config {
                 ),
             ));
         }
+        for (i, s) in self.local_provider.shapes.iter().enumerate() {
+            let at = format!("local_provider.shapes[{i}]");
+            // The spec's check names the field after the shape: `...shapes[1].vcpu`.
+            socialweb_market::Shape::from(*s)
+                .spec
+                .validate(&at)
+                .map_err(|e| match e.split_once(": ") {
+                    Some((field, problem)) => err(field, problem),
+                    None => err(&at, e),
+                })?;
+        }
         if self.node.disk_mib < 1024 {
             return Err(err(
                 &o("node.diskMiB"),
@@ -1154,6 +1197,25 @@ mod tests {
         assert_eq!(c.scale.hold, Duration::from_secs(120));
         assert_eq!(c.scale.expendable_priority_cutoff, -10);
         assert_eq!(c.clusters.hibernate_after, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn shapes_are_checked_and_errors_name_the_field() {
+        let ok = "[local_provider]\nshapes = [{ vcpu = 1, memMiB = 2048, diskMiB = 20480 }, \
+                  { vcpu = 2, memMiB = 4096, diskMiB = 20480, price_micros_per_hour = 20000 }]\n";
+        let c = toml::from_str::<Config>(ok).unwrap();
+        assert!(c.validate(&|_| None).is_ok());
+        assert_eq!(c.local_provider.shapes[1].price_micros_per_hour, 20000);
+        let bad = ok.replace("vcpu = 2", "vcpu = 0");
+        let e = toml::from_str::<Config>(&bad)
+            .unwrap()
+            .validate(&|_| None)
+            .unwrap_err();
+        assert_eq!(e.source_name, "local_provider.shapes[1].vcpu", "{e}");
+        assert!(e.problem.contains("0 is not 1-1024"), "{e}");
+        let unknown = ok.replace("diskMiB = 20480 }", "diskMiB = 20480, gpu = 1 }");
+        let e = toml::from_str::<Config>(&unknown).unwrap_err().to_string();
+        assert!(e.contains("gpu"), "{e}");
     }
 
     #[test]

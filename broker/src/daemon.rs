@@ -59,7 +59,14 @@ pub fn provider_config(cfg: &Config) -> ProviderConfig {
     ProviderConfig {
         dir: cfg.state_dir.join("local-provider"),
         capacity: lp.capacity,
-        max_spec: cfg.node.into(),
+        shapes: if lp.shapes.is_empty() {
+            vec![socialweb_market::Shape {
+                spec: cfg.node.into(),
+                price_micros_per_hour: 0,
+            }]
+        } else {
+            lp.shapes.iter().map(|s| (*s).into()).collect()
+        },
         subnet: lp.subnet,
         prefix: lp.prefix.clone(),
         agent: lp.agent.clone(),
@@ -83,7 +90,6 @@ pub fn provider_config(cfg: &Config) -> ProviderConfig {
             }
         },
         name: "local".into(),
-        price_micros_per_hour: 0,
     }
 }
 

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use socialweb_market::{Accept, ErrorBody, Lease, LeaseList, PREFIX, Rfp, RfpRequest};
+use socialweb_market::{
+    Accept, ErrorBody, Lease, LeaseList, Offer, PREFIX, Rfp, RfpRequest, Shape,
+};
 use url::Url;
 
 /// Why a market call failed.
@@ -245,6 +247,25 @@ impl MarketClient {
             .unwrap_or_default())
     }
 
+    /// What the provider rents (`GET /v1/offer`), checked.
+    pub async fn offer(&self) -> Result<Offer, MarketError> {
+        let call = "GET /offer";
+        let o: Offer = self
+            .call(call, self.http.get(self.url("/offer")))
+            .await?
+            .ok_or_else(|| MarketError::Refused {
+                call: call.into(),
+                status: 404,
+                code: "not_found".into(),
+                message: "no offer (a provider older than GET /v1/offer)".into(),
+            })?;
+        o.validate().map_err(|reason| MarketError::Garbage {
+            call: call.into(),
+            reason,
+        })?;
+        Ok(o)
+    }
+
     /// Releases a lease; releasing a released or unknown lease is not an error.
     pub async fn release(&self, id: &str) -> Result<Option<Lease>, MarketError> {
         self.call(
@@ -363,6 +384,35 @@ impl Market {
 
     pub async fn release(&self, provider: &str, id: &str) -> Result<Option<Lease>, MarketError> {
         self.client(provider)?.release(id).await
+    }
+
+    /// The shapes the providers rent at `isolation` or more, each at its lowest price; a
+    /// provider that does not answer (or offers less isolation) adds none. Empty when none
+    /// answers: the caller falls back to its own node size.
+    pub async fn shapes(&self, isolation: socialweb_market::Isolation) -> Vec<Shape> {
+        let mut out: Vec<Shape> = Vec::new();
+        for (name, c) in &self.providers {
+            let o = match c.offer().await {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::warn!(provider = %name, "its offer: {e}");
+                    continue;
+                }
+            };
+            if o.isolation < isolation {
+                continue;
+            }
+            for s in o.shapes {
+                match out.iter_mut().find(|x| x.spec == s.spec) {
+                    Some(x) => {
+                        x.price_micros_per_hour =
+                            x.price_micros_per_hour.min(s.price_micros_per_hour)
+                    }
+                    None => out.push(s),
+                }
+            }
+        }
+        out
     }
 
     /// Every lease with tag `key=value`, from every provider, with the provider's name; an

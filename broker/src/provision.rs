@@ -92,7 +92,12 @@ pub struct Provisioner {
     metrics: Metrics,
     /// Called whenever the set of live provisions changes (the relay's allow list).
     on_change: OnChange,
+    /// The shapes the market rented when last asked, and when ([`Provisioner::shapes`]).
+    shapes: tokio::sync::Mutex<Option<(Instant, Vec<socialweb_market::Shape>)>>,
 }
+
+/// How long the market's shapes are taken as known before they are asked for again.
+const SHAPES_FOR: Duration = Duration::from_secs(30);
 
 /// Crashes the broker here when the failpoint `broker::<step>` is set (the tests' SIGKILL
 /// after each step).
@@ -188,7 +193,23 @@ impl Provisioner {
             broker_id,
             metrics,
             on_change,
+            shapes: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// The shapes the market rents at the isolation RFPs ask for, asked at most every
+    /// [`SHAPES_FOR`] (one call per provider for every cluster); empty when no provider
+    /// says (the decision then rents the `[node]` size).
+    pub async fn shapes(&self) -> Vec<socialweb_market::Shape> {
+        let mut known = self.shapes.lock().await;
+        if let Some((at, shapes)) = known.as_ref()
+            && at.elapsed() < SHAPES_FOR
+        {
+            return shapes.clone();
+        }
+        let shapes = self.market.shapes(self.settings.isolation).await;
+        *known = Some((Instant::now(), shapes.clone()));
+        shapes
     }
 
     pub fn market(&self) -> &Market {
@@ -211,9 +232,9 @@ impl Provisioner {
         &self.settings
     }
 
-    /// Plans a new node for `cluster`: names, ids, token and mesh key chosen and written
-    /// before anything is asked of anyone.
-    pub async fn plan(&self, cluster: &str) -> Result<Provision> {
+    /// Plans a new node of `spec` for `cluster`: names, ids, token and mesh key chosen and
+    /// written before anything is asked of anyone.
+    pub async fn plan(&self, cluster: &str, spec: socialweb_market::NodeSpec) -> Result<Provision> {
         let node = self.store.next_node_name(cluster).await?;
         let used: Vec<std::net::IpAddr> = self
             .store
@@ -244,13 +265,14 @@ impl Provisioner {
             mesh_key: key,
             endpoint,
             node_ip: Some(node_ip.into()),
+            spec: Some(spec),
             reason: None,
             attempts: 0,
             created_at: now,
             updated_at: now,
         };
         self.store.insert_provision(&p).await?;
-        info!(cluster, node = %p.node, provision = %p.id, "planned");
+        info!(cluster, node = %p.node, provision = %p.id, shape = %spec.instance_type(), "planned");
         (self.on_change.0)();
         crash_point(Step::Planned);
         Ok(p)
@@ -328,7 +350,14 @@ impl Provisioner {
             service_cidr: crate::control_plane::SERVICE_CIDR.parse()?,
             cluster_domain: "cluster.local".into(),
             upstream_resolvers: s.upstream_resolvers.clone(),
-            labels: BTreeMap::from([("socialweb.computer/cluster".to_string(), c.name.clone())]),
+            labels: BTreeMap::from([
+                ("socialweb.computer/cluster".to_string(), c.name.clone()),
+                // The shape, as the scale decision's placement sees it (docs/scale.md).
+                (
+                    socialweb_broker_core::placement::INSTANCE_TYPE.to_string(),
+                    self.spec_of(p).instance_type(),
+                ),
+            ]),
         };
         Ok(id.to_json())
     }
@@ -510,6 +539,11 @@ impl Provisioner {
         self.market.accept(&provider, bid, &a).await
     }
 
+    /// The shape `p` is rented as (the `[node]` size for one planned before shapes).
+    pub fn spec_of(&self, p: &Provision) -> socialweb_market::NodeSpec {
+        p.spec.unwrap_or_else(|| self.settings.node.into())
+    }
+
     async fn send_rfp(&self, p: &Provision) -> Result<()> {
         let tags = BTreeMap::from([
             ("broker".to_string(), self.broker_id.clone()),
@@ -519,7 +553,7 @@ impl Provisioner {
         self.market
             .post_rfp(&RfpRequest {
                 id: p.rfp_id.clone(),
-                spec: self.settings.node.into(),
+                spec: self.spec_of(p),
                 image: self.settings.image.clone(),
                 tags,
                 bid_deadline_ms: self.settings.limits.bid_deadline.as_millis() as u64,

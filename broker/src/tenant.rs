@@ -10,6 +10,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Config};
 
 use socialweb_broker_core::placement::AntiAffinity;
+use socialweb_broker_core::placement::NodeRequirements;
 use socialweb_broker_core::scale::{Phase, PodView};
 
 /// A client for a tenant cluster, from its admin kubeconfig.
@@ -217,14 +218,14 @@ pub async fn warn_pod(
     Ok(())
 }
 
-fn quantity_millis(q: &str) -> Option<u64> {
+pub fn quantity_millis(q: &str) -> Option<u64> {
     if let Some(m) = q.strip_suffix('m') {
         return m.parse().ok();
     }
     q.parse::<f64>().ok().map(|c| (c * 1000.0).ceil() as u64)
 }
 
-fn quantity_bytes(q: &str) -> Option<u64> {
+pub fn quantity_bytes(q: &str) -> Option<u64> {
     const UNITS: &[(&str, u64)] = &[
         ("Ki", 1 << 10),
         ("Mi", 1 << 20),
@@ -298,6 +299,58 @@ pub fn pod_view(p: &Pod) -> PodView {
         memory_bytes: mem,
         labels: p.metadata.labels.clone().unwrap_or_default(),
         anti_affinity: anti_affinity(spec),
+        node: node_requirements(spec),
+    }
+}
+
+/// A Pod's `nodeSelector` and required node affinity, as the placement reads them (a
+/// `matchFields` on `metadata.name` is the node's name, which is its hostname label here).
+fn node_requirements(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> NodeRequirements {
+    use socialweb_broker_core::placement::{HOSTNAME, Requirement};
+    let requirement =
+        |key: String, op: &str, values: Option<&Vec<String>>| -> Option<Requirement> {
+            let vs = values.cloned().unwrap_or_default();
+            let int = || vs.first().and_then(|v| v.parse::<i64>().ok());
+            Some(match op {
+                "In" => Requirement::In(key, vs),
+                "NotIn" => Requirement::NotIn(key, vs),
+                "Exists" => Requirement::Exists(key),
+                "DoesNotExist" => Requirement::DoesNotExist(key),
+                "Gt" => Requirement::Gt(key, int()?),
+                "Lt" => Requirement::Lt(key, int()?),
+                _ => return None,
+            })
+        };
+    let terms = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    NodeRequirements {
+        selector: spec
+            .and_then(|s| s.node_selector.clone())
+            .unwrap_or_default(),
+        terms: terms
+            .iter()
+            .map(|t| {
+                let exprs = t
+                    .match_expressions
+                    .iter()
+                    .flatten()
+                    .filter_map(|e| requirement(e.key.clone(), &e.operator, e.values.as_ref()));
+                let fields = t
+                    .match_fields
+                    .iter()
+                    .flatten()
+                    .filter(|f| f.key == "metadata.name")
+                    .filter_map(|f| requirement(HOSTNAME.into(), &f.operator, f.values.as_ref()));
+                exprs.chain(fields).collect()
+            })
+            .collect(),
     }
 }
 
@@ -379,5 +432,40 @@ mod tests {
         assert_eq!(v.cpu_millis, 2000, "the init container is larger");
         assert_eq!(v.memory_bytes, (1 << 30) + (512 << 20));
         assert!(!v.follows_nodes);
+    }
+
+    #[test]
+    fn node_selector_and_required_node_affinity_become_requirements() {
+        use socialweb_broker_core::placement::{HOSTNAME, Requirement};
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "job", "namespace": "ci"},
+            "spec": {"containers": [{"name": "a"}],
+                "nodeSelector": {"kubernetes.io/arch": "amd64"},
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [
+                            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["2vcpu-4096mib"]},
+                            {"key": "cores", "operator": "Gt", "values": ["1"]}]},
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}}
+        }))
+        .unwrap();
+        let v = pod_view(&p).node;
+        assert_eq!(
+            v.selector.get("kubernetes.io/arch").map(String::as_str),
+            Some("amd64")
+        );
+        assert_eq!(
+            v.terms,
+            vec![
+                vec![
+                    Requirement::In(
+                        "node.kubernetes.io/instance-type".into(),
+                        vec!["2vcpu-4096mib".into()]
+                    ),
+                    Requirement::Gt("cores".into(), 1),
+                ],
+                vec![Requirement::In(HOSTNAME.into(), vec!["n1".into()])],
+            ]
+        );
     }
 }

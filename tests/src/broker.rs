@@ -72,6 +72,9 @@ pub struct BrokerOptions {
     pub nofile: Option<u64>,
     /// More lines for the `[clusters]` section.
     pub clusters_toml: String,
+    /// The shapes every provider rents, `(vCPUs, MiB, price a hour in millionths)`; empty:
+    /// the `[node]` size at price 0.
+    pub shapes: Vec<(u32, u64, u64)>,
 }
 
 impl Default for BrokerOptions {
@@ -97,6 +100,7 @@ impl Default for BrokerOptions {
             extra_seeds: Vec::new(),
             nofile: None,
             clusters_toml: String::new(),
+            shapes: Vec::new(),
         }
     }
 }
@@ -146,6 +150,8 @@ struct NodeSoftware {
     seeds: String,
     patch: String,
     image: String,
+    /// `local_provider.shapes`, or nothing (the `[node]` size).
+    shapes: String,
 }
 
 impl NodeSoftware {
@@ -183,6 +189,20 @@ impl NodeSoftware {
                     toml_inline(&test_kubelet_patch())
                 )
             },
+            shapes: if opts.shapes.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "shapes = [{}]\n",
+                    opts.shapes
+                        .iter()
+                        .map(|(vcpu, mem, price)| format!(
+                            "{{ vcpu = {vcpu}, memMiB = {mem}, diskMiB = 20480, price_micros_per_hour = {price} }}"
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            },
             image: match (&opts.image, opts.vm) {
                 (Some(i), true) => format!(
                     "image = {i:?}\nmachine = \"vm\"\n[local_provider.vm]\naccel = \"auto\"\nboot_timeout = \"15m\"\n# This machine has no working KVM (nested guests hang): its TCG guests stand for VMs.\ntcg_as_vm = true\n{}",
@@ -201,12 +221,13 @@ impl NodeSoftware {
     /// A `[local_provider]` section listening on `listen` with `prefix`.
     fn section(&self, listen: &str, prefix: &str, capacity: u32, brokers: &[String]) -> String {
         format!(
-            "[local_provider]\nlisten = \"{listen}\"\ncapacity = {capacity}\nprefix = \"{prefix}\"\nagent = {agent:?}\ncni_bin_dir = {cni:?}\nseed_images = [{seeds}]\n{patch}brokers = {brokers:?}\n{image}",
+            "[local_provider]\nlisten = \"{listen}\"\ncapacity = {capacity}\n{shapes}prefix = \"{prefix}\"\nagent = {agent:?}\ncni_bin_dir = {cni:?}\nseed_images = [{seeds}]\n{patch}brokers = {brokers:?}\n{image}",
             agent = self.agent,
             cni = self.cni,
             seeds = self.seeds,
             patch = self.patch,
             image = self.image,
+            shapes = self.shapes,
         )
     }
 }

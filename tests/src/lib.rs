@@ -22,6 +22,7 @@ pub mod probe;
 pub mod process;
 pub mod resolver;
 pub mod root;
+pub mod scale_trace;
 pub mod tmp;
 pub mod topology;
 pub mod user;

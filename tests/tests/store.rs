@@ -38,6 +38,11 @@ fn provision(cluster: &str, node: &str) -> Provision {
         mesh_key: "11".repeat(32),
         endpoint: "e".into(),
         node_ip: Some("10.41.0.1".parse().unwrap()),
+        spec: Some(socialweb_market::NodeSpec {
+            vcpu: 2,
+            mem_mib: 4096,
+            disk_mib: 20480,
+        }),
         reason: None,
         attempts: 0,
         created_at: 1,

@@ -122,6 +122,7 @@ mod tests {
             memory_bytes: 0,
             labels: Default::default(),
             anti_affinity: Vec::new(),
+            node: Default::default(),
         }
     }
 

@@ -176,6 +176,7 @@ mod tests {
             mesh_key: String::new(),
             endpoint: String::new(),
             node_ip: None,
+            spec: None,
             reason: None,
             attempts: 0,
             created_at: 0,

@@ -177,6 +177,10 @@ pub struct Provision {
     /// planning ([`crate::names::free_node_ip`]).
     #[serde(default)]
     pub node_ip: Option<std::net::IpAddr>,
+    /// The shape the node is rented as (the RFP's spec), chosen at planning; `None` in
+    /// provisions planned before shapes were chosen (the broker's `[node]` size).
+    #[serde(default)]
+    pub spec: Option<socialweb_market::NodeSpec>,
     pub reason: Option<String>,
     pub attempts: i64,
     pub created_at: i64,
@@ -283,6 +287,7 @@ mod tests {
             mesh_key: "secret-mesh-key".into(),
             endpoint: "e".into(),
             node_ip: None,
+            spec: None,
             reason: None,
             attempts: 0,
             created_at: 0,

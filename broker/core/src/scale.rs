@@ -7,10 +7,13 @@
 //!   the expendable priority cutoff (GitLab's pause Pods run at -10), and Pending Pods whose
 //!   requests no node size on offer can hold (those are reported, to get an Event).
 //! - The Pods that wait are placed as the scheduler would ([`crate::placement`]): on the
-//!   leased nodes beside the Pods bound to them, then on as few new nodes of the configured
-//!   size as first-fit-decreasing finds (requests, `pods_per_node` slots, required
-//!   anti-affinity on the hostname), at most up to `max_nodes`.
-//! - Provision the new nodes; with zero intent for longer than the hold, Teardown to zero.
+//!   leased nodes beside the Pods bound to them, then on as few new nodes as
+//!   first-fit-decreasing finds (requests, `pods_per_node` slots, `nodeSelector` and node
+//!   affinity against the labels our nodes carry, required anti-affinity on the hostname,
+//!   the DaemonSets' overhead), at most up to `max_nodes`, each of the cheapest shape on
+//!   offer that holds its Pods ([`Offers`]: the providers' shapes, else the `[node]` size).
+//! - Provision the new nodes, each with its shape; with zero intent for longer than the hold,
+//!   Teardown to zero.
 //! - A leased node with no work while others work is empty; empty for the hold, it is
 //!   released (Karpenter's `consolidateAfter` with `WhenEmpty`). A node with work stays:
 //!   nothing running is ever moved.
@@ -18,7 +21,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
 
-use crate::placement::{self, AntiAffinity, Capacity, Place, Placeable};
+use crate::placement::{
+    self, AntiAffinity, Capacity, Existing, HOSTNAME, INSTANCE_TYPE, NodeKind, NodeRequirements,
+    Place, Placeable, Usage,
+};
+use socialweb_market::{NodeSpec, Shape};
 
 use serde::{Deserialize, Serialize};
 
@@ -82,6 +89,8 @@ pub struct PodView {
     pub labels: BTreeMap<String, String>,
     /// Its required pod anti-affinity terms on the hostname.
     pub anti_affinity: Vec<AntiAffinity>,
+    /// Its `nodeSelector` and required node affinity.
+    pub node: NodeRequirements,
 }
 
 impl PodView {
@@ -93,6 +102,7 @@ impl PodView {
             memory_bytes: self.memory_bytes,
             takes_slot,
             anti_affinity: &self.anti_affinity,
+            node: &self.node,
         }
     }
 }
@@ -102,6 +112,51 @@ impl PodView {
 pub struct LeaseView {
     pub node: String,
     pub live: bool,
+    /// The shape it was rented as.
+    pub spec: NodeSpec,
+    /// What its Node says it can give Pods (`status.allocatable` CPU and memory), once
+    /// registered: what the scheduler counts, so the placement counts it too.
+    pub allocatable: Option<(u64, u64)>,
+}
+
+/// What the market rents: the shapes the providers offer (none known: the `[node]` size
+/// at price 0) and the labels every node of the cluster carries besides its hostname and
+/// its shape's [`INSTANCE_TYPE`].
+#[derive(Debug, Clone, Copy)]
+pub struct Offers<'a> {
+    pub shapes: &'a [Shape],
+    pub labels: &'a BTreeMap<String, String>,
+}
+
+/// The labels a node of `spec` named `hostname` carries, given the cluster's own.
+pub fn node_labels(
+    base: &BTreeMap<String, String>,
+    spec: &NodeSpec,
+    hostname: &str,
+) -> BTreeMap<String, String> {
+    let mut l = base.clone();
+    l.insert(HOSTNAME.into(), hostname.into());
+    l.insert(INSTANCE_TYPE.into(), spec.instance_type());
+    l
+}
+
+/// The hostname a node to rent stands in with: not a valid label value, so no Pod's
+/// selector names it, though `Exists` sees it as every node has one.
+const NEW_NODE: &str = "(new node)";
+
+/// The share of a shape's memory a new node is planned without: a guest's kernel and the
+/// kubelet's eviction threshold take some before Pods (Karpenter's VM memory overhead is
+/// 7.5 %). A node that exists is counted at its Node's own allocatable instead.
+pub const MEMORY_RESERVE_PERCENT: u64 = 10;
+
+/// What a node of `spec` is planned to give Pods before its Node says.
+fn capacity(spec: &NodeSpec, slots: u32) -> Capacity {
+    let mem = spec.mem_mib << 20;
+    Capacity {
+        cpu_millis: u64::from(spec.vcpu) * 1000,
+        memory_bytes: mem - mem * MEMORY_RESERVE_PERCENT / 100,
+        slots,
+    }
 }
 
 /// The decision's configuration.
@@ -117,7 +172,7 @@ pub struct Knobs {
 /// What to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// Rent this many more nodes.
+    /// Rent this many more nodes (their shapes: [`Decision::shapes`]).
     Provision { count: u32 },
     /// Release every node.
     Teardown,
@@ -150,30 +205,45 @@ pub struct Decision {
     /// When intent was last non-zero (to be stored: a restarted broker keeps the hold).
     pub last_intent_at: SystemTime,
     pub reason: String,
+    /// The shape of each node to rent (as many as a Provision's count).
+    pub shapes: Vec<NodeSpec>,
     /// Leased nodes with no work bound and none the placement sends them, while the cluster
     /// has work elsewhere: released once empty for the hold ([`releases`]). Empty when
     /// intent is zero (then the whole cluster follows the hold).
     pub empty: Vec<String>,
 }
 
-/// Why a Pending Pod cannot be placed on any node on offer, if it cannot.
-pub fn unfit(p: &PodView, node: &NodeSize) -> Option<String> {
-    let cpu = u64::from(node.vcpu) * 1000;
-    let mem = node.mem_mib * 1024 * 1024;
-    if p.cpu_millis > cpu {
-        return Some(format!(
-            "requests {}m CPU, more than a whole node on offer ({} vCPU)",
-            p.cpu_millis, node.vcpu
-        ));
+/// Why a Pending Pod cannot be placed on any node on offer (after the DaemonSets' overhead).
+fn unfit(p: &PodView, offers: &[NodeKind<'_>], shapes: &[Shape], overhead: Usage) -> String {
+    let on_offer: Vec<String> = shapes.iter().map(|s| s.spec.instance_type()).collect();
+    let fits_requests = offers.iter().any(|k| {
+        overhead.cpu_millis + p.cpu_millis <= k.capacity.cpu_millis
+            && overhead.memory_bytes + p.memory_bytes <= k.capacity.memory_bytes
+    });
+    let daemonsets = if overhead.cpu_millis + overhead.memory_bytes > 0 {
+        format!(
+            " beside the DaemonSets' {}m CPU and {} MiB",
+            overhead.cpu_millis,
+            overhead.memory_bytes.div_ceil(1 << 20)
+        )
+    } else {
+        String::new()
+    };
+    if fits_requests {
+        format!(
+            "its nodeSelector or required node affinity matches no node on offer (shapes: {}; \
+             node labels: {INSTANCE_TYPE}, {HOSTNAME} and the cluster's own)",
+            on_offer.join(", ")
+        )
+    } else {
+        format!(
+            "requests {}m CPU and {} MiB of memory, more than any node on offer holds{daemonsets} \
+             (shapes: {})",
+            p.cpu_millis,
+            p.memory_bytes.div_ceil(1 << 20),
+            on_offer.join(", ")
+        )
     }
-    if p.memory_bytes > mem {
-        return Some(format!(
-            "requests {} MiB of memory, more than a whole node on offer ({} MiB)",
-            p.memory_bytes.div_ceil(1024 * 1024),
-            node.mem_mib
-        ));
-    }
-    None
 }
 
 /// Go's duration text, to a tenth of a second (`1m0.9s`, `2m0s`, `12.3s`, `450ms`): what the
@@ -207,23 +277,90 @@ pub fn is_work(p: &PodView, expendable_priority_cutoff: i32) -> bool {
         && p.priority > expendable_priority_cutoff
 }
 
-/// The picture the placement works on: the Pods bound to each live lease's node, those
-/// that wait, and what the decision counts.
+/// The picture the placement works on: the live leases' nodes and the Pods bound to each,
+/// the shapes on offer, the overhead a new node pays, those that wait, and what the
+/// decision counts.
 struct Picture<'a> {
-    existing: Vec<Vec<Placeable<'a>>>,
+    existing: Vec<Existing<'a>>,
+    offers: Vec<NodeKind<'a>>,
+    overhead: Usage,
     waiting: Vec<Placeable<'a>>,
     intent: u32,
     unfit: Vec<(String, String)>,
 }
 
-fn picture<'a>(pods: &'a [PodView], live: &[&str], k: &Knobs) -> Picture<'a> {
-    let index: HashMap<&str, usize> = live.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+/// The labels of the live nodes and of each shape on offer, owned for [`picture`] to borrow.
+struct Labels {
+    live: Vec<BTreeMap<String, String>>,
+    shapes: Vec<BTreeMap<String, String>>,
+}
+
+fn labels(live: &[&LeaseView], shapes: &[Shape], base: &BTreeMap<String, String>) -> Labels {
+    Labels {
+        live: live
+            .iter()
+            .map(|l| node_labels(base, &l.spec, &l.node))
+            .collect(),
+        shapes: shapes
+            .iter()
+            .map(|s| node_labels(base, &s.spec, NEW_NODE))
+            .collect(),
+    }
+}
+
+/// The live nodes as the placement sees them, with no Pod yet: a node counts what its Node
+/// reports as allocatable, else its shape as planned.
+fn existing<'a>(live: &[&LeaseView], labels: &'a Labels, slots: u32) -> Vec<Existing<'a>> {
+    live.iter()
+        .zip(&labels.live)
+        .map(|(l, labels)| Existing {
+            kind: NodeKind {
+                capacity: match l.allocatable {
+                    Some((cpu_millis, memory_bytes)) => Capacity {
+                        cpu_millis,
+                        memory_bytes,
+                        slots,
+                    },
+                    None => capacity(&l.spec, slots),
+                },
+                labels,
+                price: 0,
+            },
+            pods: Vec::new(),
+        })
+        .collect()
+}
+
+fn picture<'a>(
+    pods: &'a [PodView],
+    live: &[&LeaseView],
+    shapes: &[Shape],
+    labels: &'a Labels,
+    k: &Knobs,
+) -> Picture<'a> {
+    let index: HashMap<&str, usize> = live
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.node.as_str(), i))
+        .collect();
     let mut pic = Picture {
-        existing: vec![Vec::new(); live.len()],
+        existing: existing(live, labels, k.pods_per_node),
+        offers: shapes
+            .iter()
+            .zip(&labels.shapes)
+            .map(|(s, labels)| NodeKind {
+                capacity: capacity(&s.spec, k.pods_per_node),
+                labels,
+                price: s.price_micros_per_hour,
+            })
+            .collect(),
+        overhead: Usage::default(),
         waiting: Vec::new(),
         intent: 0,
         unfit: Vec::new(),
     };
+    let mut pending = Vec::new();
+    let mut daemonsets = vec![Usage::default(); live.len()];
     for p in pods {
         if !matches!(p.phase, Phase::Pending | Phase::Running | Phase::Unknown) {
             continue;
@@ -232,22 +369,34 @@ fn picture<'a>(pods: &'a [PodView], live: &[&str], k: &Knobs) -> Picture<'a> {
         if let Some(node) = &p.node_name {
             // Bound: it takes room on its node, an addon's or a DaemonSet's Pod too.
             if let Some(&i) = index.get(node.as_str()) {
-                pic.existing[i].push(p.placeable(work));
+                pic.existing[i].pods.push(p.placeable(work));
+                if p.follows_nodes {
+                    daemonsets[i].cpu_millis += p.cpu_millis;
+                    daemonsets[i].memory_bytes += p.memory_bytes;
+                }
             }
             pic.intent += u32::from(work);
-            continue;
+        } else if work && p.phase == Phase::Pending {
+            pending.push(p);
+        } else if work {
+            pic.intent += 1;
         }
-        if !work {
-            continue;
+    }
+    // What every new node pays before any work: the most the DaemonSets' Pods take on any
+    // live node (none leased: none known).
+    pic.overhead = daemonsets
+        .into_iter()
+        .max_by_key(|u| (u.cpu_millis, u.memory_bytes))
+        .unwrap_or_default();
+    for p in pending {
+        let x = p.placeable(true);
+        if placement::holdable(&x, &pic.offers, pic.overhead) {
+            pic.waiting.push(x);
+            pic.intent += 1;
+        } else {
+            let why = unfit(p, &pic.offers, shapes, pic.overhead);
+            pic.unfit.push((format!("{}/{}", p.namespace, p.name), why));
         }
-        if p.phase == Phase::Pending {
-            if let Some(why) = unfit(p, &k.node) {
-                pic.unfit.push((format!("{}/{}", p.namespace, p.name), why));
-                continue;
-            }
-            pic.waiting.push(p.placeable(true));
-        }
-        pic.intent += 1;
     }
     pic
 }
@@ -257,29 +406,37 @@ fn picture<'a>(pods: &'a [PodView], live: &[&str], k: &Knobs) -> Picture<'a> {
 pub fn decide(
     pods: &[PodView],
     leases: &[LeaseView],
+    offers: &Offers<'_>,
     k: &Knobs,
     now: SystemTime,
     last_intent_at: SystemTime,
 ) -> Decision {
-    let live: Vec<&str> = leases
-        .iter()
-        .filter(|l| l.live)
-        .map(|l| l.node.as_str())
-        .collect();
+    let live: Vec<&LeaseView> = leases.iter().filter(|l| l.live).collect();
     let nodes = live.len() as u32;
-    let pic = picture(pods, &live, k);
-    let intent = pic.intent;
-    let capacity = Capacity {
-        cpu_millis: u64::from(k.node.vcpu) * 1000,
-        memory_bytes: k.node.mem_mib << 20,
-        slots: k.pods_per_node,
+    let fallback = [Shape {
+        spec: k.node.into(),
+        price_micros_per_hour: 0,
+    }];
+    let shapes = if offers.shapes.is_empty() {
+        &fallback[..]
+    } else {
+        offers.shapes
     };
+    let labels = labels(&live, shapes, offers.labels);
+    let pic = picture(pods, &live, shapes, &labels, k);
+    let intent = pic.intent;
     let max_new = k.max_nodes.saturating_sub(nodes) as usize;
-    let plan = placement::plan(&pic.existing, &pic.waiting, capacity, max_new);
+    let plan = placement::plan(
+        &pic.existing,
+        &pic.waiting,
+        &pic.offers,
+        pic.overhead,
+        max_new,
+    );
     let count = |f: fn(&Place) -> bool| plan.places.iter().filter(|x| f(x)).count();
     let on_leased = count(|x| matches!(x, Place::Existing(_)));
     let capped = count(|x| *x == Place::Capped);
-    let new = plan.new_nodes as u32;
+    let new = plan.new_nodes.len() as u32;
     let empty = if intent > 0 {
         empty_nodes(&live, &pic.existing, &plan.places)
     } else {
@@ -293,33 +450,17 @@ pub fn decide(
         unfit: pic.unfit,
         last_intent_at: if intent > 0 { now } else { last_intent_at },
         reason: String::new(),
+        shapes: plan.new_nodes.iter().map(|&i| shapes[i].spec).collect(),
         empty,
     };
     if intent > 0 {
-        let cap = if capped > 0 {
-            format!(
-                "; {capped} would need more nodes, capped at max_nodes {}",
-                k.max_nodes
-            )
-        } else {
-            String::new()
+        let placed = Placed {
+            waiting: pic.waiting.len(),
+            on_leased,
+            new,
+            capped,
         };
-        if new > 0 {
-            d.action = Action::Provision { count: new };
-            d.reason = if nodes == 0 && capped == 0 {
-                "Provision: intent and no node".into()
-            } else {
-                format!(
-                    "Provision: {} pods wait, {on_leased} fit the {nodes} nodes leased, {new} more \
-                     nodes for the rest{cap}",
-                    pic.waiting.len()
-                )
-            };
-        } else if capped > 0 {
-            d.reason = format!("Hold: {intent} pods on {nodes} nodes{cap}");
-        } else {
-            d.reason = format!("Hold: {intent} pods on {nodes} nodes");
-        }
+        work(&mut d, &placed, k);
         return d;
     }
     idle(
@@ -330,11 +471,46 @@ pub fn decide(
     d
 }
 
+/// What the placement did with the Pods that wait, for the reason.
+struct Placed {
+    waiting: usize,
+    on_leased: usize,
+    new: u32,
+    capped: usize,
+}
+
+/// The decision of a cluster with work: Provision the new nodes, or Hold.
+fn work(d: &mut Decision, p: &Placed, k: &Knobs) {
+    let (intent, nodes, new, capped) = (d.intent, d.nodes, p.new, p.capped);
+    let cap = if capped > 0 {
+        format!(
+            "; {capped} would need more nodes, capped at max_nodes {}",
+            k.max_nodes
+        )
+    } else {
+        String::new()
+    };
+    if new > 0 {
+        d.action = Action::Provision { count: new };
+        d.reason = if nodes == 0 && capped == 0 {
+            "Provision: intent and no node".into()
+        } else {
+            format!(
+                "Provision: {} pods wait, {} fit the {nodes} nodes leased, {new} more nodes for \
+                 the rest{cap}",
+                p.waiting, p.on_leased
+            )
+        };
+    } else {
+        d.reason = format!("Hold: {intent} pods on {nodes} nodes{cap}");
+    }
+}
+
 /// The live nodes no work is bound to and the placement sends none.
-fn empty_nodes(live: &[&str], existing: &[Vec<Placeable<'_>>], places: &[Place]) -> Vec<String> {
+fn empty_nodes(live: &[&LeaseView], existing: &[Existing<'_>], places: &[Place]) -> Vec<String> {
     let mut used: Vec<bool> = existing
         .iter()
-        .map(|pods| pods.iter().any(|p| p.takes_slot))
+        .map(|e| e.pods.iter().any(|p| p.takes_slot))
         .collect();
     for p in places {
         if let Place::Existing(i) = p {
@@ -344,7 +520,7 @@ fn empty_nodes(live: &[&str], existing: &[Vec<Placeable<'_>>], places: &[Place])
     live.iter()
         .zip(used)
         .filter(|(_, used)| !used)
-        .map(|(n, _)| n.to_string())
+        .map(|(l, _)| l.node.clone())
         .collect()
 }
 
@@ -430,7 +606,24 @@ mod tests {
             memory_bytes: 256 << 20,
             labels: BTreeMap::new(),
             anti_affinity: Vec::new(),
+            node: NodeRequirements::default(),
         }
+    }
+
+    /// The decision with no shape known from the market: the `[node]` size.
+    fn decide_on(
+        pods: &[PodView],
+        leases: &[LeaseView],
+        k: &Knobs,
+        now: SystemTime,
+        last: SystemTime,
+    ) -> Decision {
+        let none = BTreeMap::new();
+        let offers = Offers {
+            shapes: &[],
+            labels: &none,
+        };
+        decide(pods, leases, &offers, k, now, last)
     }
 
     /// The seeds' GitLab job: one per node.
@@ -455,6 +648,8 @@ mod tests {
             .map(|i| LeaseView {
                 node: format!("n{i}"),
                 live: true,
+                spec: knobs().node.into(),
+                allocatable: None,
             })
             .collect()
     }
@@ -465,7 +660,7 @@ mod tests {
 
     #[test]
     fn one_pending_pod_and_no_node_provisions_one() {
-        let d = decide(&[pod("a", Phase::Pending)], &[], &knobs(), t(10), t(0));
+        let d = decide_on(&[pod("a", Phase::Pending)], &[], &knobs(), t(10), t(0));
         assert_eq!(d.action, Action::Provision { count: 1 });
         assert_eq!(d.reason, "Provision: intent and no node");
         assert_eq!((d.target, d.nodes, d.intent), (1, 0, 1));
@@ -477,15 +672,15 @@ mod tests {
         let pods: Vec<_> = (0..5)
             .map(|i| pod(&format!("j{i}"), Phase::Pending))
             .collect();
-        let d = decide(&pods, &[], &knobs(), t(1), t(0));
+        let d = decide_on(&pods, &[], &knobs(), t(1), t(0));
         assert_eq!(d.action, Action::Provision { count: 5 });
-        let d = decide(&pods, &leases(2), &knobs(), t(1), t(0));
+        let d = decide_on(&pods, &leases(2), &knobs(), t(1), t(0));
         assert_eq!(d.action, Action::Provision { count: 3 });
         assert_eq!(
             d.reason,
             "Provision: 5 pods wait, 2 fit the 2 nodes leased, 3 more nodes for the rest"
         );
-        let d = decide(&pods, &leases(5), &knobs(), t(1), t(0));
+        let d = decide_on(&pods, &leases(5), &knobs(), t(1), t(0));
         assert_eq!(d.action, Action::Hold);
     }
 
@@ -501,9 +696,9 @@ mod tests {
                 p
             })
             .collect();
-        assert_eq!(decide(&pods, &[], &k, t(1), t(0)).target, 2);
+        assert_eq!(decide_on(&pods, &[], &k, t(1), t(0)).target, 2);
         k.pods_per_node = 1;
-        let d = decide(&pods, &leases(5), &k, t(1), t(0));
+        let d = decide_on(&pods, &leases(5), &k, t(1), t(0));
         assert_eq!((d.target, d.action), (5, Action::Hold));
         assert!(d.reason.contains("capped at max_nodes 5"), "{}", d.reason);
     }
@@ -513,13 +708,13 @@ mod tests {
         let mut k = knobs();
         k.pods_per_node = 8;
         let jobs: Vec<_> = (0..4).map(|i| job(&format!("j{i}"))).collect();
-        let d = decide(&jobs, &[], &k, t(1), t(0));
+        let d = decide_on(&jobs, &[], &k, t(1), t(0));
         assert_eq!((d.action, d.target), (Action::Provision { count: 4 }, 4));
         // One runs on n0; the three others wait: three more nodes, not none.
         let mut some = jobs.clone();
         some[0].phase = Phase::Running;
         some[0].node_name = Some("n0".into());
-        let d = decide(&some, &leases(1), &k, t(1), t(0));
+        let d = decide_on(&some, &leases(1), &k, t(1), t(0));
         assert_eq!(d.action, Action::Provision { count: 3 }, "{}", d.reason);
         // Plain Pods still pack 8 to a node beside a job.
         let plain: Vec<_> = (0..7)
@@ -531,7 +726,7 @@ mod tests {
             .collect();
         let mut mixed = vec![some[0].clone()];
         mixed.extend(plain);
-        let d = decide(&mixed, &leases(1), &k, t(1), t(0));
+        let d = decide_on(&mixed, &leases(1), &k, t(1), t(0));
         assert_eq!(d.action, Action::Hold, "{}", d.reason);
     }
 
@@ -547,15 +742,18 @@ mod tests {
                 p
             })
             .collect();
-        assert_eq!(decide(&pods, &[], &k, t(1), t(0)).target, 3);
+        assert_eq!(decide_on(&pods, &[], &k, t(1), t(0)).target, 3);
         // A DaemonSet's Pod on the leased node takes room too.
         let mut ds = pod("ds", Phase::Running);
         ds.follows_nodes = true;
         ds.node_name = Some("n0".into());
         ds.cpu_millis = 1000;
+        let mut work = pod("work", Phase::Running);
+        work.node_name = Some("n0".into());
+        work.cpu_millis = 500;
         let mut small = pod("small", Phase::Pending);
-        small.cpu_millis = 1200;
-        let d = decide(&[ds, small], &leases(1), &k, t(1), t(0));
+        small.cpu_millis = 800;
+        let d = decide_on(&[ds, work, small], &leases(1), &k, t(1), t(0));
         assert_eq!(d.action, Action::Provision { count: 1 }, "{}", d.reason);
     }
 
@@ -572,7 +770,7 @@ mod tests {
                 Phase::Succeeded
             };
         }
-        let d = decide(&jobs, &leases(3), &k, t(100), t(0));
+        let d = decide_on(&jobs, &leases(3), &k, t(100), t(0));
         assert_eq!((d.action, d.intent), (Action::Hold, 1));
         assert_eq!(d.empty, vec!["n0".to_string(), "n1".to_string()]);
         let mut since = HashMap::new();
@@ -593,7 +791,7 @@ mod tests {
         // A node a waiting Pod will go to is not empty, and its clock starts over.
         let mut next = jobs.clone();
         next.push(pod("waits", Phase::Pending));
-        let d = decide(&next, &leases(3), &k, t(162), t(0));
+        let d = decide_on(&next, &leases(3), &k, t(162), t(0));
         assert_eq!(d.empty, vec!["n1".to_string()]);
         releases(&d.empty, &mut since, t(162), k.hold);
         assert_eq!(since.keys().collect::<Vec<_>>(), vec!["n1"]);
@@ -604,10 +802,119 @@ mod tests {
         let mut ds = pod("ds", Phase::Running);
         ds.follows_nodes = true;
         ds.node_name = Some("n1".into());
-        let d = decide(&[pause, ds, jobs[2].clone()], &leases(3), &k, t(1), t(0));
+        let d = decide_on(&[pause, ds, jobs[2].clone()], &leases(3), &k, t(1), t(0));
         assert_eq!(d.empty, vec!["n0".to_string(), "n1".to_string()]);
         // With no work at all, the whole cluster follows the hold instead.
-        assert!(decide(&[], &leases(3), &k, t(1), t(0)).empty.is_empty());
+        assert!(decide_on(&[], &leases(3), &k, t(1), t(0)).empty.is_empty());
+    }
+
+    fn shape(vcpu: u32, price: u64) -> Shape {
+        Shape {
+            spec: NodeSpec {
+                vcpu,
+                mem_mib: 2048 * u64::from(vcpu),
+                disk_mib: 20480,
+            },
+            price_micros_per_hour: price,
+        }
+    }
+
+    #[test]
+    fn each_node_is_rented_as_the_cheapest_shape_on_offer_that_holds_its_pods() {
+        // The issue's operator: `[node]` of 1 vCPU, a provider with 1- and 2-vCPU shapes.
+        let mut k = knobs();
+        k.node.vcpu = 1;
+        k.pods_per_node = 8;
+        let shapes = [shape(1, 10), shape(2, 20)];
+        let base = BTreeMap::from([("socialweb.computer/cluster".to_string(), "ci".to_string())]);
+        let offers = Offers {
+            shapes: &shapes,
+            labels: &base,
+        };
+        let mut big = pod("big", Phase::Pending);
+        big.cpu_millis = 1500;
+        let d = decide(&[big.clone()], &[], &offers, &k, t(1), t(0));
+        assert_eq!(d.action, Action::Provision { count: 1 });
+        assert_eq!(d.shapes, vec![shapes[1].spec]);
+        // With only the `[node]` size known it is unfit, and says what is on offer.
+        let d = decide_on(&[big.clone()], &[], &k, t(1), t(0));
+        assert_eq!(d.action, Action::Hold);
+        assert!(d.unfit[0].1.contains("1500m CPU"), "{:?}", d.unfit);
+        assert!(
+            d.unfit[0].1.contains("shapes: 1vcpu-4096mib)"),
+            "{:?}",
+            d.unfit
+        );
+        // A small Pod gets the small shape; a nodeSelector on the shape gets that shape.
+        let small = pod("small", Phase::Pending);
+        let d = decide(std::slice::from_ref(&small), &[], &offers, &k, t(1), t(0));
+        assert_eq!(d.shapes, vec![shapes[0].spec]);
+        let mut pinned = small.clone();
+        pinned.node.selector = [(INSTANCE_TYPE.to_string(), "2vcpu-4096mib".to_string())].into();
+        let d = decide(&[pinned.clone()], &[], &offers, &k, t(1), t(0));
+        assert_eq!(d.shapes, vec![shapes[1].spec]);
+        // The cluster's own label matches; a label no node carries is unfit, and said so.
+        pinned.node.selector = base.clone();
+        let d = decide(&[pinned.clone()], &[], &offers, &k, t(1), t(0));
+        assert_eq!(d.shapes, vec![shapes[0].spec]);
+        pinned.node.selector = [("gpu".to_string(), "true".to_string())].into();
+        let d = decide(&[pinned], &[], &offers, &k, t(1), t(0));
+        assert_eq!((d.action, d.intent), (Action::Hold, 0));
+        assert!(
+            d.unfit[0].1.contains("matches no node on offer"),
+            "{:?}",
+            d.unfit
+        );
+        // A leased node keeps its own shape: the 1500m Pod fits beside nothing on a 2-vCPU
+        // node, not on a 1-vCPU one.
+        let two = LeaseView {
+            node: "n0".into(),
+            live: true,
+            spec: shapes[1].spec,
+            allocatable: None,
+        };
+        let d = decide(
+            &[big.clone()],
+            std::slice::from_ref(&two),
+            &offers,
+            &k,
+            t(1),
+            t(0),
+        );
+        assert_eq!(d.action, Action::Hold, "{}", d.reason);
+        let one = LeaseView {
+            spec: shapes[0].spec,
+            ..two
+        };
+        let d = decide(&[big], &[one], &offers, &k, t(1), t(0));
+        assert_eq!(d.action, Action::Provision { count: 1 }, "{}", d.reason);
+    }
+
+    #[test]
+    fn a_new_node_pays_the_daemonsets_overhead() {
+        let mut k = knobs();
+        k.pods_per_node = 8;
+        let mut ds = pod("ds", Phase::Running);
+        ds.follows_nodes = true;
+        ds.node_name = Some("n0".into());
+        ds.cpu_millis = 600;
+        let mut work = pod("w", Phase::Running);
+        work.node_name = Some("n0".into());
+        work.cpu_millis = 1400;
+        // 1500m wait: not on n0 (full), and a new 2-vCPU node has 1400m after the 600m.
+        let mut big = pod("big", Phase::Pending);
+        big.cpu_millis = 1500;
+        let d = decide_on(&[ds.clone(), work.clone(), big], &leases(1), &k, t(1), t(0));
+        assert_eq!((d.action, d.intent), (Action::Hold, 1), "{}", d.reason);
+        assert!(
+            d.unfit[0].1.contains("DaemonSets' 600m CPU"),
+            "{:?}",
+            d.unfit
+        );
+        let mut fits = pod("fits", Phase::Pending);
+        fits.cpu_millis = 1400;
+        let d = decide_on(&[ds, work, fits], &leases(1), &k, t(1), t(0));
+        assert_eq!(d.action, Action::Provision { count: 1 }, "{}", d.reason);
     }
 
     #[test]
@@ -618,7 +925,7 @@ mod tests {
             pod("s", Phase::Succeeded),
             pod("f", Phase::Failed),
         ];
-        assert_eq!(decide(&pods, &leases(2), &knobs(), t(1), t(0)).intent, 2);
+        assert_eq!(decide_on(&pods, &leases(2), &knobs(), t(1), t(0)).intent, 2);
     }
 
     #[test]
@@ -633,9 +940,12 @@ mod tests {
         lower.priority = -100;
         let mut just_above = pod("above", Phase::Pending);
         just_above.priority = -9;
-        let d = decide(&[addon, ds, pause, lower], &[], &knobs(), t(1), t(0));
+        let d = decide_on(&[addon, ds, pause, lower], &[], &knobs(), t(1), t(0));
         assert_eq!((d.intent, d.action), (0, Action::Hold));
-        assert_eq!(decide(&[just_above], &[], &knobs(), t(1), t(0)).intent, 1);
+        assert_eq!(
+            decide_on(&[just_above], &[], &knobs(), t(1), t(0)).intent,
+            1
+        );
     }
 
     #[test]
@@ -644,7 +954,7 @@ mod tests {
         big.cpu_millis = 4000;
         let mut huge = pod("huge", Phase::Pending);
         huge.memory_bytes = 64 << 30;
-        let d = decide(&[big, huge], &[], &knobs(), t(1), t(0));
+        let d = decide_on(&[big, huge], &[], &knobs(), t(1), t(0));
         assert_eq!((d.intent, d.action), (0, Action::Hold));
         assert_eq!(d.unfit.len(), 2);
         assert!(d.unfit[0].1.contains("4000m CPU"), "{:?}", d.unfit);
@@ -654,7 +964,7 @@ mod tests {
         placed.cpu_millis = 4000;
         placed.node_name = Some("n0".into());
         assert_eq!(
-            decide(&[placed], &leases(1), &knobs(), t(1), t(0)).intent,
+            decide_on(&[placed], &leases(1), &knobs(), t(1), t(0)).intent,
             1
         );
     }
@@ -662,14 +972,14 @@ mod tests {
     #[test]
     fn zero_intent_tears_down_only_past_the_hold() {
         let k = knobs();
-        let within = decide(&[], &leases(3), &k, t(60), t(0));
+        let within = decide_on(&[], &leases(3), &k, t(60), t(0));
         assert_eq!(within.action, Action::Hold);
         assert_eq!(
             within.reason,
             "Hold: nothing running for 1m0s, within the 1m0s hold"
         );
         assert_eq!(teardown_due(&within, &k), Some(t(60)));
-        let past = decide(
+        let past = decide_on(
             &[],
             &leases(3),
             &k,
@@ -683,7 +993,7 @@ mod tests {
             "Teardown: nothing running for 1m0.9s, past the 1m0s hold"
         );
         assert_eq!(past.last_intent_at, t(0), "the hold clock is not reset");
-        let idle = decide(&[], &[], &k, t(500), t(0));
+        let idle = decide_on(&[], &[], &k, t(500), t(0));
         assert_eq!(idle.action, Action::Hold);
         assert_eq!(idle.reason, "Hold: nothing running and no node");
     }
@@ -694,13 +1004,17 @@ mod tests {
             LeaseView {
                 node: "a".into(),
                 live: false,
+                spec: knobs().node.into(),
+                allocatable: None,
             },
             LeaseView {
                 node: "b".into(),
                 live: true,
+                spec: knobs().node.into(),
+                allocatable: None,
             },
         ];
-        let d = decide(&[pod("p", Phase::Pending)], &l, &knobs(), t(1), t(0));
+        let d = decide_on(&[pod("p", Phase::Pending)], &l, &knobs(), t(1), t(0));
         assert_eq!((d.nodes, d.action), (1, Action::Hold));
     }
 
@@ -724,7 +1038,7 @@ mod tests {
         let pods: Vec<_> = (0..10_000)
             .map(|i| pod(&format!("p{i}"), Phase::Pending))
             .collect();
-        let d = decide(&pods, &leases(3), &knobs(), t(1), t(0));
+        let d = decide_on(&pods, &leases(3), &knobs(), t(1), t(0));
         assert_eq!(d.intent, 10_000);
         assert_eq!((d.target, d.action), (5, Action::Provision { count: 2 }));
         assert!(

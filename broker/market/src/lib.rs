@@ -68,6 +68,101 @@ impl Isolation {
     }
 }
 
+impl NodeSpec {
+    /// Whether a node of `self` holds `other` (every dimension at least as large).
+    pub fn holds(&self, other: &NodeSpec) -> bool {
+        self.vcpu >= other.vcpu && self.mem_mib >= other.mem_mib && self.disk_mib >= other.disk_mib
+    }
+
+    /// The shape's name as nodes carry it (`node.kubernetes.io/instance-type`): `2vcpu-4096mib`.
+    pub fn instance_type(&self) -> String {
+        format!("{}vcpu-{}mib", self.vcpu, self.mem_mib)
+    }
+
+    /// Checks the ranges both sides accept; the error names `field`'s part.
+    pub fn validate(&self, field: &str) -> Result<(), String> {
+        if self.vcpu == 0 || self.vcpu > 1024 {
+            return Err(format!("{field}.vcpu: {} is not 1-1024", self.vcpu));
+        }
+        if self.mem_mib == 0 || self.mem_mib > 1 << 24 {
+            return Err(format!("{field}.memMiB: {} is out of range", self.mem_mib));
+        }
+        if self.disk_mib == 0 || self.disk_mib > 1 << 30 {
+            return Err(format!(
+                "{field}.diskMiB: {} is out of range",
+                self.disk_mib
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A node size a provider rents, and its price.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shape {
+    pub spec: NodeSpec,
+    /// Millionths of the provider's currency unit per hour.
+    pub price_micros_per_hour: u64,
+}
+
+/// `GET /v1/offer` answer: what a provider rents, so that a client can size its RFPs (an
+/// RFP for a spec no shape holds gets no bid). A provider bids on an RFP at the price of its
+/// cheapest shape that holds the spec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Offer {
+    pub provider: String,
+    pub isolation: Isolation,
+    /// As in bids (`namespace`, `vm/kvm`, `vm/tcg`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+    pub shapes: Vec<Shape>,
+    /// Nodes it could start now.
+    pub free: u32,
+}
+
+/// The most shapes an offer may list (a provider is another party).
+pub const MAX_SHAPES: usize = 64;
+
+impl Offer {
+    /// Checks what a client must not trust blindly; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.shapes.is_empty() || self.shapes.len() > MAX_SHAPES {
+            return Err(format!(
+                "shapes: {} listed, not 1-{MAX_SHAPES}",
+                self.shapes.len()
+            ));
+        }
+        for (i, s) in self.shapes.iter().enumerate() {
+            s.spec.validate(&format!("shapes[{i}].spec"))?;
+        }
+        if self.provider.is_empty() || self.provider.len() > 253 {
+            return Err("provider: must be 1-253 characters".into());
+        }
+        Ok(())
+    }
+
+    /// The cheapest shape that holds `spec` (the smaller of two at one price), if any.
+    pub fn cheapest_holding(&self, spec: &NodeSpec) -> Option<&Shape> {
+        cheapest_holding(&self.shapes, spec)
+    }
+}
+
+/// The cheapest of `shapes` that holds `spec` (the smaller of two at one price), if any.
+pub fn cheapest_holding<'a>(shapes: &'a [Shape], spec: &NodeSpec) -> Option<&'a Shape> {
+    shapes
+        .iter()
+        .filter(|s| s.spec.holds(spec))
+        .min_by_key(|s| {
+            (
+                s.price_micros_per_hour,
+                s.spec.vcpu,
+                s.spec.mem_mib,
+                s.spec.disk_mib,
+            )
+        })
+}
+
 /// An offer to run a node for an RFP.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bid {
@@ -189,21 +284,7 @@ impl RfpRequest {
         if !valid_id(&self.id) {
             return Err(format!("id: {:?} is not {ID_RULE}", self.id));
         }
-        if self.spec.vcpu == 0 || self.spec.vcpu > 1024 {
-            return Err(format!("spec.vcpu: {} is not 1-1024", self.spec.vcpu));
-        }
-        if self.spec.mem_mib == 0 || self.spec.mem_mib > 1 << 24 {
-            return Err(format!(
-                "spec.memMiB: {} is out of range",
-                self.spec.mem_mib
-            ));
-        }
-        if self.spec.disk_mib == 0 || self.spec.disk_mib > 1 << 30 {
-            return Err(format!(
-                "spec.diskMiB: {} is out of range",
-                self.spec.disk_mib
-            ));
-        }
+        self.spec.validate("spec")?;
         if self.image.is_empty() || self.image.len() > 256 {
             return Err("image: must be 1-256 characters".into());
         }
@@ -284,6 +365,7 @@ mod tests {
             let _ = serde_json::from_slice::<Accept>(&bytes);
             let _ = serde_json::from_slice::<LeaseList>(&bytes);
             let _ = serde_json::from_slice::<Rfp>(&bytes);
+            if let Ok(o) = serde_json::from_slice::<Offer>(&bytes) { let _ = o.validate(); }
         }
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use socialweb_market::{Bid, Lease, LeaseState, NodeSpec, Rfp, RfpRequest};
+use socialweb_market::{Bid, Lease, LeaseState, Rfp, RfpRequest, Shape};
 use tracing::warn;
 
 use crate::ProviderError;
@@ -73,13 +73,12 @@ pub(crate) struct Book {
     pub leases: BTreeMap<String, LeaseEntry>,
 }
 
-/// What the provider offers: the largest node, how many at once, its name and price.
+/// What the provider offers: its node shapes and their prices, how many at once, its name.
 #[derive(Debug, Clone)]
 pub(crate) struct Offer {
-    pub max_spec: NodeSpec,
+    pub shapes: Vec<Shape>,
     pub capacity: u32,
     pub name: String,
-    pub price_micros_per_hour: u64,
     /// How isolated its nodes are, and what they are (said in its bids).
     pub isolation: socialweb_market::Isolation,
     pub machine: String,
@@ -149,15 +148,14 @@ impl Book {
             }
             return Ok(rfp_view(e));
         }
-        let max = &offer.max_spec;
-        let fits = req.spec.vcpu <= max.vcpu
-            && req.spec.mem_mib <= max.mem_mib
-            && req.spec.disk_mib <= max.disk_mib;
+        // Priced as its cheapest shape that holds the spec; none holds it: no bid.
+        let shape = socialweb_market::cheapest_holding(&offer.shapes, &req.spec);
+        let fits = shape.is_some();
         let live = self.live().count() as u32;
         // No bid on an RFP that needs more isolation than this provider's nodes have.
         let isolated = req.isolation <= offer.isolation;
         let mut bids = Vec::new();
-        if fits && isolated && live < offer.capacity && bid {
+        if let Some(shape) = shape.filter(|_| isolated && live < offer.capacity && bid) {
             let expires = SystemTime::now()
                 + Duration::from_millis(req.bid_deadline_ms)
                 + Duration::from_secs(60);
@@ -165,7 +163,7 @@ impl Book {
                 id: format!("{}-b1", req.id),
                 rfp_id: req.id.clone(),
                 provider: offer.name.clone(),
-                price_micros_per_hour: offer.price_micros_per_hour,
+                price_micros_per_hour: shape.price_micros_per_hour,
                 eta_ms: offer.eta_ms,
                 machine: Some(offer.machine.clone()),
                 expires_at: humantime::format_rfc3339_seconds(expires).to_string(),
@@ -363,17 +361,20 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use socialweb_market::NodeSpec;
 
     fn offer(capacity: u32) -> Offer {
         Offer {
-            max_spec: NodeSpec {
-                vcpu: 2,
-                mem_mib: 4096,
-                disk_mib: 20480,
-            },
+            shapes: vec![Shape {
+                spec: NodeSpec {
+                    vcpu: 2,
+                    mem_mib: 4096,
+                    disk_mib: 20480,
+                },
+                price_micros_per_hour: 0,
+            }],
             capacity,
             name: "local".into(),
-            price_micros_per_hour: 0,
             isolation: socialweb_market::Isolation::Namespace,
             machine: "namespace".into(),
             eta_ms: 3000,

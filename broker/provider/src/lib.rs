@@ -33,7 +33,7 @@ use tracing::{info, warn};
 
 use book::{Acceptance, Ledger, Offer, set_state};
 use network::NodeNet;
-use socialweb_market::{Accept, Lease, LeaseState, NodeSpec, Rfp, RfpRequest};
+use socialweb_market::{Accept, Lease, LeaseState, NodeSpec, Rfp, RfpRequest, Shape};
 
 pub use server::{Listen, serve};
 pub use vm::{AccelChoice, VmSettings};
@@ -45,8 +45,9 @@ pub struct ProviderConfig {
     pub dir: PathBuf,
     /// Nodes it runs at most.
     pub capacity: u32,
-    /// The largest node it offers.
-    pub max_spec: NodeSpec,
+    /// The node sizes it rents and their prices (at least one): it bids on an RFP at the
+    /// price of the cheapest that holds the RFP's spec.
+    pub shapes: Vec<Shape>,
     pub subnet: Ipv4Addr,
     /// Prefix of its network namespaces, links and cgroups.
     pub prefix: String,
@@ -65,7 +66,6 @@ pub struct ProviderConfig {
     pub machine: MachineKind,
     /// Its name in bids.
     pub name: String,
-    pub price_micros_per_hour: u64,
 }
 
 /// What a lease's node is on this machine.
@@ -79,12 +79,20 @@ pub enum MachineKind {
 }
 
 impl ProviderConfig {
+    /// Its largest shape (by vCPUs, then memory): what a lease whose RFP is lost boots as.
+    pub fn largest_shape(&self) -> NodeSpec {
+        self.shapes
+            .iter()
+            .map(|s| s.spec)
+            .max_by_key(|s| (s.vcpu, s.mem_mib, s.disk_mib))
+            .expect("a provider rents at least one shape")
+    }
+
     fn offer(&self) -> Offer {
         Offer {
-            max_spec: self.max_spec,
+            shapes: self.shapes.clone(),
             capacity: self.capacity,
             name: self.name.clone(),
-            price_micros_per_hour: self.price_micros_per_hour,
             isolation: socialweb_market::Isolation::Namespace,
             machine: "namespace".into(),
             eta_ms: 3000,
@@ -280,6 +288,23 @@ impl Provider {
             .write(|b| b.rfp(&client.0, req, &offer, bid))
     }
 
+    /// What it rents now, for `GET /v1/offer`: its shapes, its isolation, its free slots.
+    pub fn offer_view(&self) -> socialweb_market::Offer {
+        let o = self.offer();
+        let live = self
+            .inner
+            .ledger
+            .read(|b| b.leases.values().filter(|e| e.lease.state.live()).count())
+            as u32;
+        socialweb_market::Offer {
+            provider: o.name,
+            isolation: o.isolation,
+            machine: Some(o.machine),
+            shapes: o.shapes,
+            free: o.capacity.saturating_sub(live),
+        }
+    }
+
     pub fn get_rfp(&self, client: &Client, id: &str) -> Option<Rfp> {
         self.inner.ledger.read(|b| b.rfp_view(&client.0, id))
     }
@@ -369,14 +394,16 @@ mod tests {
     #[test]
     fn a_tcg_guest_is_vm_isolation_only_when_the_operator_says_so() {
         let base = Offer {
-            max_spec: NodeSpec {
-                vcpu: 2,
-                mem_mib: 2048,
-                disk_mib: 20480,
-            },
+            shapes: vec![socialweb_market::Shape {
+                spec: NodeSpec {
+                    vcpu: 2,
+                    mem_mib: 2048,
+                    disk_mib: 20480,
+                },
+                price_micros_per_hour: 0,
+            }],
             capacity: 1,
             name: "p".into(),
-            price_micros_per_hour: 0,
             isolation: socialweb_market::Isolation::Namespace,
             machine: "namespace".into(),
             eta_ms: 3000,

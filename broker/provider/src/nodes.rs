@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use socialweb_market::LeaseState;
+use socialweb_market::{LeaseState, NodeSpec};
 use socialweb_proc::same;
 use tracing::{info, warn};
 
@@ -155,7 +155,7 @@ impl Provider {
             Some(image) => self.image_machine(e, &net, &dir, image)?,
             None => self.host_machine(e, &net, &dir)?,
         };
-        let agent = self.start_agent(&m)?;
+        let agent = self.start_agent(&m, self.spec_of(e))?;
         Ok((m.record, agent))
     }
 
@@ -212,7 +212,7 @@ impl Provider {
     /// The agent's command line: the image's own agent with the image's defaults (its
     /// kubelet, containerd, CNI plugins, identity path), as its systemd unit starts it, or
     /// this host's agent pointed at the machine's files.
-    fn agent_command(&self, m: &Machine) -> std::process::Command {
+    fn agent_command(&self, m: &Machine, spec: NodeSpec) -> std::process::Command {
         let cfg = &self.inner.cfg;
         let dir = m.dir();
         let mut cmd = if cfg.image.is_some() {
@@ -239,18 +239,18 @@ impl Provider {
         cmd.arg("--cgroup-root")
             .arg(format!("/{}", m.record.cgroup))
             .args(["--child-log-dir", "/var/log/socialweb"]);
-        if let Some(p) = &cfg.kubelet_config_patch {
+        if let Some(p) = kubelet_patch(spec, cfg.kubelet_config_patch.as_ref()) {
             cmd.arg("--kubelet-config-patch").arg(p.to_string());
         }
         cmd
     }
 
-    fn start_agent(&self, m: &Machine) -> Result<(u32, u64)> {
+    fn start_agent(&self, m: &Machine, spec: NodeSpec) -> Result<(u32, u64)> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(m.dir().join("agent.log"))?;
-        let mut cmd = self.agent_command(m);
+        let mut cmd = self.agent_command(m, spec);
         cmd.env("SOCIALWEB_LOG", "info")
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone()?)
@@ -321,10 +321,88 @@ impl Provider {
         if !e.agent.is_some_and(|(pid, started)| same(pid, started)) {
             warn!(lease = %id, "local provider: the node's agent is not running; starting it again");
             let p = self.clone();
-            let started = tokio::task::spawn_blocking(move || p.start_agent(&m)).await;
+            let spec = self.spec_of(&e);
+            let started = tokio::task::spawn_blocking(move || p.start_agent(&m, spec)).await;
             if let Ok(Ok(agent)) = started {
                 self.inner.ledger.update(&id, |x| x.agent = Some(agent));
             }
         }
+    }
+}
+
+/// What a namespace node's kubelet is told beside the operator's patch: the host's CPUs and
+/// memory beyond the lease's shape as `systemReserved`, so that the Node's allocatable is
+/// the shape that was rented (a namespace machine sees the whole host), as the scale
+/// decision planned it. The operator's patch is merged over it (theirs wins).
+fn kubelet_patch(
+    spec: NodeSpec,
+    operator: Option<&serde_json::Value>,
+) -> Option<serde_json::Value> {
+    let host = host_size();
+    let mut patch = serde_json::Map::new();
+    if let Some((cpus, mem_mib)) = host {
+        let cpu = (u64::from(cpus) * 1000).saturating_sub(u64::from(spec.vcpu) * 1000);
+        let mem = mem_mib.saturating_sub(spec.mem_mib);
+        let mut reserved = serde_json::Map::new();
+        if cpu > 0 {
+            reserved.insert("cpu".into(), format!("{cpu}m").into());
+        }
+        if mem > 0 {
+            reserved.insert("memory".into(), format!("{mem}Mi").into());
+        }
+        if !reserved.is_empty() {
+            patch.insert("systemReserved".into(), reserved.into());
+        }
+    }
+    if let Some(serde_json::Value::Object(o)) = operator {
+        patch.extend(o.clone());
+    }
+    (!patch.is_empty()).then_some(serde_json::Value::Object(patch))
+}
+
+/// The host's online CPUs and memory in MiB, as the kubelet counts its capacity.
+fn host_size() -> Option<(u32, u64)> {
+    let cpus = std::thread::available_parallelism().ok()?.get() as u32;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some((cpus, kib / 1024))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespace_node_reserves_the_host_beyond_its_shape() {
+        let (cpus, mem) = host_size().expect("this host's size");
+        let spec = NodeSpec {
+            vcpu: 1,
+            mem_mib: 512,
+            disk_mib: 20480,
+        };
+        let p = kubelet_patch(spec, None).expect("a patch");
+        let r = &p["systemReserved"];
+        if cpus > 1 {
+            assert_eq!(r["cpu"], format!("{}m", (cpus - 1) * 1000));
+        }
+        assert_eq!(r["memory"], format!("{}Mi", mem - 512));
+        // The operator's patch wins; a shape as large as the host reserves nothing.
+        let op = serde_json::json!({"systemReserved": {"cpu": "100m"}, "maxPods": 30});
+        let p = kubelet_patch(spec, Some(&op)).unwrap();
+        assert_eq!(p["systemReserved"], serde_json::json!({"cpu": "100m"}));
+        assert_eq!(p["maxPods"], 30);
+        let whole = NodeSpec {
+            vcpu: cpus,
+            mem_mib: mem,
+            disk_mib: 20480,
+        };
+        assert_eq!(kubelet_patch(whole, None), None);
     }
 }

@@ -114,6 +114,13 @@ async fn accept(
     }
 }
 
+async fn get_offer(State(p): State<Provider>) -> Response {
+    if let Some(r) = misbehave("GET /offer").await {
+        return r;
+    }
+    Json(p.offer_view()).into_response()
+}
+
 #[derive(Debug, serde::Deserialize)]
 struct LeaseQuery {
     tag: Option<String>,
@@ -176,6 +183,7 @@ fn router(p: Provider) -> Router {
         .route(&format!("{PREFIX}/rfps/{{id}}"), get(get_rfp))
         .route(&format!("{PREFIX}/bids/{{id}}/accept"), post(accept))
         .route(&format!("{PREFIX}/leases"), get(list_leases))
+        .route(&format!("{PREFIX}/offer"), get(get_offer))
         .route(
             &format!("{PREFIX}/leases/{{id}}"),
             get(get_lease).delete(release),

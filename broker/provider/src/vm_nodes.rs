@@ -26,12 +26,12 @@ impl Provider {
     }
 
     /// The node size its RFP asked for.
-    fn spec_of(&self, e: &LeaseEntry) -> NodeSpec {
+    pub(crate) fn spec_of(&self, e: &LeaseEntry) -> NodeSpec {
         self.inner.ledger.read(|b| {
             b.rfps
                 .get(&e.lease.rfp_id)
                 .map(|r| r.req.spec)
-                .unwrap_or(self.inner.cfg.max_spec)
+                .unwrap_or_else(|| self.inner.cfg.largest_shape())
         })
     }
 

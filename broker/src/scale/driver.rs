@@ -4,7 +4,7 @@
 //! core (the decision, the reconcile), records what it decided when that changed, and acts
 //! on the difference. A missed event costs latency, never correctness.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -20,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::decision::{
-    Action, Decision, Knobs, LeaseView, decide, go_duration, next_release, releases, teardown_due,
+    Action, Decision, Knobs, LeaseView, Offers, decide, go_duration, next_release, releases,
+    teardown_due,
 };
 use crate::provision::{ClusterCtx, Provisioner};
 use crate::tenant;
@@ -78,6 +79,7 @@ struct Driver {
     c: ClusterCtx,
     knobs: Knobs,
     pods: reflector::Store<Pod>,
+    nodes: reflector::Store<Node>,
     nudge: Arc<Notify>,
     /// The task moving each provision that is not where it will stay.
     tasks: HashMap<String, tokio::task::JoinHandle<()>>,
@@ -139,6 +141,7 @@ pub async fn run(
         c,
         knobs,
         pods,
+        nodes,
         nudge,
         tasks: HashMap::new(),
         recorded: None,
@@ -314,11 +317,19 @@ impl Driver {
             .map(|x| LeaseView {
                 node: x.node.clone(),
                 live: x.state.live(),
+                spec: self.p.spec_of(x),
+                allocatable: self.allocatable(&x.node),
             })
             .collect();
+        let shapes = self.p.shapes().await;
+        let labels = node_labels(&self.c.name);
+        let offers = Offers {
+            shapes: &shapes,
+            labels: &labels,
+        };
         let now = SystemTime::now();
         let t = Instant::now();
-        let d = decide(&views, &leases, &self.knobs, now, last_intent);
+        let d = decide(&views, &leases, &offers, &self.knobs, now, last_intent);
         self.p.metrics().decided(t.elapsed().as_secs_f64());
         if d.intent > 0
             && let Err(e) = store.set_last_intent(&self.c.name, now).await
@@ -326,6 +337,18 @@ impl Driver {
             warn!(cluster = %self.c.name, "recording intent: {e:#}");
         }
         d
+    }
+
+    /// What node `name`'s Node says it can give Pods (CPU millis, memory bytes), once it has
+    /// registered and said.
+    fn allocatable(&self, name: &str) -> Option<(u64, u64)> {
+        let node = self
+            .nodes
+            .get(&kube::runtime::reflector::ObjectRef::new(name))?;
+        let a = node.status.as_ref()?.allocatable.as_ref()?;
+        let cpu = tenant::quantity_millis(&a.get("cpu")?.0)?;
+        let mem = tenant::quantity_bytes(&a.get("memory")?.0)?;
+        Some((cpu, mem))
     }
 
     /// Records the decision when it differs from the last one recorded.
@@ -387,8 +410,9 @@ impl Driver {
                 if failures > 0 && tokio::time::Instant::now() < self.next_plan_at {
                     return false;
                 }
-                for _ in 0..count {
-                    if let Err(e) = self.p.plan(&self.c.name).await {
+                debug_assert_eq!(d.shapes.len(), count as usize);
+                for spec in &d.shapes {
+                    if let Err(e) = self.p.plan(&self.c.name, *spec).await {
                         warn!(cluster = %self.c.name, "planning a node: {e:#}");
                     }
                 }
@@ -453,6 +477,29 @@ impl Driver {
             self.released.insert(prov.id.clone());
         }
     }
+}
+
+/// The labels every node of `cluster` carries besides its hostname and shape, as the
+/// placement matches Pods' node selectors against them: the kubelet's own, the cluster's
+/// (the identity's) and the agent's node-local DNS mark.
+fn node_labels(cluster: &str) -> BTreeMap<String, String> {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    BTreeMap::from([
+        ("kubernetes.io/os".to_string(), "linux".to_string()),
+        ("kubernetes.io/arch".to_string(), arch.to_string()),
+        (
+            "socialweb.computer/cluster".to_string(),
+            cluster.to_string(),
+        ),
+        (
+            "socialweb.computer/node-local-dns".to_string(),
+            "true".to_string(),
+        ),
+    ])
 }
 
 /// Waits out a burst of changes, so that one decision sees all of it: `kubectl apply` of

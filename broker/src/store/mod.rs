@@ -65,6 +65,11 @@ fn provision_of(r: &AnyRow) -> Result<Provision> {
             .map(|s| s.parse())
             .transpose()
             .context("a provision's node_ip")?,
+        spec: r
+            .try_get::<Option<String>, _>("spec")?
+            .map(|s| serde_json::from_str(&s))
+            .transpose()
+            .context("a provision's spec")?,
         reason: r.try_get("reason")?,
         attempts: r.try_get("attempts")?,
         created_at: r.try_get("created_at")?,
@@ -284,8 +289,8 @@ impl Store {
         sqlx::query(
             "INSERT INTO provisions (id, cluster, node, state, rfp_id, bid_id, lease_id, provider, \
              token_id, token_secret, mesh_key, endpoint, reason, attempts, created_at, updated_at, \
-             node_ip) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+             node_ip, spec) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
         )
         .bind(&p.id)
         .bind(&p.cluster)
@@ -304,6 +309,7 @@ impl Store {
         .bind(p.created_at)
         .bind(p.updated_at)
         .bind(p.node_ip.map(|ip| ip.to_string()))
+        .bind(p.spec.map(|s| serde_json::to_string(&s).expect("a spec serializes")))
         .execute(&self.pool)
         .await?;
         Ok(())

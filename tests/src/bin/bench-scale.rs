@@ -17,7 +17,8 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use socialweb_broker_core::scale::NodeSize;
-use socialweb_broker_core::scale::{Knobs, LeaseView, Phase, PodView, decide};
+use socialweb_broker_core::scale::{Knobs, LeaseView, Offers, Phase, PodView, decide};
+use socialweb_market::{NodeSpec, Shape};
 use testbed::broker::{Broker, BrokerOptions};
 
 /// cluster-autoscaler's SLO: unschedulable Pod to scale-up decision.
@@ -51,6 +52,10 @@ struct Args {
     /// Wakes timed, each from hibernation to the first answer at the front.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=500))]
     wakes: u32,
+    /// Only the in-process figures: the decision's cost, the placement's plan time and
+    /// packing, and the CI trace replayed (no broker, no root needed).
+    #[arg(long)]
+    simulation_only: bool,
 }
 
 fn stats(name: &str, unit: &str, mut v: Vec<f64>) -> f64 {
@@ -88,6 +93,7 @@ fn pods() -> Vec<PodView> {
             memory_bytes: 64 << 20,
             labels: Default::default(),
             anti_affinity: Vec::new(),
+            node: Default::default(),
         })
         .collect()
 }
@@ -98,6 +104,12 @@ fn decision_cost() {
         .map(|i| LeaseView {
             node: format!("n{i}"),
             live: true,
+            spec: socialweb_market::NodeSpec {
+                vcpu: 2,
+                mem_mib: 4096,
+                disk_mib: 20480,
+            },
+            allocatable: None,
         })
         .collect();
     let knobs = Knobs {
@@ -111,15 +123,180 @@ fn decision_cost() {
             disk_mib: 20480,
         },
     };
+    let labels = Default::default();
+    let offers = Offers {
+        shapes: &[],
+        labels: &labels,
+    };
     let t0 = SystemTime::now();
     let mut us = Vec::new();
     for _ in 0..200 {
         let t = Instant::now();
-        let d = decide(&pods, &leases, &knobs, t0, t0);
+        let d = decide(&pods, &leases, &offers, &knobs, t0, t0);
         std::hint::black_box(&d);
         us.push(t.elapsed().as_secs_f64() * 1e6);
     }
     stats("decide_10k_pods", "us", us);
+}
+
+/// The market of the simulation: 1, 2 and 4 vCPU (2 GiB a vCPU), priced by the vCPU.
+fn shapes() -> Vec<Shape> {
+    [1u32, 2, 4]
+        .map(|v| Shape {
+            spec: NodeSpec {
+                vcpu: v,
+                mem_mib: 2048 * u64::from(v),
+                disk_mib: 20480,
+            },
+            price_micros_per_hour: u64::from(v) * 10_000,
+        })
+        .to_vec()
+}
+
+/// `n` waiting Pods of mixed shapes: requests from 100m to 3 CPUs and 128 MiB to 6 GiB,
+/// one in ten a CI job with the seeds' anti-affinity (one a node), one in twenty pinned to
+/// a shape by its nodeSelector.
+fn mixed_pods(n: usize) -> Vec<PodView> {
+    use socialweb_broker_core::placement::{
+        AntiAffinity, INSTANCE_TYPE, Namespaces, Requirement, Selector,
+    };
+    let runner = "project.runner.gitlab.com/id";
+    let cpus = [100u64, 250, 500, 1000, 1500, 3000];
+    let mems = [128u64 << 20, 512 << 20, 1 << 30, 2 << 30, 3 << 30, 6 << 30];
+    (0..n)
+        .map(|i| {
+            // A fixed scramble of i: shapes vary without a generator.
+            let h = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+            let mut p = PodView {
+                namespace: "ci".into(),
+                name: format!("p{i}"),
+                phase: Phase::Pending,
+                priority: 0,
+                node_name: None,
+                follows_nodes: false,
+                cpu_millis: cpus[(h % 6) as usize],
+                memory_bytes: mems[((h / 6) % 6) as usize].min(cpus[(h % 6) as usize] << 21),
+                labels: Default::default(),
+                anti_affinity: Vec::new(),
+                node: Default::default(),
+            };
+            if i % 10 == 0 {
+                p.labels = [(runner.to_string(), "42".to_string())].into();
+                p.anti_affinity = vec![AntiAffinity {
+                    selector: Selector {
+                        match_expressions: vec![Requirement::Exists(runner.into())],
+                        ..Default::default()
+                    },
+                    namespaces: Namespaces::Listed(vec![]),
+                }];
+            } else if i % 20 == 5 {
+                p.node.selector = [(INSTANCE_TYPE.to_string(), "4vcpu-8192mib".to_string())].into();
+            }
+            p
+        })
+        .collect()
+}
+
+/// The placement on shapes: plan time for 1k and 10k waiting Pods, the nodes rented against
+/// the lower bound, and the CI trace's bill against the decision it replaced.
+fn simulation() {
+    let shapes = shapes();
+    let labels = Default::default();
+    let offers = Offers {
+        shapes: &shapes,
+        labels: &labels,
+    };
+    let knobs = Knobs {
+        max_nodes: 100_000,
+        pods_per_node: 110,
+        hold: Duration::from_secs(120),
+        expendable_priority_cutoff: -10,
+        node: NodeSize::default(),
+    };
+    let t0 = SystemTime::now();
+    for (n, rounds) in [(1_000usize, 50), (10_000, 10)] {
+        let pods = mixed_pods(n);
+        let mut ms = Vec::new();
+        let mut last = None;
+        for _ in 0..rounds {
+            let t = Instant::now();
+            let d = decide(&pods, &[], &offers, &knobs, t0, t0);
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+            last = Some(d);
+        }
+        let k = if n == 1_000 { "1k" } else { "10k" };
+        stats(&format!("plan_{k}_pods"), "ms", ms);
+        let d = last.expect("a round");
+        // The lower bound: the requests over the largest shape (its planned memory), or
+        // the anti-affine jobs, one a node, whichever is more.
+        let big = shapes.last().expect("a shape").spec;
+        let cpu: u64 = pods.iter().map(|p| p.cpu_millis).sum();
+        let mem: u64 = pods.iter().map(|p| p.memory_bytes).sum();
+        let big_mem = (big.mem_mib << 20)
+            - (big.mem_mib << 20) * socialweb_broker_core::scale::MEMORY_RESERVE_PERCENT / 100;
+        let anti = pods.iter().filter(|p| !p.anti_affinity.is_empty()).count() as u64;
+        let bound = cpu
+            .div_ceil(u64::from(big.vcpu) * 1000)
+            .max(mem.div_ceil(big_mem))
+            .max(anti);
+        let vcpus: u64 = d.shapes.iter().map(|s| u64::from(s.vcpu)).sum();
+        println!("plan_{k}_nodes={}", d.shapes.len());
+        println!("plan_{k}_lower_bound_nodes={bound}");
+        println!(
+            "ratio_{k}_nodes_vs_lower_bound={:.3}",
+            d.shapes.len() as f64 / bound as f64
+        );
+        println!(
+            "ratio_{k}_vcpus_vs_requests={:.3}",
+            vcpus as f64 * 1000.0 / cpu as f64
+        );
+    }
+    trace(&knobs, &shapes);
+}
+
+/// The CI hour replayed against the product's decision and the one it replaced.
+fn trace(knobs: &Knobs, shapes: &[Shape]) {
+    use testbed::scale_trace::{Count, Product, ci_hour, replay};
+    let jobs = ci_hour(2, 7);
+    println!("trace_jobs={}", jobs.len());
+    let mut product = Product {
+        knobs: Knobs {
+            pods_per_node: 8,
+            max_nodes: 200,
+            ..*knobs
+        },
+        shapes: shapes.to_vec(),
+        last_intent: SystemTime::UNIX_EPOCH,
+        empty_since: Default::default(),
+    };
+    // The operator of the seeds sets pods_per_node from a measured job: a 2-vCPU node
+    // holds two of the common 1000m jobs.
+    let mut count = Count {
+        pods_per_node: 2,
+        max_nodes: 200,
+        hold: knobs.hold,
+        node: shapes[1].spec,
+        last_intent: SystemTime::UNIX_EPOCH,
+    };
+    let (step_s, boot_s, limit_s) = (10, 30, 4 * 3600);
+    let p = replay(&jobs, &mut product, step_s, boot_s, limit_s);
+    let c = replay(&jobs, &mut count, step_s, boot_s, limit_s);
+    for (name, b) in [("product", &p), ("count", &c)] {
+        println!("trace_{name}_node_minutes={:.0}", b.node_minutes);
+        println!("trace_{name}_vcpu_minutes={:.0}", b.vcpu_minutes);
+        println!("trace_{name}_nodes_rented={}", b.nodes_rented);
+        println!("trace_{name}_wait_p50_s={:.0}", b.wait_p50_s);
+        println!("trace_{name}_wait_p99_s={:.0}", b.wait_p99_s);
+        println!("trace_{name}_jobs_never_ran={}", b.never_ran);
+    }
+    println!(
+        "ratio_trace_vcpu_minutes_vs_count={:.3}",
+        p.vcpu_minutes / c.vcpu_minutes
+    );
+    println!(
+        "ratio_trace_node_minutes_vs_count={:.3}",
+        p.node_minutes / c.node_minutes
+    );
 }
 
 /// Memory of the processes a cluster's pidfiles name, in MiB: the resident set of each, and
@@ -635,6 +812,10 @@ fn at_rest(b: &Broker<'_>, user: &Tenant, n: u32, wakes: u32) -> Result<()> {
 fn main() -> Result<()> {
     let args = Args::parse();
     decision_cost();
+    simulation();
+    if args.simulation_only {
+        return Ok(());
+    }
 
     let world = testbed::world::World::new(0)?;
     let mut b = Broker::start(
