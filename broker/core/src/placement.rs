@@ -85,7 +85,16 @@ pub struct NodeRequirements {
     pub terms: Vec<Vec<Requirement>>,
 }
 
+/// No labels: what [`NodeRequirements::ANY`]'s stand-in Pod carries.
+static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+
 impl NodeRequirements {
+    /// No requirement: every node matches.
+    pub const ANY: NodeRequirements = NodeRequirements {
+        selector: BTreeMap::new(),
+        terms: Vec::new(),
+    };
+
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.selector.iter().all(|(k, v)| labels.get(k) == Some(v))
             && (self.terms.is_empty()
@@ -205,6 +214,8 @@ struct SimNode<'a> {
     used: Usage,
     kinds: Vec<(usize, NodeKind<'a>)>,
     pods: Vec<Placeable<'a>>,
+    /// Past holding the least any waiting Pod asks: never scanned again.
+    closed: bool,
 }
 
 impl<'a> SimNode<'a> {
@@ -295,6 +306,7 @@ pub fn plan<'a>(
                 used: Usage::default(),
                 kinds: vec![(usize::MAX, e.kind)],
                 pods: Vec::with_capacity(e.pods.len()),
+                closed: false,
             };
             for p in &e.pods {
                 // Bound already: taken in whatever it says.
@@ -306,9 +318,23 @@ pub fn plan<'a>(
         .collect();
     let first_new = nodes.len();
     let mut places = vec![Place::Capped; waiting.len()];
+    // The nodes that may still take a Pod, in first-fit order: one that cannot hold the
+    // least any waiting Pod asks is closed for good (10,000 Pods on 3,000 nodes would
+    // otherwise scan every full node for every Pod).
+    let least = Placeable {
+        namespace: "",
+        labels: &EMPTY,
+        cpu_millis: waiting.iter().map(|p| p.cpu_millis).min().unwrap_or(0),
+        memory_bytes: waiting.iter().map(|p| p.memory_bytes).min().unwrap_or(0),
+        takes_slot: waiting.iter().all(|p| p.takes_slot),
+        anti_affinity: &[],
+        node: &NodeRequirements::ANY,
+    };
+    let mut open: Vec<usize> = (0..nodes.len()).collect();
+    let mut closed = 0;
     for i in order(waiting) {
         let p = waiting[i];
-        let at = match nodes.iter().position(|n| n.fits(&p)) {
+        let at = match open.iter().copied().find(|&n| nodes[n].fits(&p)) {
             Some(at) => at,
             None if nodes.len() - first_new < max_new => {
                 let kinds: Vec<(usize, NodeKind<'a>)> = offers
@@ -324,12 +350,26 @@ pub fn plan<'a>(
                     used: overhead,
                     kinds,
                     pods: Vec::new(),
+                    closed: false,
                 });
+                open.push(nodes.len() - 1);
                 nodes.len() - 1
             }
             None => continue,
         };
         nodes[at].place(p);
+        if !nodes[at]
+            .kinds
+            .iter()
+            .any(|(_, k)| k.room(&nodes[at].used, &least))
+        {
+            nodes[at].closed = true;
+            closed += 1;
+            if closed * 4 > open.len() {
+                open.retain(|&n| !nodes[n].closed);
+                closed = 0;
+            }
+        }
         places[i] = if at < first_new {
             Place::Existing(at)
         } else {

@@ -1,6 +1,9 @@
 //! `bench/scale`: what a tenant cluster costs at rest and how fast it leaves zero.
 //!
 //! - The scale decision's cost over 10,000 Pods (the pure function, in process).
+//! - The placement on shapes, in process: plan time for 1,000 and 10,000 waiting Pods of
+//!   mixed shapes, the nodes rented against the lower bound, and an hour of CI replayed
+//!   against the product's decision and the one it replaced (`testbed::scale_trace`).
 //! - One `socialweb-broker run` (the release build, the embedded local provider), one cluster:
 //!   the memory of its idle control plane (every process of it, from the pidfiles: resident
 //!   and proportional set), sampled once a second after it settles.
