@@ -74,6 +74,10 @@ pub struct Scale {
     pub hold: Duration,
     /// Pods at or below this priority are expendable: they neither rent nor keep a node.
     pub expendable_priority_cutoff: i32,
+    /// The longest `consolidateAfter` a tenant's NodePool may set (longer is taken as this):
+    /// how long an empty node of a tenant may hold a provider's slot.
+    #[serde(with = "humantime_serde_compat")]
+    pub max_consolidate_after: Duration,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -510,6 +514,7 @@ impl Default for Scale {
             pods_per_node: 8,
             hold: Duration::from_secs(120),
             expendable_priority_cutoff: -10,
+            max_consolidate_after: Duration::from_secs(3600),
         }
     }
 }
@@ -916,6 +921,9 @@ impl Config {
         }
         hibernate_after_ok(self.clusters.hibernate_after)
             .map_err(|e| err(&o("clusters.hibernate_after"), e))?;
+        if self.scale.max_consolidate_after < Duration::from_secs(1) {
+            return Err(err("scale.max_consolidate_after", "must be at least 1s"));
+        }
         if self.scale.hold.is_zero() {
             return Err(err(&o("scale.hold"), "must be longer than 0s"));
         }

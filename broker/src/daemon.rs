@@ -381,6 +381,7 @@ fn cluster_settings(cfg: &Config) -> ClusterSettings {
             hold: cfg.scale.hold,
             expendable_priority_cutoff: cfg.scale.expendable_priority_cutoff,
             node: cfg.node,
+            max_hold: cfg.scale.max_consolidate_after,
         },
     }
 }

@@ -3,6 +3,7 @@
 //! Pod view the scale decision reads.
 
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
@@ -11,7 +12,7 @@ use kube::{Client, Config};
 
 use socialweb_broker_core::placement::AntiAffinity;
 use socialweb_broker_core::placement::NodeRequirements;
-use socialweb_broker_core::scale::{Phase, PodView};
+use socialweb_broker_core::scale::{Phase, PodView, Pool};
 
 /// A client for a tenant cluster, from its admin kubeconfig.
 pub async fn client(admin_kubeconfig: &Path) -> Result<Client> {
@@ -189,7 +190,7 @@ pub async fn delete_token(c: &Client, token_id: &str) -> Result<()> {
     }
 }
 
-/// Tells a Pod why no node will be rented for it (a Warning Event, as the scheduler does).
+/// Tells a Pod, with a Warning Event, that no node will be rented for it, and why.
 pub async fn warn_pod(
     c: &Client,
     namespace: &str,
@@ -197,13 +198,36 @@ pub async fn warn_pod(
     uid: Option<&str>,
     message: &str,
 ) -> Result<()> {
+    let about = serde_json::json!({"kind": "Pod", "namespace": namespace, "name": name, "uid": uid, "apiVersion": "v1"});
+    let message = format!("socialweb-broker rents no node for this pod: {message}");
+    warn_about(c, namespace, about, "NotTriggerScaleUp", &message).await
+}
+
+/// Tells the tenant, with a Warning Event on its NodePool `default`, what the broker
+/// could not read in it (the operator's settings stand meanwhile).
+pub async fn warn_node_pool(c: &Client, uid: Option<&str>, message: &str) -> Result<()> {
+    let about = serde_json::json!({"kind": "NodePool", "name": "default", "uid": uid,
+                                   "apiVersion": "socialweb.computer/v1alpha1"});
+    let message = format!("socialweb-broker ignores this NodePool: {message}");
+    warn_about(c, "default", about, "InvalidNodePool", &message).await
+}
+
+/// Posts a Warning Event about `about` (an `involvedObject`) in `namespace`.
+async fn warn_about(
+    c: &Client,
+    namespace: &str,
+    about: serde_json::Value,
+    reason: &str,
+    message: &str,
+) -> Result<()> {
     let now =
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let name = about["name"].as_str().unwrap_or("object").to_string();
     let ev: Event = serde_json::from_value(serde_json::json!({
         "metadata": {"generateName": format!("{name}."), "namespace": namespace},
-        "involvedObject": {"kind": "Pod", "namespace": namespace, "name": name, "uid": uid, "apiVersion": "v1"},
-        "reason": "NotTriggerScaleUp",
-        "message": format!("socialweb-broker rents no node for this pod: {message}"),
+        "involvedObject": about,
+        "reason": reason,
+        "message": message,
         "type": "Warning",
         "source": {"component": "socialweb-broker"},
         "count": 1,
@@ -214,7 +238,7 @@ pub async fn warn_pod(
     Api::<Event>::namespaced(c.clone(), namespace)
         .create(&PostParams::default(), &ev)
         .await
-        .with_context(|| format!("posting an Event on pod {namespace}/{name}"))?;
+        .with_context(|| format!("posting an Event on {namespace}/{name}"))?;
     Ok(())
 }
 
@@ -301,6 +325,118 @@ pub fn pod_view(p: &Pod) -> PodView {
         anti_affinity: anti_affinity(spec),
         node: node_requirements(spec),
     }
+}
+
+/// The tenant's NodePool `default` (`broker/deploy/nodepool.yaml`), as its JSON `spec`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodePoolSpec {
+    #[serde(default)]
+    template: Option<PoolTemplate>,
+    #[serde(default)]
+    limits: Option<PoolLimits>,
+    #[serde(default)]
+    disruption: Option<PoolDisruption>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct PoolTemplate {
+    #[serde(default)]
+    spec: Option<PoolTemplateSpec>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct PoolTemplateSpec {
+    #[serde(default)]
+    requirements: Vec<PoolRequirement>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct PoolRequirement {
+    key: String,
+    operator: String,
+    #[serde(default)]
+    values: Vec<String>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct PoolLimits {
+    nodes: Option<u32>,
+    cpu: Option<serde_json::Value>,
+    memory: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PoolDisruption {
+    consolidate_after: Option<String>,
+}
+
+/// A quantity given as a number or a string (`4`, `"4"`, `"4000m"`, `"16Gi"`).
+fn quantity_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The decision's view of a NodePool's `spec`; the error names the field at fault.
+pub fn node_pool(spec: &serde_json::Value) -> Result<Pool, String> {
+    use socialweb_broker_core::placement::Requirement;
+    let s: NodePoolSpec = serde_json::from_value(spec.clone()).map_err(|e| format!("spec: {e}"))?;
+    let mut pool = Pool::default();
+    let reqs = s.template.and_then(|t| t.spec).map(|t| t.requirements);
+    for (i, r) in reqs.into_iter().flatten().enumerate() {
+        let at = format!("spec.template.spec.requirements[{i}]");
+        let int = || {
+            r.values
+                .first()
+                .and_then(|v| v.parse::<i64>().ok())
+                .ok_or_else(|| format!("{at}.values: {} takes one integer", r.operator))
+        };
+        pool.requirements.push(match r.operator.as_str() {
+            "In" => Requirement::In(r.key.clone(), r.values.clone()),
+            "NotIn" => Requirement::NotIn(r.key.clone(), r.values.clone()),
+            "Exists" => Requirement::Exists(r.key.clone()),
+            "DoesNotExist" => Requirement::DoesNotExist(r.key.clone()),
+            "Gt" => Requirement::Gt(r.key.clone(), int()?),
+            "Lt" => Requirement::Lt(r.key.clone(), int()?),
+            other => {
+                return Err(format!(
+                    "{at}.operator: {other:?} is not In, NotIn, Exists, DoesNotExist, Gt or Lt"
+                ));
+            }
+        });
+    }
+    if let Some(l) = s.limits {
+        pool.max_nodes = l.nodes;
+        if let Some(cpu) = &l.cpu {
+            let text = quantity_text(cpu);
+            pool.max_cpu_millis = Some(
+                quantity_millis(&text)
+                    .ok_or_else(|| format!("spec.limits.cpu: {text:?} is not a CPU quantity"))?,
+            );
+        }
+        if let Some(mem) = &l.memory {
+            let text = quantity_text(mem);
+            pool.max_memory_bytes = Some(
+                quantity_bytes(&text)
+                    .ok_or_else(|| format!("spec.limits.memory: {text:?} is not a quantity"))?,
+            );
+        }
+    }
+    if let Some(after) = s.disruption.and_then(|d| d.consolidate_after) {
+        pool.consolidate_after = Some(if after == "Never" {
+            Duration::MAX
+        } else {
+            humantime::parse_duration(&after).map_err(|e| {
+                format!(
+                    "spec.disruption.consolidateAfter: {after:?} is not a duration (30s, 5m): {e}"
+                )
+            })?
+        });
+    }
+    Ok(pool)
 }
 
 /// A Pod's `nodeSelector` and required node affinity, as the placement reads them (a
@@ -432,6 +568,43 @@ mod tests {
         assert_eq!(v.cpu_millis, 2000, "the init container is larger");
         assert_eq!(v.memory_bytes, (1 << 30) + (512 << 20));
         assert!(!v.follows_nodes);
+    }
+
+    #[test]
+    fn a_node_pool_is_read_and_its_errors_name_the_field() {
+        use socialweb_broker_core::placement::Requirement;
+        let p = node_pool(&serde_json::json!({
+            "template": {"spec": {"requirements": [
+                {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["2vcpu-4096mib"]}]}},
+            "limits": {"nodes": 3, "cpu": "6", "memory": "12Gi"},
+            "disruption": {"consolidateAfter": "30s"}
+        }))
+        .unwrap();
+        assert_eq!(
+            p.requirements,
+            vec![Requirement::In(
+                "node.kubernetes.io/instance-type".into(),
+                vec!["2vcpu-4096mib".into()]
+            )]
+        );
+        assert_eq!(
+            (p.max_nodes, p.max_cpu_millis, p.max_memory_bytes),
+            (Some(3), Some(6000), Some(12 << 30))
+        );
+        assert_eq!(p.consolidate_after, Some(Duration::from_secs(30)));
+        assert_eq!(node_pool(&serde_json::json!({})).unwrap(), Pool::default());
+        let e = node_pool(&serde_json::json!({"limits": {"cpu": "lots"}})).unwrap_err();
+        assert!(e.starts_with("spec.limits.cpu"), "{e}");
+        let e = node_pool(&serde_json::json!({"disruption": {"consolidateAfter": "soon"}}))
+            .unwrap_err();
+        assert!(e.starts_with("spec.disruption.consolidateAfter"), "{e}");
+        let e = node_pool(&serde_json::json!({"template": {"spec": {"requirements": [
+            {"key": "cores", "operator": "Gt", "values": ["many"]}]}}}))
+        .unwrap_err();
+        assert!(
+            e.starts_with("spec.template.spec.requirements[0].values"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
 
 use socialweb_broker_core::scale::{
-    Action, Knobs, LeaseView, Offers, Phase, PodView, decide, releases,
+    Action, Knobs, LeaseView, Offers, Phase, PodView, Pool, decide, releases,
 };
 use socialweb_market::{NodeSpec, Shape};
 
@@ -104,7 +104,15 @@ impl Decider for Product {
             shapes: &self.shapes,
             labels: &labels,
         };
-        let d = decide(pods, leases, &offers, &self.knobs, now, self.last_intent);
+        let d = decide(
+            pods,
+            leases,
+            &offers,
+            &Pool::default(),
+            &self.knobs,
+            now,
+            self.last_intent,
+        );
         self.last_intent = d.last_intent_at;
         let mut m = Moves::default();
         match d.action {
@@ -360,6 +368,7 @@ mod tests {
                 hold: Duration::from_secs(120),
                 expendable_priority_cutoff: -10,
                 node: socialweb_broker_core::scale::NodeSize::default(),
+                max_hold: Duration::from_secs(3600),
             },
             shapes: [1, 2, 4]
                 .map(|v| Shape {

@@ -600,6 +600,32 @@ spec:
     );
     let huge = b.kubectl_json("big", &["get", "pod", "huge"]).unwrap();
     assert_eq!(huge["status"]["phase"], "Pending");
+    // The tenant's NodePool: one it cannot read is told so, and ignored.
+    let pool = |limits: &str| {
+        format!(
+            r#"apiVersion: socialweb.computer/v1alpha1
+kind: NodePool
+metadata: {{name: default}}
+spec:
+  template:
+    spec:
+      requirements:
+      - {{key: node.kubernetes.io/instance-type, operator: In, values: [1vcpu-2048mib]}}
+  limits: {limits}
+  disruption: {{consolidateAfter: 30s}}
+"#
+        )
+    };
+    b.apply("big", &pool("{cpu: lots}")).unwrap();
+    let ev = event(&b, "big", "default", "InvalidNodePool");
+    assert!(ev.contains("spec.limits.cpu: \"lots\""), "{ev}");
+    // Only the 1-vCPU shape: a second 1500m job is told no node of the pool holds it.
+    b.apply("big", &pool("{nodes: 2}")).unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    b.apply("big", &pod("build-2", "1500m")).unwrap();
+    let ev = event(&b, "big", "build-2", "NotTriggerScaleUp");
+    assert!(ev.contains("(shapes: 1vcpu-2048mib)"), "{ev}");
+    assert_eq!(b.provider_leases().unwrap().len(), 1, "still one node");
 }
 
 /// A Pod of `cpu` for the mixed batch, with `extra` lines under `spec:`.

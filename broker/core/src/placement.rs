@@ -85,8 +85,9 @@ pub struct NodeRequirements {
     pub terms: Vec<Vec<Requirement>>,
 }
 
-/// No labels: what [`NodeRequirements::ANY`]'s stand-in Pod carries.
+/// No labels and no requirement: what the placement's stand-in for the least Pod carries.
 static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+static ANY_NODE: NodeRequirements = NodeRequirements::ANY;
 
 impl NodeRequirements {
     /// No requirement: every node matches.
@@ -218,7 +219,53 @@ struct SimNode<'a> {
     closed: bool,
 }
 
+/// The least any of `waiting` asks in each dimension: a node that cannot hold it can hold
+/// none of them.
+fn least<'a>(waiting: &[Placeable<'a>]) -> Placeable<'a> {
+    Placeable {
+        namespace: "",
+        labels: &EMPTY,
+        cpu_millis: waiting.iter().map(|p| p.cpu_millis).min().unwrap_or(0),
+        memory_bytes: waiting.iter().map(|p| p.memory_bytes).min().unwrap_or(0),
+        takes_slot: waiting.iter().all(|p| p.takes_slot),
+        anti_affinity: &[],
+        node: &ANY_NODE,
+    }
+}
+
 impl<'a> SimNode<'a> {
+    /// A node that exists, with the Pods bound to it taken in whatever they say.
+    fn existing(e: &Existing<'a>) -> SimNode<'a> {
+        let mut n = SimNode {
+            used: Usage::default(),
+            kinds: vec![(usize::MAX, e.kind)],
+            pods: Vec::with_capacity(e.pods.len()),
+            closed: false,
+        };
+        for p in &e.pods {
+            n.used.add(p);
+            n.pods.push(*p);
+        }
+        n
+    }
+
+    /// A new node for `p`: every shape on offer that holds it beside the `overhead`; none
+    /// when no shape does.
+    fn new(offers: &[NodeKind<'a>], overhead: Usage, p: &Placeable<'_>) -> Option<SimNode<'a>> {
+        let kinds: Vec<(usize, NodeKind<'a>)> = offers
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|(_, k)| k.room(&overhead, p))
+            .collect();
+        (!kinds.is_empty()).then_some(SimNode {
+            used: overhead,
+            kinds,
+            pods: Vec::new(),
+            closed: false,
+        })
+    }
+
     /// Whether the scheduler's filters (those simulated) let `p` onto this node.
     fn fits(&self, p: &Placeable<'_>) -> bool {
         self.kinds.iter().any(|(_, k)| k.room(&self.used, p))
@@ -299,37 +346,13 @@ pub fn plan<'a>(
     overhead: Usage,
     max_new: usize,
 ) -> Plan {
-    let mut nodes: Vec<SimNode<'a>> = existing
-        .iter()
-        .map(|e| {
-            let mut n = SimNode {
-                used: Usage::default(),
-                kinds: vec![(usize::MAX, e.kind)],
-                pods: Vec::with_capacity(e.pods.len()),
-                closed: false,
-            };
-            for p in &e.pods {
-                // Bound already: taken in whatever it says.
-                n.used.add(p);
-                n.pods.push(*p);
-            }
-            n
-        })
-        .collect();
+    let mut nodes: Vec<SimNode<'a>> = existing.iter().map(SimNode::existing).collect();
     let first_new = nodes.len();
     let mut places = vec![Place::Capped; waiting.len()];
     // The nodes that may still take a Pod, in first-fit order: one that cannot hold the
     // least any waiting Pod asks is closed for good (10,000 Pods on 3,000 nodes would
     // otherwise scan every full node for every Pod).
-    let least = Placeable {
-        namespace: "",
-        labels: &EMPTY,
-        cpu_millis: waiting.iter().map(|p| p.cpu_millis).min().unwrap_or(0),
-        memory_bytes: waiting.iter().map(|p| p.memory_bytes).min().unwrap_or(0),
-        takes_slot: waiting.iter().all(|p| p.takes_slot),
-        anti_affinity: &[],
-        node: &NodeRequirements::ANY,
-    };
+    let least = least(waiting);
     let mut open: Vec<usize> = (0..nodes.len()).collect();
     let mut closed = 0;
     for i in order(waiting) {
@@ -337,21 +360,10 @@ pub fn plan<'a>(
         let at = match open.iter().copied().find(|&n| nodes[n].fits(&p)) {
             Some(at) => at,
             None if nodes.len() - first_new < max_new => {
-                let kinds: Vec<(usize, NodeKind<'a>)> = offers
-                    .iter()
-                    .copied()
-                    .enumerate()
-                    .filter(|(_, k)| k.room(&overhead, &p))
-                    .collect();
-                if kinds.is_empty() {
+                let Some(n) = SimNode::new(offers, overhead, &p) else {
                     continue;
-                }
-                nodes.push(SimNode {
-                    used: overhead,
-                    kinds,
-                    pods: Vec::new(),
-                    closed: false,
-                });
+                };
+                nodes.push(n);
                 open.push(nodes.len() - 1);
                 nodes.len() - 1
             }

@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::placement::{
     self, AntiAffinity, Capacity, Existing, HOSTNAME, INSTANCE_TYPE, NodeKind, NodeRequirements,
-    Place, Placeable, Usage,
+    Place, Placeable, Plan, Requirement, Usage,
 };
 use socialweb_market::{NodeSpec, Shape};
 
@@ -167,6 +167,49 @@ pub struct Knobs {
     pub hold: Duration,
     pub expendable_priority_cutoff: i32,
     pub node: NodeSize,
+    /// The longest hold a tenant's NodePool may ask (`consolidateAfter`).
+    pub max_hold: Duration,
+}
+
+/// The tenant's NodePool `default` (group `socialweb.computer`, docs/scale.md), as the
+/// decision reads it: which shapes it may rent, how much in all, and how long an empty node
+/// stays. Nothing set: the operator's knobs alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pool {
+    /// On the labels a node of a shape would carry: a shape that misses one is not rented.
+    pub requirements: Vec<Requirement>,
+    pub max_nodes: Option<u32>,
+    /// The most CPU and memory all the cluster's nodes may have, by their shapes.
+    pub max_cpu_millis: Option<u64>,
+    pub max_memory_bytes: Option<u64>,
+    /// How long a node stays empty, and a cluster with no work keeps its nodes.
+    pub consolidate_after: Option<Duration>,
+}
+
+impl Pool {
+    /// The cluster's knobs: the operator's, with the pool's node limit (at most the
+    /// operator's `max_nodes`) and `consolidateAfter` as the hold (1 s to `max_hold`).
+    pub fn knobs(&self, k: &Knobs) -> Knobs {
+        Knobs {
+            max_nodes: self.max_nodes.map_or(k.max_nodes, |n| n.min(k.max_nodes)),
+            hold: self.consolidate_after.map_or(k.hold, |h| {
+                h.clamp(
+                    Duration::from_secs(1),
+                    k.max_hold.max(Duration::from_secs(1)),
+                )
+            }),
+            ..*k
+        }
+    }
+
+    /// Whether the pool may rent a node that carries `labels`.
+    pub fn allows(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.requirements.iter().all(|r| r.matches(labels))
+    }
+
+    fn has_limits(&self) -> bool {
+        self.max_cpu_millis.is_some() || self.max_memory_bytes.is_some()
+    }
 }
 
 /// What to do.
@@ -215,6 +258,9 @@ pub struct Decision {
 
 /// Why a Pending Pod cannot be placed on any node on offer (after the DaemonSets' overhead).
 fn unfit(p: &PodView, offers: &[NodeKind<'_>], shapes: &[Shape], overhead: Usage) -> String {
+    if shapes.is_empty() {
+        return "the NodePool default's requirements match no shape on offer".into();
+    }
     let on_offer: Vec<String> = shapes.iter().map(|s| s.spec.instance_type()).collect();
     let fits_requests = offers.iter().any(|k| {
         overhead.cpu_millis + p.cpu_millis <= k.capacity.cpu_millis
@@ -407,6 +453,7 @@ pub fn decide(
     pods: &[PodView],
     leases: &[LeaseView],
     offers: &Offers<'_>,
+    pool: &Pool,
     k: &Knobs,
     now: SystemTime,
     last_intent_at: SystemTime,
@@ -417,22 +464,30 @@ pub fn decide(
         spec: k.node.into(),
         price_micros_per_hour: 0,
     }];
-    let shapes = if offers.shapes.is_empty() {
+    let on_offer = if offers.shapes.is_empty() {
         &fallback[..]
     } else {
         offers.shapes
     };
+    // The shapes the tenant's pool may rent.
+    let shapes: Vec<Shape> = on_offer
+        .iter()
+        .filter(|s| pool.allows(&node_labels(offers.labels, &s.spec, NEW_NODE)))
+        .copied()
+        .collect();
+    let shapes = &shapes[..];
     let labels = labels(&live, shapes, offers.labels);
     let pic = picture(pods, &live, shapes, &labels, k);
     let intent = pic.intent;
     let max_new = k.max_nodes.saturating_sub(nodes) as usize;
-    let plan = placement::plan(
+    let mut plan = placement::plan(
         &pic.existing,
         &pic.waiting,
         &pic.offers,
         pic.overhead,
         max_new,
     );
+    within_limits(&mut plan, &live, shapes, pool);
     let count = |f: fn(&Place) -> bool| plan.places.iter().filter(|x| f(x)).count();
     let on_leased = count(|x| matches!(x, Place::Existing(_)));
     let capped = count(|x| *x == Place::Capped);
@@ -459,6 +514,7 @@ pub fn decide(
             on_leased,
             new,
             capped,
+            limits: pool.has_limits(),
         };
         work(&mut d, &placed, k);
         return d;
@@ -477,6 +533,40 @@ struct Placed {
     on_leased: usize,
     new: u32,
     capped: usize,
+    /// The NodePool limits CPU or memory.
+    limits: bool,
+}
+
+/// Drops the new nodes past the pool's CPU and memory limits (counted over the live nodes'
+/// shapes and the new ones', in the order they would be rented); their Pods are capped.
+fn within_limits(plan: &mut Plan, live: &[&LeaseView], shapes: &[Shape], pool: &Pool) {
+    if !pool.has_limits() {
+        return;
+    }
+    let size = |s: &NodeSpec| (u64::from(s.vcpu) * 1000, s.mem_mib << 20);
+    let (mut cpu, mut mem) = live.iter().fold((0, 0), |(c, m), l| {
+        let (dc, dm) = size(&l.spec);
+        (c + dc, m + dm)
+    });
+    let mut kept = Vec::new();
+    let mut renumber = vec![None; plan.new_nodes.len()];
+    for (i, &s) in plan.new_nodes.iter().enumerate() {
+        let (dc, dm) = size(&shapes[s].spec);
+        if pool.max_cpu_millis.is_some_and(|x| cpu + dc > x)
+            || pool.max_memory_bytes.is_some_and(|x| mem + dm > x)
+        {
+            continue;
+        }
+        (cpu, mem) = (cpu + dc, mem + dm);
+        renumber[i] = Some(kept.len());
+        kept.push(s);
+    }
+    for p in &mut plan.places {
+        if let Place::New(i) = *p {
+            *p = renumber[i].map_or(Place::Capped, Place::New);
+        }
+    }
+    plan.new_nodes = kept;
 }
 
 /// The decision of a cluster with work: Provision the new nodes, or Hold.
@@ -484,8 +574,13 @@ fn work(d: &mut Decision, p: &Placed, k: &Knobs) {
     let (intent, nodes, new, capped) = (d.intent, d.nodes, p.new, p.capped);
     let cap = if capped > 0 {
         format!(
-            "; {capped} would need more nodes, capped at max_nodes {}",
-            k.max_nodes
+            "; {capped} would need more nodes, capped at max_nodes {}{}",
+            k.max_nodes,
+            if p.limits {
+                " and the NodePool's limits"
+            } else {
+                ""
+            }
         )
     } else {
         String::new()
@@ -591,6 +686,7 @@ mod tests {
                 mem_mib: 4096,
                 disk_mib: 20480,
             },
+            max_hold: Duration::from_secs(3600),
         }
     }
 
@@ -623,7 +719,7 @@ mod tests {
             shapes: &[],
             labels: &none,
         };
-        decide(pods, leases, &offers, k, now, last)
+        decide(pods, leases, &offers, &Pool::default(), k, now, last)
     }
 
     /// The seeds' GitLab job: one per node.
@@ -833,7 +929,15 @@ mod tests {
         };
         let mut big = pod("big", Phase::Pending);
         big.cpu_millis = 1500;
-        let d = decide(&[big.clone()], &[], &offers, &k, t(1), t(0));
+        let d = decide(
+            &[big.clone()],
+            &[],
+            &offers,
+            &Pool::default(),
+            &k,
+            t(1),
+            t(0),
+        );
         assert_eq!(d.action, Action::Provision { count: 1 });
         assert_eq!(d.shapes, vec![shapes[1].spec]);
         // With only the `[node]` size known it is unfit, and says what is on offer.
@@ -847,18 +951,42 @@ mod tests {
         );
         // A small Pod gets the small shape; a nodeSelector on the shape gets that shape.
         let small = pod("small", Phase::Pending);
-        let d = decide(std::slice::from_ref(&small), &[], &offers, &k, t(1), t(0));
+        let d = decide(
+            std::slice::from_ref(&small),
+            &[],
+            &offers,
+            &Pool::default(),
+            &k,
+            t(1),
+            t(0),
+        );
         assert_eq!(d.shapes, vec![shapes[0].spec]);
         let mut pinned = small.clone();
         pinned.node.selector = [(INSTANCE_TYPE.to_string(), "2vcpu-4096mib".to_string())].into();
-        let d = decide(&[pinned.clone()], &[], &offers, &k, t(1), t(0));
+        let d = decide(
+            &[pinned.clone()],
+            &[],
+            &offers,
+            &Pool::default(),
+            &k,
+            t(1),
+            t(0),
+        );
         assert_eq!(d.shapes, vec![shapes[1].spec]);
         // The cluster's own label matches; a label no node carries is unfit, and said so.
         pinned.node.selector = base.clone();
-        let d = decide(&[pinned.clone()], &[], &offers, &k, t(1), t(0));
+        let d = decide(
+            &[pinned.clone()],
+            &[],
+            &offers,
+            &Pool::default(),
+            &k,
+            t(1),
+            t(0),
+        );
         assert_eq!(d.shapes, vec![shapes[0].spec]);
         pinned.node.selector = [("gpu".to_string(), "true".to_string())].into();
-        let d = decide(&[pinned], &[], &offers, &k, t(1), t(0));
+        let d = decide(&[pinned], &[], &offers, &Pool::default(), &k, t(1), t(0));
         assert_eq!((d.action, d.intent), (Action::Hold, 0));
         assert!(
             d.unfit[0].1.contains("matches no node on offer"),
@@ -877,6 +1005,7 @@ mod tests {
             &[big.clone()],
             std::slice::from_ref(&two),
             &offers,
+            &Pool::default(),
             &k,
             t(1),
             t(0),
@@ -886,8 +1015,85 @@ mod tests {
             spec: shapes[0].spec,
             ..two
         };
-        let d = decide(&[big], &[one], &offers, &k, t(1), t(0));
+        let d = decide(&[big], &[one], &offers, &Pool::default(), &k, t(1), t(0));
         assert_eq!(d.action, Action::Provision { count: 1 }, "{}", d.reason);
+    }
+
+    #[test]
+    fn the_tenants_node_pool_narrows_the_shapes_limits_the_nodes_and_sets_the_hold() {
+        let mut k = knobs();
+        k.pods_per_node = 8;
+        let shapes = [shape(1, 10), shape(2, 20)];
+        let base = BTreeMap::new();
+        let offers = Offers {
+            shapes: &shapes,
+            labels: &base,
+        };
+        let small = pod("small", Phase::Pending);
+        // Only the 2-vCPU shape: the small Pod gets it.
+        let only_big = Pool {
+            requirements: vec![Requirement::In(
+                INSTANCE_TYPE.into(),
+                vec!["2vcpu-4096mib".into()],
+            )],
+            ..Default::default()
+        };
+        let d = decide(
+            std::slice::from_ref(&small),
+            &[],
+            &offers,
+            &only_big,
+            &k,
+            t(1),
+            t(0),
+        );
+        assert_eq!(d.shapes, vec![shapes[1].spec]);
+        // No shape left: unfit, and said why.
+        let none = Pool {
+            requirements: vec![Requirement::In(INSTANCE_TYPE.into(), vec!["gpu".into()])],
+            ..Default::default()
+        };
+        let d = decide(
+            std::slice::from_ref(&small),
+            &[],
+            &offers,
+            &none,
+            &k,
+            t(1),
+            t(0),
+        );
+        assert_eq!((d.action, d.intent), (Action::Hold, 0));
+        assert!(d.unfit[0].1.contains("NodePool"), "{:?}", d.unfit);
+        // Four anti-affine jobs under a 3-vCPU limit: a 1-vCPU node each, three of them.
+        let jobs: Vec<_> = (0..4).map(|i| job(&format!("j{i}"))).collect();
+        let cpu = Pool {
+            max_cpu_millis: Some(3000),
+            ..Default::default()
+        };
+        let d = decide(&jobs, &[], &offers, &cpu, &k, t(1), t(0));
+        assert_eq!(d.action, Action::Provision { count: 3 }, "{}", d.reason);
+        assert!(d.reason.contains("1 would need more nodes"), "{}", d.reason);
+        assert!(d.reason.contains("NodePool's limits"), "{}", d.reason);
+        // A node limit below the operator's, and consolidateAfter within the operator's cap.
+        let pool = Pool {
+            max_nodes: Some(2),
+            consolidate_after: Some(Duration::from_secs(7200)),
+            ..Default::default()
+        };
+        let kk = pool.knobs(&k);
+        assert_eq!((kk.max_nodes, kk.hold), (2, Duration::from_secs(3600)));
+        let d = decide(&jobs, &[], &offers, &Pool::default(), &kk, t(1), t(0));
+        assert_eq!(d.action, Action::Provision { count: 2 });
+        let more = Pool {
+            max_nodes: Some(50),
+            consolidate_after: Some(Duration::from_secs(5)),
+            ..Default::default()
+        };
+        let kk = more.knobs(&k);
+        assert_eq!(
+            (kk.max_nodes, kk.hold),
+            (k.max_nodes, Duration::from_secs(5))
+        );
     }
 
     #[test]

@@ -125,6 +125,7 @@ impl Clusters {
             crate::control_plane::APISERVICES_MANIFEST.to_string(),
             crate::control_plane::DATASTORE_QUOTA_MANIFEST.to_string(),
             crate::control_plane::BROKER_CONFIGMAPS_MANIFEST.to_string(),
+            crate::control_plane::NODEPOOL_MANIFEST.to_string(),
         ];
         if spec.isolated {
             extra.push(crate::control_plane::NODE_ISOLATION_MANIFEST.to_string());

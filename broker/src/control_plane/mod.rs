@@ -40,6 +40,8 @@ pub const AGENT_RBAC: &str = include_str!("../../../agent/deploy/rbac.yaml");
 /// The admission policies every cluster on namespace nodes gets (docs/security.md), beside
 /// [`pod_security_admission`].
 pub const NODE_ISOLATION_MANIFEST: &str = include_str!("../../deploy/node-isolation.yaml");
+/// The NodePool resource tenants set their nodes with (docs/scale.md).
+pub const NODEPOOL_MANIFEST: &str = include_str!("../../deploy/nodepool.yaml");
 /// The admission policy every broker cluster gets: aggregated APIs only for groups of its own.
 pub const APISERVICES_MANIFEST: &str = include_str!("../../deploy/apiservices.yaml");
 /// The admission policy every broker cluster gets: tenants' writes refused while the

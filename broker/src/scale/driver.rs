@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::decision::{
-    Action, Decision, Knobs, LeaseView, Offers, decide, go_duration, next_release, releases,
+    Action, Decision, Knobs, LeaseView, Offers, Pool, decide, go_duration, next_release, releases,
     teardown_due,
 };
 use crate::provision::{ClusterCtx, Provisioner};
@@ -93,7 +93,14 @@ struct Driver {
     empty_since: HashMap<String, SystemTime>,
     /// Provisions whose empty node is being released (not started twice).
     released: HashSet<String>,
+    /// The tenant's NodePool as last read, and when ([`Driver::pool`]).
+    pool: Option<(Instant, Pool)>,
+    /// The NodePool version last told it could not be read (told once).
+    pool_told: Option<String>,
 }
+
+/// How long the tenant's NodePool is taken as read: a change takes effect within this.
+const POOL_FOR: Duration = Duration::from_secs(5);
 
 /// A cluster's Pods and Nodes, watched: what the driver decides from (and the tunnel's
 /// egress routes by).
@@ -150,6 +157,8 @@ pub async fn run(
         next_plan_at: tokio::time::Instant::now(),
         empty_since: HashMap::new(),
         released: HashSet::new(),
+        pool: None,
+        pool_told: None,
     };
     loop {
         let wake = d.pass().await;
@@ -185,19 +194,21 @@ impl Driver {
             provisions = self.provisions().await.unwrap_or(provisions);
         }
         self.keep_moving(&provisions);
-        let d = self.decide(&provisions).await;
+        let pool = self.pool().await;
+        let knobs = pool.knobs(&self.knobs);
+        let d = self.decide(&provisions, &pool, &knobs).await;
         self.record(&d).await;
         self.tell_unfit(&d).await;
         if self.act(&d, &provisions).await {
             return tokio::time::Instant::now();
         }
         if d.action != Action::Teardown {
-            self.release_empty(&d, &provisions);
+            self.release_empty(&d, &provisions, knobs.hold);
         }
         // Wake on the hold's end, or an empty node's, if it is near.
         let due = [
-            teardown_due(&d, &self.knobs),
-            next_release(&self.empty_since, self.knobs.hold),
+            teardown_due(&d, &knobs),
+            next_release(&self.empty_since, knobs.hold),
         ];
         match due
             .into_iter()
@@ -297,7 +308,7 @@ impl Driver {
 
     /// The core's decision on the picture now; intent is recorded so the hold survives a
     /// restart.
-    async fn decide(&self, provisions: &[Provision]) -> Decision {
+    async fn decide(&self, provisions: &[Provision], pool: &Pool, knobs: &Knobs) -> Decision {
         let store = self.p.store();
         let last_intent = store
             .cluster(&self.c.name)
@@ -329,7 +340,7 @@ impl Driver {
         };
         let now = SystemTime::now();
         let t = Instant::now();
-        let d = decide(&views, &leases, &offers, &self.knobs, now, last_intent);
+        let d = decide(&views, &leases, &offers, pool, knobs, now, last_intent);
         self.p.metrics().decided(t.elapsed().as_secs_f64());
         if d.intent > 0
             && let Err(e) = store.set_last_intent(&self.c.name, now).await
@@ -337,6 +348,58 @@ impl Driver {
             warn!(cluster = %self.c.name, "recording intent: {e:#}");
         }
         d
+    }
+
+    /// The tenant's NodePool `default` (read at most every [`POOL_FOR`]); none, or one the
+    /// broker cannot read, is the operator's settings alone (the latter told once with a
+    /// Warning Event on it).
+    async fn pool(&mut self) -> Pool {
+        if let Some((at, pool)) = &self.pool
+            && at.elapsed() < POOL_FOR
+        {
+            return pool.clone();
+        }
+        let ar = kube::discovery::ApiResource {
+            group: "socialweb.computer".into(),
+            version: "v1alpha1".into(),
+            api_version: "socialweb.computer/v1alpha1".into(),
+            kind: "NodePool".into(),
+            plural: "nodepools".into(),
+        };
+        let api: Api<kube::api::DynamicObject> = Api::all_with(self.c.client.clone(), &ar);
+        let pool = match api.get_opt("default").await {
+            Ok(Some(o)) => {
+                let spec = o.data.get("spec").cloned().unwrap_or_default();
+                match tenant::node_pool(&spec) {
+                    Ok(pool) => pool,
+                    Err(e) => {
+                        self.tell_pool(&o, &e).await;
+                        Pool::default()
+                    }
+                }
+            }
+            Ok(None) => Pool::default(),
+            Err(e) => {
+                warn!(cluster = %self.c.name, "reading the NodePool: {e}");
+                Pool::default()
+            }
+        };
+        self.pool = Some((Instant::now(), pool.clone()));
+        pool
+    }
+
+    /// Tells the tenant its NodePool could not be read, once for each version of it.
+    async fn tell_pool(&mut self, o: &kube::api::DynamicObject, why: &str) {
+        let version = o.metadata.resource_version.clone().unwrap_or_default();
+        if self.pool_told.as_deref() == Some(version.as_str()) {
+            return;
+        }
+        warn!(cluster = %self.c.name, "the NodePool: {why}; the operator's settings stand");
+        let uid = o.metadata.uid.as_deref();
+        if let Err(e) = tenant::warn_node_pool(&self.c.client, uid, why).await {
+            warn!(cluster = %self.c.name, "{e:#}");
+        }
+        self.pool_told = Some(version);
     }
 
     /// What node `name`'s Node says it can give Pods (CPU millis, memory bytes), once it has
@@ -454,8 +517,7 @@ impl Driver {
 
     /// Releases the nodes empty for longer than the hold while others work (the release
     /// cordons the node and calls itself off if a Pod landed there).
-    fn release_empty(&mut self, d: &Decision, provisions: &[Provision]) {
-        let hold = self.knobs.hold;
+    fn release_empty(&mut self, d: &Decision, provisions: &[Provision], hold: Duration) {
         for (node, idle) in releases(&d.empty, &mut self.empty_since, SystemTime::now(), hold) {
             let Some(prov) = provisions
                 .iter()

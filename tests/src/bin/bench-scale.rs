@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use socialweb_broker_core::scale::NodeSize;
-use socialweb_broker_core::scale::{Knobs, LeaseView, Offers, Phase, PodView, decide};
+use socialweb_broker_core::scale::{Knobs, LeaseView, Offers, Phase, PodView, Pool, decide};
 use socialweb_market::{NodeSpec, Shape};
 use testbed::broker::{Broker, BrokerOptions};
 
@@ -125,6 +125,7 @@ fn decision_cost() {
             mem_mib: 4096,
             disk_mib: 20480,
         },
+        max_hold: Duration::from_secs(3600),
     };
     let labels = Default::default();
     let offers = Offers {
@@ -135,7 +136,7 @@ fn decision_cost() {
     let mut us = Vec::new();
     for _ in 0..200 {
         let t = Instant::now();
-        let d = decide(&pods, &leases, &offers, &knobs, t0, t0);
+        let d = decide(&pods, &leases, &offers, &Pool::default(), &knobs, t0, t0);
         std::hint::black_box(&d);
         us.push(t.elapsed().as_secs_f64() * 1e6);
     }
@@ -215,6 +216,7 @@ fn simulation() {
         hold: Duration::from_secs(120),
         expendable_priority_cutoff: -10,
         node: NodeSize::default(),
+        max_hold: Duration::from_secs(3600),
     };
     let t0 = SystemTime::now();
     for (n, rounds) in [(1_000usize, 50), (10_000, 10)] {
@@ -223,7 +225,7 @@ fn simulation() {
         let mut last = None;
         for _ in 0..rounds {
             let t = Instant::now();
-            let d = decide(&pods, &[], &offers, &knobs, t0, t0);
+            let d = decide(&pods, &[], &offers, &Pool::default(), &knobs, t0, t0);
             ms.push(t.elapsed().as_secs_f64() * 1e3);
             last = Some(d);
         }
