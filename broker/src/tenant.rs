@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Config};
 
-use socialweb_broker_core::placement::AntiAffinity;
 use socialweb_broker_core::placement::NodeRequirements;
+use socialweb_broker_core::placement::{AntiAffinity, Selector, Spread};
 use socialweb_broker_core::scale::{Phase, PodView, Pool};
 
 /// A client for a tenant cluster, from its admin kubeconfig.
@@ -323,6 +323,8 @@ pub fn pod_view(p: &Pod) -> PodView {
         memory_bytes: mem,
         labels: p.metadata.labels.clone().unwrap_or_default(),
         anti_affinity: anti_affinity(spec),
+        affinity: affinity(spec),
+        spread: spread(spec),
         node: node_requirements(spec),
     }
 }
@@ -490,10 +492,8 @@ fn node_requirements(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Node
     }
 }
 
-/// A Pod's required anti-affinity terms on the hostname, as the placement reads them (a
-/// term with no label selector selects no Pod, as the API defines it).
+/// A Pod's required anti-affinity terms on the hostname, as the placement reads them.
 fn anti_affinity(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<AntiAffinity> {
-    use socialweb_broker_core::placement::{HOSTNAME, Namespaces, Requirement, Selector};
     let terms = spec
         .and_then(|s| s.affinity.as_ref())
         .and_then(|a| a.pod_anti_affinity.as_ref())
@@ -501,36 +501,77 @@ fn anti_affinity(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<Anti
             a.required_during_scheduling_ignored_during_execution
                 .as_ref()
         });
-    terms
-        .into_iter()
+    pod_terms(terms.map(Vec::as_slice).unwrap_or_default())
+}
+
+/// A Pod's required pod affinity terms on the hostname, as the placement reads them.
+fn affinity(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<AntiAffinity> {
+    let terms = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.pod_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    pod_terms(terms.map(Vec::as_slice).unwrap_or_default())
+}
+
+/// A label selector as the placement reads it (an operator it does not know is dropped:
+/// the API admits none).
+fn selector(sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector) -> Selector {
+    use socialweb_broker_core::placement::Requirement;
+    let match_expressions = sel
+        .match_expressions
+        .iter()
         .flatten()
+        .filter_map(|e| {
+            let (k, vs) = (e.key.clone(), e.values.clone().unwrap_or_default());
+            Some(match e.operator.as_str() {
+                "In" => Requirement::In(k, vs),
+                "NotIn" => Requirement::NotIn(k, vs),
+                "Exists" => Requirement::Exists(k),
+                "DoesNotExist" => Requirement::DoesNotExist(k),
+                _ => return None,
+            })
+        })
+        .collect();
+    Selector {
+        match_labels: sel.match_labels.clone().unwrap_or_default(),
+        match_expressions,
+    }
+}
+
+/// Pod (anti-)affinity terms on the hostname (a term with no label selector selects no Pod,
+/// as the API defines it; one on another topology key passes: our nodes carry no zone).
+fn pod_terms(terms: &[k8s_openapi::api::core::v1::PodAffinityTerm]) -> Vec<AntiAffinity> {
+    use socialweb_broker_core::placement::{HOSTNAME, Namespaces};
+    terms
+        .iter()
         .filter(|t| t.topology_key == HOSTNAME)
         .filter_map(|t| {
-            let sel = t.label_selector.as_ref()?;
-            let match_expressions = sel
-                .match_expressions
-                .iter()
-                .flatten()
-                .filter_map(|e| {
-                    let (k, vs) = (e.key.clone(), e.values.clone().unwrap_or_default());
-                    Some(match e.operator.as_str() {
-                        "In" => Requirement::In(k, vs),
-                        "NotIn" => Requirement::NotIn(k, vs),
-                        "Exists" => Requirement::Exists(k),
-                        "DoesNotExist" => Requirement::DoesNotExist(k),
-                        _ => return None,
-                    })
-                })
-                .collect();
             Some(AntiAffinity {
-                selector: Selector {
-                    match_labels: sel.match_labels.clone().unwrap_or_default(),
-                    match_expressions,
-                },
+                selector: selector(t.label_selector.as_ref()?),
                 namespaces: match &t.namespace_selector {
                     Some(_) => Namespaces::All,
                     None => Namespaces::Listed(t.namespaces.clone().unwrap_or_default()),
                 },
+            })
+        })
+        .collect()
+}
+
+/// A Pod's topology spread constraints on the hostname with `DoNotSchedule` (one with no
+/// label selector counts no Pod, so never holds it back).
+fn spread(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<Spread> {
+    use socialweb_broker_core::placement::HOSTNAME;
+    spec.and_then(|s| s.topology_spread_constraints.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.topology_key == HOSTNAME && c.when_unsatisfiable == "DoNotSchedule")
+        .filter_map(|c| {
+            Some(Spread {
+                max_skew: u32::try_from(c.max_skew).ok()?.max(1),
+                selector: selector(c.label_selector.as_ref()?),
             })
         })
         .collect()
@@ -605,6 +646,34 @@ mod tests {
             e.starts_with("spec.template.spec.requirements[0].values"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn pod_affinity_and_hostname_spread_become_terms() {
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "client", "namespace": "ci"},
+            "spec": {"containers": [{"name": "a"}],
+                "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "cache"}}},
+                    {"topologyKey": "topology.kubernetes.io/zone", "labelSelector": {"matchLabels": {"app": "db"}}}]}},
+                "topologySpreadConstraints": [
+                    {"maxSkew": 2, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
+                     "labelSelector": {"matchLabels": {"app": "client"}}},
+                    {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+                     "labelSelector": {"matchLabels": {"app": "client"}}}]}
+        }))
+        .unwrap();
+        let v = pod_view(&p);
+        assert_eq!(
+            v.affinity.len(),
+            1,
+            "the zone term passes: {:?}",
+            v.affinity
+        );
+        assert_eq!(v.affinity[0].selector.match_labels["app"], "cache");
+        assert_eq!(v.spread.len(), 1, "ScheduleAnyway never holds a Pod back");
+        assert_eq!(v.spread[0].max_skew, 2);
+        assert!(v.anti_affinity.is_empty());
     }
 
     #[test]

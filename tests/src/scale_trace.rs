@@ -268,6 +268,8 @@ fn view(i: usize, j: &Job, node: Option<String>) -> PodView {
         memory_bytes: j.memory_bytes,
         labels: BTreeMap::new(),
         anti_affinity: Vec::new(),
+        affinity: Vec::new(),
+        spread: Vec::new(),
         node: Default::default(),
     }
 }

@@ -122,6 +122,8 @@ mod tests {
             memory_bytes: 0,
             labels: Default::default(),
             anti_affinity: Vec::new(),
+            affinity: Vec::new(),
+            spread: Vec::new(),
             node: Default::default(),
         }
     }

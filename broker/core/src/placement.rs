@@ -6,10 +6,11 @@
 //!
 //! What it simulates of the scheduler's filters: requests (CPU, memory, and a Pod slot:
 //! `pods_per_node` is the fallback bound for Pods without requests), `nodeSelector` and
-//! required node affinity against the labels our nodes carry (the shape's included), and
+//! required node affinity against the labels our nodes carry (the shape's included),
 //! required pod anti-affinity on `kubernetes.io/hostname` in both directions (a waiting Pod's
-//! terms against the Pods on a node, and theirs against it). Every new node pays the
-//! DaemonSets' overhead.
+//! terms against the Pods on a node, and theirs against it), required pod affinity and
+//! `DoNotSchedule` topology spread on the hostname. Every new node pays the DaemonSets'
+//! overhead.
 //!
 //! Pods are placed first-fit-decreasing (the largest requests first, onto the first node
 //! that holds them, existing nodes before new ones), which is what kube-scheduler's filters
@@ -19,9 +20,9 @@
 //! scheduling simulation does the same), so it packs up to the largest; once every Pod is
 //! placed it takes the cheapest shape it kept.
 //!
-//! Not simulated: pod affinity, topology spread and taints (our nodes carry none but the
-//! cordon of a node being released, which the decision leaves out); anti-affinity on other
-//! topology keys (our nodes carry no zone: the scheduler lets such a term pass) is ignored.
+//! Not simulated: taints (our nodes carry none but the cordon of a node being released,
+//! which the decision leaves out); terms and constraints on other topology keys (our nodes
+//! carry no zone: the scheduler lets such a term pass) are ignored.
 
 use std::collections::BTreeMap;
 
@@ -127,6 +128,15 @@ pub struct AntiAffinity {
     pub namespaces: Namespaces,
 }
 
+/// A topology spread constraint on [`HOSTNAME`] with `whenUnsatisfiable: DoNotSchedule`:
+/// the Pods it selects in the Pod's namespace may differ by at most `max_skew` between the
+/// node the Pod goes to and the emptiest node it could go to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spread {
+    pub max_skew: u32,
+    pub selector: Selector,
+}
+
 /// What placement needs of a Pod (borrowed from the decision's view of it: no copies of
 /// labels for 10,000 Pods).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +149,10 @@ pub struct Placeable<'a> {
     /// Pod only takes its requests).
     pub takes_slot: bool,
     pub anti_affinity: &'a [AntiAffinity],
+    /// Its required pod affinity terms on [`HOSTNAME`] (the same shape as anti-affinity's:
+    /// a selector and its namespaces): the node must have a Pod each selects.
+    pub affinity: &'a [AntiAffinity],
+    pub spread: &'a [Spread],
     pub node: &'a NodeRequirements,
 }
 
@@ -229,8 +243,45 @@ fn least<'a>(waiting: &[Placeable<'a>]) -> Placeable<'a> {
         memory_bytes: waiting.iter().map(|p| p.memory_bytes).min().unwrap_or(0),
         takes_slot: waiting.iter().all(|p| p.takes_slot),
         anti_affinity: &[],
+        affinity: &[],
+        spread: &[],
         node: &ANY_NODE,
     }
+}
+
+/// Pod affinity and topology spread on the hostname, the filters that look past the node:
+/// whether `p` may go to node `n` given every node of the simulation. With `may_open` (a
+/// new node could still be rented for `p`), a node to rent counts as an empty one, as
+/// Karpenter counts it: Pods spread at skew 1 get a node each rather than all going to the
+/// one node that exists (where the scheduler would put them only if it saw no other).
+fn together(nodes: &[SimNode<'_>], n: usize, p: &Placeable<'_>, may_open: bool) -> bool {
+    // An affinity term is met by a Pod it selects on the node; a Pod that matches its own
+    // term may start the group when no Pod anywhere does (the scheduler's rule).
+    let affine = p.affinity.iter().all(|t| {
+        nodes[n].pods.iter().any(|q| t.selects(p.namespace, q))
+            || (t.selects(p.namespace, p)
+                && !nodes
+                    .iter()
+                    .any(|m| m.pods.iter().any(|q| t.selects(p.namespace, q))))
+    });
+    affine
+        && p.spread.iter().all(|s| {
+            let count = |m: &SimNode<'_>| {
+                m.pods
+                    .iter()
+                    .filter(|q| q.namespace == p.namespace && s.selector.matches(q.labels))
+                    .count()
+            };
+            // The emptiest node the Pod could go to by its node requirements.
+            let least = nodes
+                .iter()
+                .filter(|m| m.kinds.iter().any(|(_, k)| p.node.matches(k.labels)))
+                .map(count)
+                .chain(may_open.then_some(0))
+                .min()
+                .unwrap_or(0);
+            count(&nodes[n]) < least + s.max_skew as usize
+        })
 }
 
 impl<'a> SimNode<'a> {
@@ -318,11 +369,13 @@ pub struct Plan {
 }
 
 /// The order first-fit-decreasing places `waiting` in: CPU, then memory, largest first;
-/// Pods with node requirements or anti-affinity before others of the same size.
+/// Pods with node requirements or anti-affinity before others of the same size; Pods with
+/// pod affinity after all others (the Pods they want to be with are placed by then).
 pub fn order(waiting: &[Placeable<'_>]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..waiting.len()).collect();
     order.sort_by(|&a, &b| {
         let (pa, pb) = (&waiting[a], &waiting[b]);
+        let alone = |p: &Placeable<'_>| p.affinity.is_empty();
         let key = |p: &Placeable<'_>| {
             (
                 p.cpu_millis,
@@ -331,7 +384,10 @@ pub fn order(waiting: &[Placeable<'_>]) -> Vec<usize> {
                 p.anti_affinity.len(),
             )
         };
-        key(pb).cmp(&key(pa)).then(a.cmp(&b))
+        alone(pb)
+            .cmp(&alone(pa))
+            .then(key(pb).cmp(&key(pa)))
+            .then(a.cmp(&b))
     });
     order
 }
@@ -357,13 +413,23 @@ pub fn plan<'a>(
     let mut closed = 0;
     for i in order(waiting) {
         let p = waiting[i];
-        let at = match open.iter().copied().find(|&n| nodes[n].fits(&p)) {
+        let may_open = nodes.len() - first_new < max_new && holdable(&p, offers, overhead);
+        let at = match open
+            .iter()
+            .copied()
+            .find(|&n| nodes[n].fits(&p) && together(&nodes, n, &p, may_open))
+        {
             Some(at) => at,
             None if nodes.len() - first_new < max_new => {
                 let Some(n) = SimNode::new(offers, overhead, &p) else {
                     continue;
                 };
                 nodes.push(n);
+                if !together(&nodes, nodes.len() - 1, &p, true) {
+                    // (Its affinity wants Pods on a node that has no room.)
+                    nodes.pop();
+                    continue;
+                }
                 open.push(nodes.len() - 1);
                 nodes.len() - 1
             }
@@ -435,6 +501,8 @@ mod tests {
         cpu: u64,
         slot: bool,
         terms: Vec<AntiAffinity>,
+        affinity: Vec<AntiAffinity>,
+        spread: Vec<Spread>,
         node: NodeRequirements,
     }
 
@@ -447,6 +515,8 @@ mod tests {
                 memory_bytes: 128 << 20,
                 takes_slot: self.slot,
                 anti_affinity: &self.terms,
+                affinity: &self.affinity,
+                spread: &self.spread,
                 node: &self.node,
             }
         }
@@ -662,6 +732,85 @@ mod tests {
         assert_eq!(p.places, vec![Place::Existing(0)]);
     }
 
+    fn app(name: &str) -> Selector {
+        Selector {
+            match_labels: [("app".to_string(), name.to_string())].into(),
+            ..Default::default()
+        }
+    }
+
+    fn labelled(name: &str, cpu: u64) -> Pod {
+        let mut p = plain(cpu);
+        p.labels = app(name).match_labels;
+        p
+    }
+
+    #[test]
+    fn pod_affinity_puts_a_pod_beside_the_pods_it_wants() {
+        let l = labels("2vcpu-4096mib");
+        // A cache and its two clients: the clients want a cache on their node.
+        let cache = labelled("cache", 1000);
+        let mut client = plain(300);
+        client.affinity = vec![AntiAffinity {
+            selector: app("cache"),
+            namespaces: Namespaces::Listed(vec![]),
+        }];
+        let filler = plain(1200);
+        // Largest first, the clients last: the cache on one node, the filler (no room
+        // beside it) on another, both clients beside the cache.
+        let pods = [client.clone(), filler, cache.clone(), client.clone()];
+        let p = plan(&[], &ps(&pods), &one(&l), NONE, 10);
+        assert_eq!(
+            p.places,
+            vec![Place::New(1), Place::New(0), Place::New(1), Place::New(1)]
+        );
+        // Four clients: three fit beside the cache, the fourth nowhere (a new node has
+        // no cache).
+        let mut five = vec![cache.clone()];
+        five.extend((0..4).map(|_| client.clone()));
+        let p = plan(&[], &ps(&five), &one(&l), NONE, 10);
+        assert_eq!(p.new_nodes.len(), 1, "{p:?}");
+        assert_eq!(p.places[4], Place::Capped, "{p:?}");
+        // Beside a cache on a node that exists.
+        let running = [cache.clone()];
+        let p = plan(&[on(&l, &running)], &[client.p()], &one(&l), NONE, 10);
+        assert_eq!(p.places, vec![Place::Existing(0)]);
+        // A Pod that matches its own term starts the group when none runs.
+        let mut first = labelled("cache", 100);
+        first.affinity = client.affinity.clone();
+        let p = plan(&[], &ps(&[first.clone(), first]), &one(&l), NONE, 10);
+        assert_eq!(p.places, vec![Place::New(0), Place::New(0)]);
+    }
+
+    #[test]
+    fn topology_spread_on_the_hostname_spreads_pods_over_new_nodes() {
+        let l = labels("2vcpu-4096mib");
+        let mut web = labelled("web", 100);
+        web.spread = vec![Spread {
+            max_skew: 1,
+            selector: app("web"),
+        }];
+        let pods: Vec<Pod> = (0..4).map(|_| web.clone()).collect();
+        let p = plan(&[], &ps(&pods), &one(&l), NONE, 10);
+        assert_eq!(p.new_nodes.len(), 4, "one a node at skew 1: {p:?}");
+        // At skew 2, two a node.
+        let mut two = web.clone();
+        two.spread[0].max_skew = 2;
+        let pods: Vec<Pod> = (0..4).map(|_| two.clone()).collect();
+        let p = plan(&[], &ps(&pods), &one(&l), NONE, 10);
+        assert_eq!(p.new_nodes.len(), 2, "{p:?}");
+        // Two web Pods run on n0 and none on the empty n1: the next goes to n1.
+        let running = [labelled("web", 100), labelled("web", 100)];
+        let p = plan(
+            &[on(&l, &running), on(&l, &[])],
+            &[web.p()],
+            &one(&l),
+            NONE,
+            10,
+        );
+        assert_eq!(p.places, vec![Place::Existing(1)]);
+    }
+
     #[test]
     fn selectors_match_as_the_api_defines() {
         let labels: BTreeMap<String, String> = [
@@ -711,17 +860,32 @@ mod tests {
     use proptest::prelude::*;
 
     fn arb_pod() -> impl Strategy<Value = Pod> {
-        (0u64..4500, any::<bool>(), 0u8..3, 0u8..5).prop_map(|(cpu, anti, ns, want)| {
-            let mut p = if anti { job(cpu) } else { plain(cpu) };
-            p.namespace = ["a", "b", "gitlab"][ns as usize].into();
-            // Now and then a nodeSelector on one of the shapes.
-            if let Some(shape) =
-                ["1vcpu-2048mib", "2vcpu-4096mib", "4vcpu-8192mib"].get(want as usize)
-            {
-                p.node.selector = [(INSTANCE_TYPE.to_string(), shape.to_string())].into();
-            }
-            p
-        })
+        (0u64..4500, any::<bool>(), 0u8..3, 0u8..5, 0u8..6).prop_map(
+            |(cpu, anti, ns, want, group)| {
+                let mut p = if anti { job(cpu) } else { plain(cpu) };
+                p.namespace = ["a", "b", "gitlab"][ns as usize].into();
+                // Now and then a cache, or a Pod that wants one on its node.
+                match group {
+                    0 => {
+                        p.labels.insert("app".into(), "cache".into());
+                    }
+                    1 => {
+                        p.affinity = vec![AntiAffinity {
+                            selector: app("cache"),
+                            namespaces: Namespaces::All,
+                        }];
+                    }
+                    _ => {}
+                }
+                // Now and then a nodeSelector on one of the shapes.
+                if let Some(shape) =
+                    ["1vcpu-2048mib", "2vcpu-4096mib", "4vcpu-8192mib"].get(want as usize)
+                {
+                    p.node.selector = [(INSTANCE_TYPE.to_string(), shape.to_string())].into();
+                }
+                p
+            },
+        )
     }
 
     proptest! {
@@ -757,7 +921,9 @@ mod tests {
                     Place::Existing(e) => on_node[*e].push(w[i]),
                     Place::New(n) => on_node[first_new + n].push(w[i]),
                     Place::Capped => prop_assert!(
-                        plan.new_nodes.len() == max_new || !holdable(&w[i], &m, overhead),
+                        plan.new_nodes.len() == max_new || !holdable(&w[i], &m, overhead)
+                            // (No node has a Pod its affinity wants, nor room beside one.)
+                            || !w[i].affinity.is_empty(),
                         "pod {} capped with room left", i
                     ),
                 }
@@ -790,6 +956,15 @@ mod tests {
                         let apart = p.anti_affinity.iter().any(|t| t.selects(p.namespace, q))
                             || q.anti_affinity.iter().any(|t| t.selects(q.namespace, p));
                         prop_assert!(a == b || !apart, "anti-affine pods share node {}", n);
+                    }
+                    // Pod affinity: a Pod it selects on the node, or it started the group.
+                    for t in p.affinity {
+                        let met = pods
+                            .iter()
+                            .enumerate()
+                            .any(|(b, q)| b != a && t.selects(p.namespace, q))
+                            || t.selects(p.namespace, p);
+                        prop_assert!(met, "pod affinity unmet on node {}", n);
                     }
                 }
             }

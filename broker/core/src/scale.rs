@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::placement::{
     self, AntiAffinity, Capacity, Existing, HOSTNAME, INSTANCE_TYPE, NodeKind, NodeRequirements,
-    Place, Placeable, Plan, Requirement, Usage,
+    Place, Placeable, Plan, Requirement, Spread, Usage,
 };
 use socialweb_market::{NodeSpec, Shape};
 
@@ -89,6 +89,10 @@ pub struct PodView {
     pub labels: BTreeMap<String, String>,
     /// Its required pod anti-affinity terms on the hostname.
     pub anti_affinity: Vec<AntiAffinity>,
+    /// Its required pod affinity terms on the hostname.
+    pub affinity: Vec<AntiAffinity>,
+    /// Its topology spread constraints on the hostname that do not schedule past the skew.
+    pub spread: Vec<Spread>,
     /// Its `nodeSelector` and required node affinity.
     pub node: NodeRequirements,
 }
@@ -102,6 +106,8 @@ impl PodView {
             memory_bytes: self.memory_bytes,
             takes_slot,
             anti_affinity: &self.anti_affinity,
+            affinity: &self.affinity,
+            spread: &self.spread,
             node: &self.node,
         }
     }
@@ -460,21 +466,7 @@ pub fn decide(
 ) -> Decision {
     let live: Vec<&LeaseView> = leases.iter().filter(|l| l.live).collect();
     let nodes = live.len() as u32;
-    let fallback = [Shape {
-        spec: k.node.into(),
-        price_micros_per_hour: 0,
-    }];
-    let on_offer = if offers.shapes.is_empty() {
-        &fallback[..]
-    } else {
-        offers.shapes
-    };
-    // The shapes the tenant's pool may rent.
-    let shapes: Vec<Shape> = on_offer
-        .iter()
-        .filter(|s| pool.allows(&node_labels(offers.labels, &s.spec, NEW_NODE)))
-        .copied()
-        .collect();
+    let shapes = rentable(offers, pool, k);
     let shapes = &shapes[..];
     let labels = labels(&live, shapes, offers.labels);
     let pic = picture(pods, &live, shapes, &labels, k);
@@ -488,10 +480,8 @@ pub fn decide(
         max_new,
     );
     within_limits(&mut plan, &live, shapes, pool);
-    let count = |f: fn(&Place) -> bool| plan.places.iter().filter(|x| f(x)).count();
-    let on_leased = count(|x| matches!(x, Place::Existing(_)));
-    let capped = count(|x| *x == Place::Capped);
-    let new = plan.new_nodes.len() as u32;
+    let placed = Placed::of(&plan, &pic.waiting, pool);
+    let new = placed.new;
     let empty = if intent > 0 {
         empty_nodes(&live, &pic.existing, &plan.places)
     } else {
@@ -509,13 +499,6 @@ pub fn decide(
         empty,
     };
     if intent > 0 {
-        let placed = Placed {
-            waiting: pic.waiting.len(),
-            on_leased,
-            new,
-            capped,
-            limits: pool.has_limits(),
-        };
         work(&mut d, &placed, k);
         return d;
     }
@@ -533,8 +516,55 @@ struct Placed {
     on_leased: usize,
     new: u32,
     capped: usize,
+    /// Pods with pod affinity that no node can take (none has the Pods they want, with room).
+    grouped: usize,
     /// The NodePool limits CPU or memory.
     limits: bool,
+}
+
+impl Placed {
+    fn of(plan: &Plan, waiting: &[Placeable<'_>], pool: &Pool) -> Placed {
+        // Unplaced: past the caps, or (with pod affinity) no node has the Pods it wants
+        // with room beside them.
+        let unplaced = |grouped: bool| {
+            plan.places
+                .iter()
+                .zip(waiting)
+                .filter(|(x, p)| **x == Place::Capped && p.affinity.is_empty() != grouped)
+                .count()
+        };
+        Placed {
+            waiting: waiting.len(),
+            on_leased: plan
+                .places
+                .iter()
+                .filter(|x| matches!(x, Place::Existing(_)))
+                .count(),
+            new: plan.new_nodes.len() as u32,
+            capped: unplaced(false),
+            grouped: unplaced(true),
+            limits: pool.has_limits(),
+        }
+    }
+}
+
+/// The shapes the cluster may rent: those on offer (none known: the `[node]` size at price
+/// 0) that the tenant's pool allows.
+fn rentable(offers: &Offers<'_>, pool: &Pool, k: &Knobs) -> Vec<Shape> {
+    let fallback = [Shape {
+        spec: k.node.into(),
+        price_micros_per_hour: 0,
+    }];
+    let on_offer = if offers.shapes.is_empty() {
+        &fallback[..]
+    } else {
+        offers.shapes
+    };
+    on_offer
+        .iter()
+        .filter(|s| pool.allows(&node_labels(offers.labels, &s.spec, NEW_NODE)))
+        .copied()
+        .collect()
 }
 
 /// Drops the new nodes past the pool's CPU and memory limits (counted over the live nodes'
@@ -572,7 +602,7 @@ fn within_limits(plan: &mut Plan, live: &[&LeaseView], shapes: &[Shape], pool: &
 /// The decision of a cluster with work: Provision the new nodes, or Hold.
 fn work(d: &mut Decision, p: &Placed, k: &Knobs) {
     let (intent, nodes, new, capped) = (d.intent, d.nodes, p.new, p.capped);
-    let cap = if capped > 0 {
+    let mut cap = if capped > 0 {
         format!(
             "; {capped} would need more nodes, capped at max_nodes {}{}",
             k.max_nodes,
@@ -585,9 +615,15 @@ fn work(d: &mut Decision, p: &Placed, k: &Knobs) {
     } else {
         String::new()
     };
+    if p.grouped > 0 {
+        cap += &format!(
+            "; {} wait for the Pods their affinity wants, with room beside them",
+            p.grouped
+        );
+    }
     if new > 0 {
         d.action = Action::Provision { count: new };
-        d.reason = if nodes == 0 && capped == 0 {
+        d.reason = if nodes == 0 && capped == 0 && p.grouped == 0 {
             "Provision: intent and no node".into()
         } else {
             format!(
@@ -702,6 +738,8 @@ mod tests {
             memory_bytes: 256 << 20,
             labels: BTreeMap::new(),
             anti_affinity: Vec::new(),
+            affinity: Vec::new(),
+            spread: Vec::new(),
             node: NodeRequirements::default(),
         }
     }

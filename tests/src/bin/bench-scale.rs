@@ -96,6 +96,8 @@ fn pods() -> Vec<PodView> {
             memory_bytes: 64 << 20,
             labels: Default::default(),
             anti_affinity: Vec::new(),
+            affinity: Vec::new(),
+            spread: Vec::new(),
             node: Default::default(),
         })
         .collect()
@@ -182,6 +184,8 @@ fn mixed_pods(n: usize) -> Vec<PodView> {
                 memory_bytes: mems[((h / 6) % 6) as usize].min(cpus[(h % 6) as usize] << 21),
                 labels: Default::default(),
                 anti_affinity: Vec::new(),
+                affinity: Vec::new(),
+                spread: Vec::new(),
                 node: Default::default(),
             };
             if i % 10 == 0 {
