@@ -4,14 +4,24 @@ use std::time::Duration;
 
 use socialweb_market::Bid;
 
-use crate::provision::Limits;
-
 /// Bids, best first: cheapest, then soonest, then by id (a stable order).
 pub fn choose(mut bids: Vec<Bid>) -> Vec<Bid> {
     bids.sort_by(|a, b| {
         (a.price_micros_per_hour, a.eta_ms, &a.id).cmp(&(b.price_micros_per_hour, b.eta_ms, &b.id))
     });
     bids
+}
+
+/// How long bids are waited for on an RFP, and how often it is read meanwhile (a provision's
+/// limits say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Take what there is at this deadline.
+    pub deadline: Duration,
+    /// Take the bids once none new came for this long.
+    pub settle: Duration,
+    /// Read the RFP this often.
+    pub poll: Duration,
 }
 
 /// Whether to go on waiting for bids.
@@ -26,11 +36,11 @@ pub enum Wait {
 /// With `seen` bids after `waited`, the last new one `quiet` ago: done at the deadline, or
 /// once some came and none new for the settle time; else look again (never past the
 /// deadline).
-pub fn wait(seen: usize, waited: Duration, quiet: Duration, l: &Limits) -> Wait {
-    if waited >= l.bid_deadline || (seen > 0 && quiet >= l.bid_settle) {
+pub fn wait(seen: usize, waited: Duration, quiet: Duration, w: &Window) -> Wait {
+    if waited >= w.deadline || (seen > 0 && quiet >= w.settle) {
         return Wait::Done;
     }
-    Wait::More(l.bid_poll.min(l.bid_deadline - waited))
+    Wait::More(w.poll.min(w.deadline - waited))
 }
 
 #[cfg(test)]
@@ -60,8 +70,12 @@ mod tests {
 
     #[test]
     fn waiting_ends_at_the_deadline_or_once_bids_settle() {
-        let l = Limits::new(Duration::from_secs(2), Duration::from_secs(60));
         let ms = Duration::from_millis;
+        let l = Window {
+            deadline: ms(2000),
+            settle: ms(300),
+            poll: ms(100),
+        };
         assert_eq!(wait(0, ms(500), ms(500), &l), Wait::More(ms(100)));
         assert_eq!(wait(1, ms(500), ms(299), &l), Wait::More(ms(100)));
         assert_eq!(wait(1, ms(500), ms(300), &l), Wait::Done);

@@ -39,6 +39,15 @@ impl Limits {
             poll: Duration::from_millis(250),
         }
     }
+
+    /// The bid window these limits give.
+    pub fn bids(&self) -> bids::Window {
+        bids::Window {
+            deadline: self.bid_deadline,
+            settle: self.bid_settle,
+            poll: self.bid_poll,
+        }
+    }
 }
 
 /// What the executor saw at a step.
@@ -97,7 +106,7 @@ pub fn next(p: &Provision, seen: Seen<'_>, in_step: Duration, l: &Limits) -> Nex
                 waited,
                 quiet,
             },
-        ) => match bids::wait(bids.len(), waited, quiet, l) {
+        ) => match bids::wait(bids.len(), waited, quiet, &l.bids()) {
             bids::Wait::More(after) => Next::PollAfter(after),
             bids::Wait::Done if bids.is_empty() => Next::Fail(format!(
                 "no bid before the deadline ({})",
