@@ -1,14 +1,17 @@
 //! The architecture the build enforces (`docs/architecture.md`), checked on every run as
-//! rust-analyzer's `tidy` tests do: the pure crates stay pure, netlink has one home, crates
-//! depend only on what the crate map allows, the documentation names only paths and
-//! programs that exist, and no crate carries a dependency it does not use. Each failure says
-//! what to change. Needs `cargo` (the one running the tests) and nothing else; no root.
+//! rust-analyzer's `tidy` tests do: the crate map names every crate and nothing else, the
+//! pure crates stay pure (in their dependency tree and in their sources), netlink has one
+//! home, crates depend only on what the crate map allows, the documentation names only
+//! paths and programs that exist, and no crate carries a dependency it does not use. Each
+//! failure says what to change. Needs `cargo` (the one running the tests) and nothing else;
+//! no root.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+use syn::visit::Visit;
 
 /// Crates that are values in, values out: no runtime, sockets, netlink, Kubernetes or
 /// processes, and no `anyhow` (libraries return typed errors).
@@ -45,6 +48,34 @@ const IO: &[&str] = &[
     "reqwest",
     "anyhow",
 ];
+
+/// What a pure crate's sources may not name outside `#[cfg(test)]`: the file system, sockets,
+/// processes, the environment, sleeping and the clock (paths, or what they end with), and
+/// the macros that print. Times are arguments; a `std::net` address type is a value.
+const IO_IN_SOURCE: &[&str] = &[
+    "std::fs",
+    "std::net::TcpStream",
+    "std::net::TcpListener",
+    "std::net::UdpSocket",
+    "std::net::ToSocketAddrs",
+    "std::process",
+    "std::env",
+    "std::io::stdin",
+    "std::io::stdout",
+    "std::io::stderr",
+    "thread::sleep",
+    "SystemTime::now",
+    "Instant::now",
+    "println!",
+    "eprintln!",
+    "print!",
+    "eprint!",
+    ".elapsed()",
+];
+
+/// Places a pure crate's source names one of [`IO_IN_SOURCE`] on purpose: (file under the
+/// repository, what, why). (None today.)
+const IO_IN_SOURCE_EXCUSED: &[(&str, &str, &str)] = &[];
 
 /// Libraries others build on, which return typed errors rather than `anyhow`'s.
 const TYPED_ERRORS: &[&str] = &["socialweb-netlink", "socialweb-cni"];
@@ -97,6 +128,18 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "socialweb-broker",
             "socialweb-broker-core",
             "socialweb-provider",
+            "socialweb-wire",
+        ],
+    ),
+    // The OCI writer is a leaf: the agent, the provider, the image builder and the tests
+    // use it.
+    (
+        "socialweb-oci",
+        &[
+            "socialweb-agent",
+            "socialweb-broker",
+            "socialweb-provider",
+            "socialweb-image-builder",
             "socialweb-wire",
         ],
     ),
@@ -436,4 +479,376 @@ fn paths_and_programs_the_docs_name_exist() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// The files of a crate's library: its root and every module declared from it, leaving out
+/// `#[cfg(test)]` modules (whose files are tests, not the library).
+fn library_files(root_file: &Path) -> Vec<PathBuf> {
+    /// `file`, then the modules its items declare; `base` is where their files are.
+    fn walk(file: &Path, items: &[syn::Item], base: &Path, out: &mut Vec<PathBuf>) {
+        for item in items {
+            let syn::Item::Mod(m) = item else { continue };
+            if is_test_only(&m.attrs) {
+                continue;
+            }
+            let name = m.ident.to_string();
+            match &m.content {
+                Some((_, inner)) => walk(file, inner, &base.join(&name), out),
+                None => {
+                    assert!(
+                        !m.attrs.iter().any(|a| a.path().is_ident("path")),
+                        "{}: a #[path] module; teach tidy.rs where it is",
+                        file.display()
+                    );
+                    let flat = base.join(format!("{name}.rs"));
+                    let child = if flat.exists() {
+                        flat
+                    } else {
+                        base.join(&name).join("mod.rs")
+                    };
+                    let ast = parse_rust(&child);
+                    out.push(child.clone());
+                    walk(&child, &ast.items, &base.join(&name), out);
+                }
+            }
+        }
+    }
+    let ast = parse_rust(root_file);
+    let mut out = vec![root_file.to_path_buf()];
+    walk(
+        root_file,
+        &ast.items,
+        root_file.parent().expect("src/"),
+        &mut out,
+    );
+    out
+}
+
+fn parse_rust(file: &Path) -> syn::File {
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+}
+
+/// Whether these attributes make an item exist only in tests (`#[cfg(test)]`, `#[test]`).
+fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("test")
+            || (a.path().is_ident("cfg")
+                && a.meta
+                    .require_list()
+                    .is_ok_and(|l| l.tokens.to_string() == "test"))
+    })
+}
+
+/// Where a source text names one of [`IO_IN_SOURCE`], outside items only tests have: each
+/// as (line, what).
+fn io_in_source(text: &str) -> Vec<(usize, String)> {
+    struct Io(Vec<(usize, String)>);
+    impl Io {
+        fn saw(&mut self, segs: &[String], line: usize) {
+            let path = segs.join("::");
+            for io in IO_IN_SOURCE {
+                let hit = if io.starts_with("std::") {
+                    path == *io || path.starts_with(&format!("{io}::"))
+                } else {
+                    path == *io || path.ends_with(&format!("::{io}"))
+                };
+                if hit {
+                    self.0.push((line, path.clone()));
+                }
+            }
+        }
+    }
+    impl<'ast> Visit<'ast> for Io {
+        fn visit_item(&mut self, i: &'ast syn::Item) {
+            let attrs = match i {
+                syn::Item::Mod(x) => &x.attrs,
+                syn::Item::Fn(x) => &x.attrs,
+                syn::Item::Use(x) => &x.attrs,
+                syn::Item::Impl(x) => &x.attrs,
+                syn::Item::Const(x) => &x.attrs,
+                syn::Item::Static(x) => &x.attrs,
+                syn::Item::Struct(x) => &x.attrs,
+                syn::Item::Enum(x) => &x.attrs,
+                syn::Item::Macro(x) => &x.attrs,
+                _ => return syn::visit::visit_item(self, i),
+            };
+            if !is_test_only(attrs) {
+                syn::visit::visit_item(self, i);
+            }
+        }
+        fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+            if !is_test_only(&f.attrs) {
+                syn::visit::visit_impl_item_fn(self, f);
+            }
+        }
+        fn visit_path(&mut self, p: &'ast syn::Path) {
+            let segs: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
+            let line = p
+                .segments
+                .first()
+                .map_or(0, |s| s.ident.span().start().line);
+            self.saw(&segs, line);
+            syn::visit::visit_path(self, p);
+        }
+        fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+            fn flat(t: &syn::UseTree, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+                match t {
+                    syn::UseTree::Path(p) => {
+                        prefix.push(p.ident.to_string());
+                        flat(&p.tree, prefix, out);
+                        prefix.pop();
+                    }
+                    syn::UseTree::Name(n) => {
+                        out.push([&prefix[..], &[n.ident.to_string()]].concat())
+                    }
+                    syn::UseTree::Rename(r) => {
+                        out.push([&prefix[..], &[r.ident.to_string()]].concat())
+                    }
+                    syn::UseTree::Glob(_) => out.push(prefix.clone()),
+                    syn::UseTree::Group(g) => g.items.iter().for_each(|t| flat(t, prefix, out)),
+                }
+            }
+            let mut paths = Vec::new();
+            flat(&u.tree, &mut Vec::new(), &mut paths);
+            let line = u.use_token.span.start().line;
+            for p in paths {
+                self.saw(&p, line);
+            }
+        }
+        fn visit_macro(&mut self, m: &'ast syn::Macro) {
+            if let Some(last) = m.path.segments.last() {
+                let name = format!("{}!", last.ident);
+                if IO_IN_SOURCE.contains(&name.as_str()) {
+                    self.0.push((last.ident.span().start().line, name));
+                }
+            }
+            syn::visit::visit_macro(self, m);
+        }
+        fn visit_expr_method_call(&mut self, c: &'ast syn::ExprMethodCall) {
+            let name = format!(".{}()", c.method);
+            if IO_IN_SOURCE.contains(&name.as_str()) {
+                self.0.push((c.method.span().start().line, name));
+            }
+            syn::visit::visit_expr_method_call(self, c);
+        }
+    }
+    let ast = syn::parse_file(text).expect("the pure crates' sources parse");
+    let mut v = Io(Vec::new());
+    v.visit_file(&ast);
+    v.0
+}
+
+#[test]
+fn pure_crates_do_no_io_in_their_sources() {
+    let root = root();
+    let mut bad = Vec::new();
+    for p in packages() {
+        if !PURE.contains(&name(&p)) {
+            continue;
+        }
+        for f in library_files(&dir(&p).join("src/lib.rs")) {
+            let rel = f.strip_prefix(&root).unwrap().display().to_string();
+            for (line, what) in io_in_source(&std::fs::read_to_string(&f).unwrap()) {
+                if !IO_IN_SOURCE_EXCUSED
+                    .iter()
+                    .any(|(file, w, _)| *file == rel && *w == what)
+                {
+                    bad.push(format!("{rel}:{line}: {what}"));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "pure crates do no I/O and read no clock (docs/architecture.md): take the value as an \
+         argument and do the I/O at the edge (or list it in IO_IN_SOURCE_EXCUSED with the \
+         reason):\n  {}",
+        bad.join("\n  ")
+    );
+}
+
+#[test]
+fn the_source_check_sees_io_outside_tests_only() {
+    let text = r#"
+use std::fs;
+use std::net::{IpAddr, TcpStream};
+use std::time::{Instant, SystemTime};
+fn values(a: IpAddr, t: Instant) -> (IpAddr, Instant) { (a, t) }
+fn clock() -> SystemTime { SystemTime::now() }
+fn nap() { std::thread::sleep(std::time::Duration::from_millis(1)); }
+fn run() { let _ = std::process::Command::new("true"); println!("hi"); }
+fn age(t: Instant) -> u128 { t.elapsed().as_millis() }
+#[cfg(test)]
+mod tests { fn t() { let _ = std::time::Instant::now(); let _ = std::env::var("X"); } }
+#[cfg(test)]
+fn helper() { let _ = std::fs::read("x"); }
+"#;
+    let found: Vec<String> = io_in_source(text)
+        .into_iter()
+        .map(|(line, what)| format!("{line}: {what}"))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            "2: std::fs",
+            "3: std::net::TcpStream",
+            "6: SystemTime::now",
+            "7: std::thread::sleep",
+            "8: std::process::Command::new",
+            "8: println!",
+            "9: .elapsed()",
+        ]
+    );
+}
+
+/// The Crates table of docs/architecture.md, row by row: the crate, its directory, its
+/// binaries.
+fn crate_rows(md: &str) -> Vec<(String, String, BTreeSet<String>)> {
+    let code = |cell: &str| -> Vec<String> {
+        cell.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    };
+    md.lines()
+        .skip_while(|l| !l.starts_with("| crate (dir) |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let first = code(cells[1]);
+            let bins = code(cells[2]).into_iter().collect();
+            (
+                first.first().cloned().unwrap_or_default(),
+                first
+                    .get(1)
+                    .map(|d| d.trim_end_matches('/').to_string())
+                    .unwrap_or_default(),
+                bins,
+            )
+        })
+        .collect()
+}
+
+/// What differs between the Crates table's rows and the workspace's members (name,
+/// directory, binaries), both ways.
+fn crate_table_errors(
+    rows: &[(String, String, BTreeSet<String>)],
+    members: &[(String, String, BTreeSet<String>)],
+) -> Vec<String> {
+    let mut bad = Vec::new();
+    for (name, dir, bins) in members {
+        match rows.iter().find(|r| r.0 == *name) {
+            None => bad.push(format!("{name} ({dir}/) has no row")),
+            Some((_, d, b)) => {
+                if d != dir {
+                    bad.push(format!("{name}'s row says `{d}/`; it is in `{dir}/`"));
+                }
+                for missing in bins.difference(b) {
+                    bad.push(format!("{name}'s row does not name its binary {missing}"));
+                }
+                for extra in b.difference(bins) {
+                    bad.push(format!(
+                        "{name}'s row names {extra}, which is not its binary"
+                    ));
+                }
+            }
+        }
+    }
+    for (name, _, _) in rows {
+        if !members.iter().any(|m| m.0 == *name) {
+            bad.push(format!("the row {name} is not a workspace member"));
+        }
+    }
+    bad
+}
+
+#[test]
+fn every_crate_has_a_row_in_the_crate_map_and_every_row_is_a_crate() {
+    let root = root();
+    let members: Vec<(String, String, BTreeSet<String>)> = packages()
+        .iter()
+        .map(|p| {
+            let bins = p["targets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|t| t["kind"].as_array().unwrap().iter().any(|k| k == "bin"))
+                .map(|t| t["name"].as_str().unwrap().to_string())
+                .collect();
+            let d = dir(p);
+            let rel = d.strip_prefix(&root).unwrap().display().to_string();
+            (name(p).to_string(), rel, bins)
+        })
+        .collect();
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let rows = crate_rows(&doc);
+    assert!(
+        rows.len() > 3,
+        "docs/architecture.md has no Crates table with a `| crate (dir) |` header"
+    );
+    let bad = crate_table_errors(&rows, &members);
+    assert!(
+        bad.is_empty(),
+        "docs/architecture.md's Crates table and the workspace differ (add or fix the row: \
+         crate, directory, binaries, what it owns, what it may not depend on):\n  {}",
+        bad.join("\n  ")
+    );
+}
+
+#[test]
+fn the_crate_map_check_sees_each_kind_of_drift() {
+    let doc = "## Crates\n\n| crate (dir) | binary | owns | may not |\n|---|---|---|---|\n\
+               | `a` (`x/a/`) | `a`, `a-bench` | things | - |\n\
+               | `b` (`x/b/`) | - | things | - |\n\
+               | `gone` (`x/gone/`) | - | things | - |\n\n\
+               | module | owns |\n|---|---|\n| `m` | not a crate |\n";
+    let rows = crate_rows(doc);
+    assert_eq!(rows.len(), 3, "only the Crates table's rows: {rows:?}");
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    let members = vec![
+        ("a".to_string(), "x/a".to_string(), set(&["a", "a-cli"])),
+        ("b".to_string(), "x/bb".to_string(), set(&[])),
+        ("new".to_string(), "x/new".to_string(), set(&[])),
+    ];
+    assert_eq!(
+        crate_table_errors(&rows, &members),
+        [
+            "a's row does not name its binary a-cli",
+            "a's row names a-bench, which is not its binary",
+            "b's row says `x/b/`; it is in `x/bb/`",
+            "new (x/new/) has no row",
+            "the row gone is not a workspace member",
+        ]
+    );
+}
+
+#[test]
+fn the_library_is_its_root_and_the_modules_it_declares_outside_tests() {
+    let dir = std::env::temp_dir().join(format!("tidy-library-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let files = [
+        (
+            "lib.rs",
+            "pub mod a;\nmod b;\n#[cfg(test)]\nmod agreement;\n",
+        ),
+        ("a.rs", "mod inner;\n#[cfg(test)]\nmod tests;\n"),
+        ("a/inner.rs", ""),
+        ("a/tests.rs", "fn t() { let _ = std::fs::read(\"x\"); }"),
+        ("b/mod.rs", ""),
+        ("agreement.rs", "fn t() { let _ = std::env::var(\"X\"); }"),
+    ];
+    for (path, text) in files {
+        let f = dir.join(path);
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(f, text).unwrap();
+    }
+    let got: Vec<String> = library_files(&dir.join("lib.rs"))
+        .iter()
+        .map(|f| f.strip_prefix(&dir).unwrap().display().to_string())
+        .collect();
+    assert_eq!(got, ["lib.rs", "a.rs", "a/inner.rs", "b/mod.rs"]);
+    let _ = std::fs::remove_dir_all(dir);
 }
