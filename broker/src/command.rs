@@ -144,6 +144,9 @@ pub struct ClusterInfo {
     pub server: String,
     /// The admin kubeconfig (owner-only).
     pub kubeconfig: PathBuf,
+    /// Its directory (owner-only): PKI, datastore, logs and pid files. Each cluster of a
+    /// name has its own, so a name deleted and created again gets a new one.
+    pub dir: PathBuf,
     /// Live nodes (rented or being rented).
     pub nodes: usize,
     /// The DID it belongs to (`None`: the operator's).

@@ -1197,6 +1197,42 @@ mod tests {
         Config::load(None, |k| m.get(k).cloned())
     }
 
+    /// What the harness (and `check-config`) write, read back, is the same configuration.
+    #[test]
+    fn a_configuration_written_out_reads_back_the_same() {
+        let mut c = Config::default();
+        c.store.url = Some("postgres://u@db/broker".into());
+        c.scale.hold = Duration::from_millis(2500);
+        c.market.providers.push(ProviderRef {
+            name: "east".into(),
+            url: "https://198.51.100.11:7480".into(),
+            pin: Some("sha256:00".into()),
+        });
+        c.market.isolation = socialweb_market::Isolation::Vm;
+        c.local_provider.shapes.push(LocalShape {
+            vcpu: 2,
+            mem_mib: 4096,
+            disk_mib: 20480,
+            price_micros_per_hour: 20000,
+        });
+        c.local_provider.kubelet_config_patch =
+            Some(serde_json::json!({"evictionHard": {"memory.available": "1Mi"}, "n": 100}));
+        c.local_provider.machine = MachineKind::Vm;
+        c.local_provider.vm.jail = false;
+        c.local_provider.vm.egress_allow = vec!["10.1.0.0/16".parse().unwrap()];
+        c.front.did_web_nameservers = vec!["192.0.2.53:53".parse().unwrap()];
+        c.access.registration = Registration::Open;
+        c.clusters.cpu_max = 1.5;
+        let text = toml::to_string_pretty(&c).unwrap();
+        let back: Config = toml::from_str(&text).unwrap();
+        assert_eq!(toml::to_string_pretty(&back).unwrap(), text);
+        assert_eq!(back.scale.hold, Duration::from_millis(2500));
+        assert_eq!(
+            back.local_provider.kubelet_config_patch,
+            c.local_provider.kubelet_config_patch
+        );
+    }
+
     #[test]
     fn the_seeds_defaults() {
         let c = load(&[]).unwrap();

@@ -6,6 +6,7 @@
 //! stops them in order. Nothing else happens here.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -147,8 +148,74 @@ async fn market(cfg: &Config, stop: &CancellationToken) -> Result<(Market, Optio
 }
 
 /// Where the embedded provider serves the broker.
-pub fn embedded_socket(cfg: &Config) -> std::path::PathBuf {
+pub fn embedded_socket(cfg: &Config) -> PathBuf {
     cfg.state_dir.join("run/provider.sock")
+}
+
+fn market_tls_dir(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join("market-tls")
+}
+
+fn provider_tls_dir(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join("provider-tls")
+}
+
+fn front_dir(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join("front")
+}
+
+fn clusters_dir(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join("clusters")
+}
+
+/// Where a broker (or a provider machine) run with a configuration keeps its files, as
+/// `socialweb-broker paths --json` prints them: the daemon uses these same paths.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Paths {
+    pub state_dir: PathBuf,
+    /// The operator's control socket.
+    pub ctl_socket: PathBuf,
+    /// The store's URL.
+    pub store: String,
+    /// Under it, a directory per cluster (`cluster show --json` names each: `cluster.dir`).
+    pub clusters: PathBuf,
+    /// The front's self-made CA, which kubeconfigs carry; none when `front.tls_cert` is the
+    /// operator's.
+    pub front_ca: Option<PathBuf>,
+    /// The broker's certificate and key towards providers (`market-pin` prints its pin).
+    pub market_cert: PathBuf,
+    pub market_key: PathBuf,
+    /// A provider machine's certificate (`provider-pin` prints its pin).
+    pub provider_cert: PathBuf,
+    /// The embedded provider's owner-only socket (when no provider is configured).
+    pub provider_socket: PathBuf,
+    /// The local provider's records: every RFP, every lease and the machine that is its node.
+    pub provider_records: PathBuf,
+    /// The local provider's machines: `<this>/<lease id>` each (the agent's log and socket).
+    pub provider_nodes: PathBuf,
+}
+
+/// The paths of a broker or provider machine configured by `cfg`.
+pub fn paths(cfg: &Config) -> Paths {
+    let (market_cert, market_key) = socialweb_market_tls::Identity::files(&market_tls_dir(cfg));
+    let provider = provider_config(cfg);
+    Paths {
+        state_dir: cfg.state_dir.clone(),
+        ctl_socket: cfg.ctl_socket.clone(),
+        store: cfg.store_url(),
+        clusters: clusters_dir(cfg),
+        front_ca: cfg
+            .front
+            .tls_cert
+            .is_none()
+            .then(|| crate::front::tls::self_made_ca(&front_dir(cfg))),
+        market_cert,
+        market_key,
+        provider_cert: socialweb_market_tls::Identity::files(&provider_tls_dir(cfg)).0,
+        provider_socket: embedded_socket(cfg),
+        provider_records: provider.records(),
+        provider_nodes: provider.nodes_dir(),
+    }
 }
 
 /// The broker's key towards providers (`<state_dir>/market-tls`), made on first use; its pin
@@ -156,7 +223,7 @@ pub fn embedded_socket(cfg: &Config) -> std::path::PathBuf {
 pub fn market_identity(cfg: &Config) -> Result<socialweb_market_tls::Identity> {
     socialweb_proc::owner_only::dir(&cfg.state_dir)?;
     Ok(socialweb_market_tls::Identity::load_or_create(
-        &cfg.state_dir.join("market-tls"),
+        &market_tls_dir(cfg),
         &[],
     )?)
 }
@@ -166,7 +233,7 @@ pub fn market_identity(cfg: &Config) -> Result<socialweb_market_tls::Identity> {
 pub fn provider_identity(cfg: &Config) -> Result<socialweb_market_tls::Identity> {
     socialweb_proc::owner_only::dir(&cfg.state_dir)?;
     Ok(socialweb_market_tls::Identity::load_or_create(
-        &cfg.state_dir.join("provider-tls"),
+        &provider_tls_dir(cfg),
         &[cfg.local_provider.listen.ip().to_string()],
     )?)
 }
@@ -184,7 +251,7 @@ impl FrontTls {
         let (chain, key, ca_pem) = crate::front::tls::serving(
             cfg.front.tls_cert.as_deref(),
             cfg.front.tls_key.as_deref(),
-            &cfg.state_dir.join("front"),
+            &front_dir(cfg),
             &front_names(cfg),
         )?;
         Ok(FrontTls { chain, key, ca_pem })
@@ -361,7 +428,7 @@ fn front_limits(cfg: &Config) -> crate::front::listener::Limits {
 
 fn cluster_settings(cfg: &Config) -> ClusterSettings {
     ClusterSettings {
-        dir: cfg.state_dir.join("clusters"),
+        dir: clusters_dir(cfg),
         kube: cfg.kube_dir.join("kube"),
         port_base: cfg.clusters.port_base,
         port_count: cfg.clusters.port_count,

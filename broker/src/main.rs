@@ -84,6 +84,16 @@ enum Command {
     Relay(RelayArgs),
     /// Check a configuration file and the environment, and print the result.
     CheckConfig(ConfigArgs),
+    /// Print where a broker (or provider machine) run with this configuration keeps its
+    /// files: the control socket, the store, the clusters' directories, the front's CA, the
+    /// market keys, the embedded provider's socket, records and machines.
+    Paths {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// The user side of the gateway API: call it with a DID key (docs/api.md).
     ///
     /// Start here:  socialweb-broker api keygen --out ~/.config/socialweb/key
@@ -393,12 +403,26 @@ async fn dispatch(command: Command) -> Result<()> {
             );
             Ok(())
         }
+        Command::Paths { config, json } => print_paths(&load(&config)?, json),
         Command::Relay(a) => relay(a).await,
         Command::Leases { client } => leases(client).await,
         Command::Invite { command, client } => invite(command, client).await,
         Command::Cluster { command, client } => cluster(command, client).await,
         Command::Api { command, caller } => api(command, caller).await,
     }
+}
+
+fn print_paths(cfg: &Config, json: bool) -> Result<()> {
+    let paths = socialweb_broker::daemon::paths(cfg);
+    let v = serde_json::to_value(&paths)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    for (k, v) in v.as_object().into_iter().flatten() {
+        println!("{k:<18} {}", v.as_str().unwrap_or("-"));
+    }
+    Ok(())
 }
 
 async fn relay(a: RelayArgs) -> Result<()> {

@@ -7,7 +7,7 @@
 //! Each side's identity is a self-signed certificate made on first use and kept owner-only
 //! ([`Identity::load_or_create`]); `socialweb-broker market-pin` and `provider-pin` print them.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -53,9 +53,14 @@ fn file_err(path: &Path, why: impl std::fmt::Display) -> TlsError {
 }
 
 impl Identity {
+    /// Where an identity kept in `dir` has its certificate and its key (PEM).
+    pub fn files(dir: &Path) -> (PathBuf, PathBuf) {
+        (dir.join("cert.pem"), dir.join("key.pem"))
+    }
+
     /// `<dir>/cert.pem` and `<dir>/key.pem`, made (self-signed, for `names`) when absent.
     pub fn load_or_create(dir: &Path, names: &[String]) -> Result<Identity, TlsError> {
-        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        let (cert, key) = Identity::files(dir);
         if !(cert.exists() && key.exists()) {
             socialweb_proc::owner_only::dir(dir).map_err(|e| file_err(dir, e))?;
             let key_pair = rcgen::KeyPair::generate()?;

@@ -294,9 +294,9 @@ pub(crate) struct Ledger {
 }
 
 impl Ledger {
-    /// Reads `<dir>/provider.json` (none yet: an empty book).
-    pub fn open(dir: &Path) -> Result<Ledger> {
-        let path = dir.join("provider.json");
+    /// Reads the records at `path` (none yet: an empty book).
+    pub fn open(path: &Path) -> Result<Ledger> {
+        let path = path.to_path_buf();
         if path.exists() {
             socialweb_proc::owner_only::file(&path)
                 .with_context(|| format!("making {} owner-only", path.display()))?;

@@ -79,6 +79,17 @@ pub enum MachineKind {
 }
 
 impl ProviderConfig {
+    /// Its records: every RFP and lease, and the machine that is each lease's node.
+    pub fn records(&self) -> PathBuf {
+        self.dir.join("provider.json")
+    }
+
+    /// The machines' scratch directories, `<this>/<lease id>` each (the agent's log and
+    /// control socket, a guest's console).
+    pub fn nodes_dir(&self) -> PathBuf {
+        self.dir.join("nodes")
+    }
+
     /// Its largest shape (by vCPUs, then memory): what a lease whose RFP is lost boots as.
     pub fn largest_shape(&self) -> NodeSpec {
         self.shapes
@@ -202,7 +213,7 @@ impl Provider {
         };
         socialweb_proc::owner_only::dir(&cfg.dir)
             .with_context(|| format!("creating {} (owner-only)", cfg.dir.display()))?;
-        let ledger = Ledger::open(&cfg.dir)?;
+        let ledger = Ledger::open(&cfg.records())?;
         let p = Provider {
             inner: Arc::new(Inner {
                 cfg,

@@ -142,7 +142,7 @@ impl Provider {
     }
 
     pub(crate) fn node_dir(&self, lease: &str) -> PathBuf {
-        self.inner.cfg.dir.join("nodes").join(lease)
+        self.inner.cfg.nodes_dir().join(lease)
     }
 
     fn make_machine(&self, e: &LeaseEntry) -> Result<(MachineRecord, (u32, u64))> {

@@ -529,6 +529,7 @@ impl Clusters {
             state,
             server: format!("https://127.0.0.1:{api}"),
             kubeconfig: self.dir_of(&c).join("pki/admin.kubeconfig"),
+            dir: self.dir_of(&c),
             nodes,
             datastore: c.datastore.clone().unwrap_or_else(|| "etcd".into()),
             hibernate_after_secs: c

@@ -88,9 +88,14 @@ impl Pki {
         })
     }
 
+    /// The certificate of the CA kept in `dir` (PEM).
+    pub fn ca_cert_path(dir: &Path) -> PathBuf {
+        dir.join("ca.crt")
+    }
+
     /// Loads the CA in `dir`, or creates one named `common_name` if there is none.
     pub fn open_or_create(dir: &Path, common_name: &str) -> Result<Pki> {
-        let (crt, key) = (dir.join("ca.crt"), dir.join("ca.key"));
+        let (crt, key) = (Pki::ca_cert_path(dir), dir.join("ca.key"));
         if !(crt.exists() && key.exists()) {
             return Self::create(dir, common_name);
         }

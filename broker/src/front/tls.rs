@@ -81,6 +81,11 @@ impl ClientCertVerifier for PossessionOnly {
     }
 }
 
+/// Where [`serving`] keeps the front CA it makes in `dir` (what kubeconfigs carry).
+pub fn self_made_ca(dir: &Path) -> std::path::PathBuf {
+    Pki::ca_cert_path(dir)
+}
+
 /// The serving certificate: the configured files, or one the broker issues from its own
 /// front CA in `dir` (returned, for kubeconfigs to carry).
 pub fn serving(
