@@ -23,6 +23,7 @@ pub mod process;
 pub mod resolver;
 pub mod root;
 pub mod scale_trace;
+pub mod stats;
 pub mod tmp;
 pub mod topology;
 pub mod user;

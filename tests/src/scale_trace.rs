@@ -169,8 +169,8 @@ pub struct Bill {
     pub node_minutes: f64,
     pub vcpu_minutes: f64,
     pub nodes_rented: usize,
-    pub wait_p50_s: f64,
-    pub wait_p99_s: f64,
+    pub wait_p50_s: Option<f64>,
+    pub wait_p99_s: Option<f64>,
     /// Jobs that never ran before the replay's end.
     pub never_ran: usize,
 }
@@ -321,12 +321,7 @@ fn bill(jobs: &[Job], nodes: &[SimNode], bound: &[Option<(usize, u64)>], end: u6
         .filter_map(|(j, b)| b.map(|(_, start)| (start - j.arrives_s) as f64))
         .collect();
     waits.sort_by(f64::total_cmp);
-    let pct = |q: f64| {
-        waits
-            .get(((waits.len() as f64 * q) as usize).min(waits.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or(f64::NAN)
-    };
+    let pct = |q: f64| crate::stats::percentile_sorted(&waits, q);
     Bill {
         node_minutes,
         vcpu_minutes,

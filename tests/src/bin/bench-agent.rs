@@ -14,6 +14,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use testbed::k8s::{ControlPlane, KubeNode, cni_bin_dir, mesh_keygen, node_options};
 use testbed::mesh::Relay;
+use testbed::stats::{print_summary, show};
 use testbed::topology::HOST_SERVICE_ADDR;
 use testbed::{Reach, Topology};
 
@@ -30,15 +31,6 @@ struct Args {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-fn stats(name: &str, mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let p50 = v[v.len() / 2];
-    println!("{name}_p50={p50:.0}");
-    println!("{name}_min={:.0}", v[0]);
-    println!("{name}_max={:.0}", v[v.len() - 1]);
-    p50
 }
 
 fn main() -> Result<()> {
@@ -96,10 +88,13 @@ fn main() -> Result<()> {
         drop(node);
     }
     println!("runs={}", args.runs);
-    stats("agent_start_to_registered_ms", to_registered);
-    let p50 = stats("agent_start_to_ready_ms", to_ready);
-    stats("registered_to_ready_ms", registered_to_ready);
+    print_summary("agent_start_to_registered_ms", "", 0, &mut to_registered);
+    let p50 = print_summary("agent_start_to_ready_ms", "", 0, &mut to_ready);
+    print_summary("registered_to_ready_ms", "", 0, &mut registered_to_ready);
     println!("seed_guest_vmm_start_to_ready_ms={SEED_READY_MS:.0}");
-    println!("ratio_ready_vs_seed_guest={:.3}", p50 / SEED_READY_MS);
+    println!(
+        "ratio_ready_vs_seed_guest={}",
+        show(p50.map(|p| p / SEED_READY_MS), 3)
+    );
     Ok(())
 }

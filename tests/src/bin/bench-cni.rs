@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use serde_json::{Value, json};
 use testbed::Netns;
+use testbed::stats::{percentile_sorted, show};
 use testbed::tmp::TempDir;
 
 /// Times ADD+DEL pairs of socialweb-cni against the reference plugins.
@@ -61,10 +62,6 @@ fn measure(plugin: &str, conf: &Value, pods: &[Netns]) -> Result<Vec<f64>> {
     Ok(times)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
 fn main() -> Result<()> {
     let args = Args::parse();
     let node = Netns::new("benchnode")?;
@@ -102,21 +99,25 @@ fn main() -> Result<()> {
     reference.sort_by(f64::total_cmp);
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     println!("pods={}", args.pods);
-    println!("ours_add_del_p50_ms={:.3}", percentile(&ours, 0.5));
-    println!("ours_add_del_p99_ms={:.3}", percentile(&ours, 0.99));
-    println!("ours_add_del_mean_ms={:.3}", mean(&ours));
-    println!(
-        "reference_add_del_p50_ms={:.3}",
-        percentile(&reference, 0.5)
+    let (ours_p50, ref_p50) = (
+        percentile_sorted(&ours, 0.5),
+        percentile_sorted(&reference, 0.5),
     );
+    println!("ours_add_del_p50_ms={}", show(ours_p50, 3));
     println!(
-        "reference_add_del_p99_ms={:.3}",
-        percentile(&reference, 0.99)
+        "ours_add_del_p99_ms={}",
+        show(percentile_sorted(&ours, 0.99), 3)
+    );
+    println!("ours_add_del_mean_ms={:.3}", mean(&ours));
+    println!("reference_add_del_p50_ms={}", show(ref_p50, 3));
+    println!(
+        "reference_add_del_p99_ms={}",
+        show(percentile_sorted(&reference, 0.99), 3)
     );
     println!("reference_add_del_mean_ms={:.3}", mean(&reference));
     println!(
-        "ratio_p50_ours_vs_reference={:.3}",
-        percentile(&ours, 0.5) / percentile(&reference, 0.5)
+        "ratio_p50_ours_vs_reference={}",
+        show(ours_p50.zip(ref_p50).map(|(o, r)| o / r), 3)
     );
     println!(
         "ratio_mean_ours_vs_reference={:.3}",

@@ -15,6 +15,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use testbed::k8s::{Cluster, wait_for};
 use testbed::process::Spawned;
+use testbed::stats::show;
 use testbed::tmp::TempDir;
 use testbed::topology::HOST_SERVICE_ADDR;
 use testbed::{Netns, Reach, Topology, link};
@@ -90,37 +91,33 @@ fn dnsperf(ns: &Netns, server: &str, queries: &Path, seconds: u32) -> Result<(f6
 struct Figures(BTreeMap<String, Vec<f64>>);
 
 impl Figures {
-    fn add(&mut self, name: impl Into<String>, v: f64) {
-        self.0.entry(name.into()).or_default().push(v);
+    /// Adds a round's value (none: nothing measured this round).
+    fn add(&mut self, name: impl Into<String>, v: impl Into<Option<f64>>) {
+        let values = self.0.entry(name.into()).or_default();
+        values.extend(v.into());
     }
 
-    fn median(&self, name: &str) -> f64 {
-        let mut v = self.0.get(name).cloned().unwrap_or_default();
-        if v.is_empty() {
-            return f64::NAN;
-        }
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        if !n.is_multiple_of(2) {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        }
+    /// The median over rounds (`testbed::stats`).
+    fn median(&self, name: &str) -> Option<f64> {
+        testbed::stats::median(&mut self.0.get(name).cloned().unwrap_or_default())
     }
 
     fn sum(&self, name: &str) -> f64 {
         self.0.get(name).map(|v| v.iter().sum()).unwrap_or(f64::NAN)
     }
 
-    /// `<name>_median`, `_min`, `_max`, with `decimals`.
+    /// `<name>_median`, `_min`, `_max`, with `decimals` (`none` without a value).
     fn print(&self, name: &str, decimals: usize) {
-        let v = &self.0[name];
-        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        println!("{name}_median={:.decimals$}", self.median(name));
-        println!("{name}_min={min:.decimals$}");
-        println!("{name}_max={max:.decimals$}");
+        let s = testbed::stats::summary(&mut self.0.get(name).cloned().unwrap_or_default());
+        println!("{name}_median={}", show(s.map(|s| s.p50), decimals));
+        println!("{name}_min={}", show(s.map(|s| s.min), decimals));
+        println!("{name}_max={}", show(s.map(|s| s.max), decimals));
     }
+}
+
+/// `a / b` with three decimals, `none` when either is missing.
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    show(a.zip(b).map(|(a, b)| a / b), 3)
 }
 
 /// `10000` -> `10k`.
@@ -404,24 +401,28 @@ fn main() -> Result<()> {
     f.print("answer_after_flood_ms", 1);
 
     // The headline figures, last.
-    let best_peer = f.median("unbound_qps").max(f.median("dnsmasq_qps"));
+    let best_peer = f
+        .median("unbound_qps")
+        .into_iter()
+        .chain(f.median("dnsmasq_qps"))
+        .reduce(f64::max);
     if args.rates.contains(&50_000) {
         for (name, _) in SERVERS {
             let p99 = f.median(&format!("{name}_p99_ms_at_50k"));
-            println!("{name}_p99_ms_at_50k={p99:.3}");
+            println!("{name}_p99_ms_at_50k={}", show(p99, 3));
         }
     }
-    println!("cluster_qps={:.0}", f.median("cluster_qps"));
+    println!("cluster_qps={}", show(f.median("cluster_qps"), 0));
     println!("ours_lost={}", f.sum("ours_lost"));
     println!(
-        "ratio_ours_vs_unbound={:.3}",
-        f.median("ours_qps") / f.median("unbound_qps")
+        "ratio_ours_vs_unbound={}",
+        ratio(f.median("ours_qps"), f.median("unbound_qps"))
     );
     println!(
-        "ratio_ours_vs_dnsmasq={:.3}",
-        f.median("ours_qps") / f.median("dnsmasq_qps")
+        "ratio_ours_vs_dnsmasq={}",
+        ratio(f.median("ours_qps"), f.median("dnsmasq_qps"))
     );
-    println!("ratio={:.3}", f.median("ours_qps") / best_peer);
+    println!("ratio={}", ratio(f.median("ours_qps"), best_peer));
     let stats = k8s.node(1).cli(&["dns", "stats", "--json"])?;
     eprintln!("bench: ours stats {stats}");
     drop(k8s);

@@ -26,7 +26,9 @@ mod peers;
 #[path = "bench-mesh/variant.rs"]
 mod variant;
 
-use measure::{allow_congestion_control, percentile, realtime_threads, renice_threads};
+use measure::{
+    allow_congestion_control, percentile, ratio, realtime_threads, renice_threads, show,
+};
 use variant::{Results, Variant};
 
 /// The mesh against vxlan, boringtun and quincy, pod to pod across two nodes, interleaved.
@@ -377,11 +379,14 @@ fn main() -> Result<()> {
     }
     let get = |n: &str| variants.iter().find(|v| v.name == n);
     if let Some(m) = get("mesh") {
-        println!("direct_gbit={:.3}", m.gbit());
-        println!("ping_p50_ms={:.3}", percentile(&m.results.idle_ms, 0.5));
+        println!("direct_gbit={}", show(m.gbit(), 3));
         println!(
-            "ping_loaded_p99_ms={:.3}",
-            percentile(&m.results.loaded_ms, 0.99)
+            "ping_p50_ms={}",
+            show(percentile(&m.results.idle_ms, 0.5), 3)
+        );
+        println!(
+            "ping_loaded_p99_ms={}",
+            show(percentile(&m.results.loaded_ms, 0.99), 3)
         );
         for peer in [
             "mesh_baseline",
@@ -393,38 +398,38 @@ fn main() -> Result<()> {
         ] {
             if let Some(p) = get(peer) {
                 println!(
-                    "ping_loaded_p99_ms_{peer}={:.3}",
-                    percentile(&p.results.loaded_ms, 0.99)
+                    "ping_loaded_p99_ms_{peer}={}",
+                    show(percentile(&p.results.loaded_ms, 0.99), 3)
                 );
-                println!("ratio_{peer}={:.3}", m.gbit() / p.gbit());
+                println!("ratio_{peer}={}", ratio(m.gbit(), p.gbit()));
                 let m4 = percentile(&m.results.gbit4, 0.5);
                 let p4 = percentile(&p.results.gbit4, 0.5);
-                println!("ratio_{peer}_4streams={:.3}", m4 / p4);
+                println!("ratio_{peer}_4streams={}", ratio(m4, p4));
             }
         }
     }
     if let Some(m) = get("mesh") {
         for (lever, _) in LEVERS {
             if let Some(l) = get(lever) {
-                println!("ratio_{lever}_vs_mesh={:.3}", l.gbit() / m.gbit());
+                println!("ratio_{lever}_vs_mesh={}", ratio(l.gbit(), m.gbit()));
             }
         }
     }
     if let Some(r) = get("mesh_relayed") {
-        println!("relayed_gbit={:.3}", r.gbit());
+        println!("relayed_gbit={}", show(r.gbit(), 3));
     }
     if let (Some(d), Some(r)) = (get("nat_direct"), get("nat_relayed")) {
-        println!("cross_provider_direct_gbit={:.3}", d.gbit());
-        println!("cross_provider_relayed_gbit={:.3}", r.gbit());
+        println!("cross_provider_direct_gbit={}", show(d.gbit(), 3));
+        println!("cross_provider_relayed_gbit={}", show(r.gbit(), 3));
         println!(
-            "ratio_cross_provider_relayed_vs_direct={:.3}",
-            r.gbit() / d.gbit()
+            "ratio_cross_provider_relayed_vs_direct={}",
+            ratio(r.gbit(), d.gbit())
         );
     }
     if let Some(b) = get("mesh_best_mtu") {
-        println!("direct_best_mtu_gbit={:.3}", b.gbit());
+        println!("direct_best_mtu_gbit={}", show(b.gbit(), 3));
         if let Some(q) = get("quincy") {
-            println!("ratio_quincy_best_mtu={:.3}", b.gbit() / q.gbit());
+            println!("ratio_quincy_best_mtu={}", ratio(b.gbit(), q.gbit()));
         }
     }
     Ok(())

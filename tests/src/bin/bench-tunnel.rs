@@ -29,6 +29,7 @@ use clap::Parser;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
 use testbed::netns::Netns;
+use testbed::stats::{median, percentile, show, spread};
 use testbed::world::World;
 
 #[derive(Debug, Parser)]
@@ -91,14 +92,6 @@ spec:
     )
 }
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
 /// Per-round medians of one measure, both sides.
 #[derive(Default)]
 struct Side {
@@ -108,14 +101,8 @@ struct Side {
 
 impl Side {
     fn add_round(&mut self, mut v: Vec<f64>) {
-        self.medians.push(percentile(&mut v, 0.5));
+        self.medians.extend(median(&mut v));
         self.all.extend(v);
-    }
-
-    fn spread(&self) -> (f64, f64) {
-        let mut m = self.medians.clone();
-        m.sort_by(|a, b| a.total_cmp(b));
-        (m[0], m[m.len() - 1])
     }
 }
 
@@ -369,17 +356,23 @@ fn direct_peer(
 fn report(name: &str, unit: &str, t: &Side, d: &Side, p99: bool) {
     let (mut ta, mut da) = (t.all.clone(), d.all.clone());
     let (tp, dp) = (percentile(&mut ta, 0.5), percentile(&mut da, 0.5));
-    let (tl, th) = t.spread();
-    let (dl, dh) = d.spread();
-    println!("{name}_p50_{unit}_tunnel={tp:.2}");
-    println!("{name}_p50_{unit}_direct={dp:.2}");
+    let range = |s: &Side| match spread(&s.medians) {
+        Some((lo, hi)) => format!("{lo:.2}..{hi:.2}"),
+        None => "none".into(),
+    };
+    println!("{name}_p50_{unit}_tunnel={}", show(tp, 2));
+    println!("{name}_p50_{unit}_direct={}", show(dp, 2));
     if p99 {
-        println!("{name}_p99_{unit}_tunnel={:.2}", percentile(&mut ta, 0.99));
-        println!("{name}_p99_{unit}_direct={:.2}", percentile(&mut da, 0.99));
+        let (t99, d99) = (percentile(&mut ta, 0.99), percentile(&mut da, 0.99));
+        println!("{name}_p99_{unit}_tunnel={}", show(t99, 2));
+        println!("{name}_p99_{unit}_direct={}", show(d99, 2));
     }
-    println!("{name}_round_medians_{unit}_tunnel={tl:.2}..{th:.2}");
-    println!("{name}_round_medians_{unit}_direct={dl:.2}..{dh:.2}");
-    println!("{name}_ratio_tunnel_over_direct={:.2}", tp / dp);
+    println!("{name}_round_medians_{unit}_tunnel={}", range(t));
+    println!("{name}_round_medians_{unit}_direct={}", range(d));
+    println!(
+        "{name}_ratio_tunnel_over_direct={}",
+        show(tp.zip(dp).map(|(t, d)| t / d), 2)
+    );
 }
 
 fn main() -> Result<()> {
@@ -512,11 +505,8 @@ fn gap(bench: &Bench<'_>, args: &Args) -> Result<()> {
         println!("running_to_first_answer_ms_node{i}={ms:.0}");
         gaps.push(ms);
     }
-    if !gaps.is_empty() {
-        println!(
-            "running_to_first_answer_p50_ms={:.0}",
-            percentile(&mut gaps, 0.5)
-        );
+    if let Some(p50) = median(&mut gaps) {
+        println!("running_to_first_answer_p50_ms={p50:.0}");
     }
     Ok(())
 }

@@ -35,13 +35,11 @@ impl Load {
         self.sent - self.answered
     }
 
-    /// The `q` quantile (0..1) of answered queries' latency, in milliseconds.
-    pub fn quantile_ms(&self, q: f64) -> f64 {
-        if self.latencies_us.is_empty() {
-            return f64::NAN;
-        }
-        let rank = ((self.latencies_us.len() as f64 * q).ceil() as usize).max(1);
-        f64::from(self.latencies_us[rank.min(self.latencies_us.len()) - 1]) / 1e3
+    /// The `q` quantile (0..1) of answered queries' latency, in milliseconds
+    /// (`testbed::stats`: the nearest rank); none when no query was answered.
+    pub fn quantile_ms(&self, q: f64) -> Option<f64> {
+        testbed::stats::rank(self.latencies_us.len(), q)
+            .map(|i| f64::from(self.latencies_us[i]) / 1e3)
     }
 }
 
@@ -168,9 +166,9 @@ mod tests {
             achieved_qps: 0.0,
             latencies_us: (1..=10).map(|x| x * 1000).collect(),
         };
-        assert_eq!(l.quantile_ms(0.5), 5.0);
-        assert_eq!(l.quantile_ms(0.99), 10.0);
-        assert_eq!(l.quantile_ms(0.0), 1.0);
+        assert_eq!(l.quantile_ms(0.5), Some(5.0));
+        assert_eq!(l.quantile_ms(0.99), Some(10.0));
+        assert_eq!(l.quantile_ms(0.0), Some(1.0));
     }
 
     #[test]

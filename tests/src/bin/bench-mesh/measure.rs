@@ -122,14 +122,16 @@ pub(crate) fn pings(a: &Netns, ip: &str, seconds: u32) -> Result<Vec<f64>> {
     Ok(rtts)
 }
 
-pub(crate) fn percentile(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let i = ((s.len() - 1) as f64 * p).round() as usize;
-    s[i]
+/// The `p` percentile of `v` (`testbed::stats`: the nearest rank; none without samples).
+pub(crate) fn percentile(v: &[f64], p: f64) -> Option<f64> {
+    testbed::stats::percentile(&mut v.to_vec(), p)
+}
+
+pub(crate) use testbed::stats::show;
+
+/// `a / b` with three decimals, `none` when either is missing.
+pub(crate) fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    show(a.zip(b).map(|(a, b)| a / b), 3)
 }
 
 /// CPU ticks (user + system) of every thread of `pid`, by "<comm>-<tid>".

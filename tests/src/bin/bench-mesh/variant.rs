@@ -12,7 +12,7 @@ use testbed::process::Spawned;
 use testbed::{Netns, probe};
 
 use crate::measure::{
-    UdpCounters, bucket_quantile, iperf, link_drops, percentile, pings, runqueue_wait_ns,
+    UdpCounters, bucket_quantile, iperf, link_drops, percentile, pings, runqueue_wait_ns, show,
     thread_ticks, udp_counters,
 };
 
@@ -241,29 +241,29 @@ impl<'t> Variant<'t> {
                 .collect::<Vec<_>>()
                 .join(",")
         };
-        println!("{n}_gbit={:.3}", percentile(&r.gbit, 0.5));
+        println!("{n}_gbit={}", show(percentile(&r.gbit, 0.5), 3));
         println!(
-            "{n}_gbit_min={:.3}\n{n}_gbit_max={:.3}\n{n}_gbit_rounds={}",
-            percentile(&r.gbit, 0.0),
-            percentile(&r.gbit, 1.0),
+            "{n}_gbit_min={}\n{n}_gbit_max={}\n{n}_gbit_rounds={}",
+            show(percentile(&r.gbit, 0.0), 3),
+            show(percentile(&r.gbit, 1.0), 3),
             list(&r.gbit)
         );
-        println!("{n}_4streams_gbit={:.3}", percentile(&r.gbit4, 0.5));
+        println!("{n}_4streams_gbit={}", show(percentile(&r.gbit4, 0.5), 3));
         println!("{n}_4streams_gbit_rounds={}", list(&r.gbit4));
-        println!("{n}_ping_p50_ms={:.3}", percentile(&r.idle_ms, 0.5));
-        println!("{n}_ping_p99_ms={:.3}", percentile(&r.idle_ms, 0.99));
+        println!("{n}_ping_p50_ms={}", show(percentile(&r.idle_ms, 0.5), 3));
+        println!("{n}_ping_p99_ms={}", show(percentile(&r.idle_ms, 0.99), 3));
         println!(
-            "{n}_ping_loaded_p50_ms={:.3}",
-            percentile(&r.loaded_ms, 0.5)
+            "{n}_ping_loaded_p50_ms={}",
+            show(percentile(&r.loaded_ms, 0.5), 3)
         );
         println!(
-            "{n}_ping_loaded_p99_ms={:.3}",
-            percentile(&r.loaded_ms, 0.99)
+            "{n}_ping_loaded_p99_ms={}",
+            show(percentile(&r.loaded_ms, 0.99), 3)
         );
         println!("diag_{n}_tcp_retransmits={}", r.retransmits);
         println!(
-            "diag_{n}_tcp_stream_rtt_ms={:.3}",
-            percentile(&r.stream_rtt_ms, 0.5)
+            "diag_{n}_tcp_stream_rtt_ms={}",
+            show(percentile(&r.stream_rtt_ms, 0.5), 3)
         );
         if !r.mid_rtt_ms.is_empty() {
             println!(
@@ -359,7 +359,7 @@ impl<'t> Variant<'t> {
         }
     }
 
-    pub(crate) fn gbit(&self) -> f64 {
+    pub(crate) fn gbit(&self) -> Option<f64> {
         percentile(&self.results.gbit, 0.5)
     }
 }
