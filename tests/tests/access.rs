@@ -11,6 +11,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use socialweb_broker::config::Front;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
 use testbed::tmp::TempDir;
@@ -587,7 +588,10 @@ fn service_auth_tokens_are_checked_against_the_did_and_bad_requests_change_nothi
     let b = Broker::start(
         &world,
         BrokerOptions {
-            front_toml: format!("did_web_roots = [{:?}]\n", web_ca.ca_cert()),
+            front: Front {
+                did_web_roots: vec![web_ca.ca_cert()],
+                ..Front::default()
+            },
             ..Default::default()
         },
     )

@@ -12,6 +12,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use socialweb_broker::config::ClusterDefaults;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
 use testbed::tmp::TempDir;
@@ -26,7 +27,10 @@ fn step(t: Instant, what: &str) {
 fn options(after: &str) -> BrokerOptions {
     BrokerOptions {
         max_nodes: 1,
-        clusters_toml: format!("hibernate_after = \"{after}\"\n"),
+        clusters: ClusterDefaults {
+            hibernate_after: humantime::parse_duration(after).expect("a duration"),
+            ..ClusterDefaults::default()
+        },
         ..Default::default()
     }
 }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 use socialweb_broker::api::{CREATE_CLUSTER, LIST_CLUSTERS};
 use socialweb_broker::auth::token::{SigningKey, sign};
+use socialweb_broker::config::{Access, ClusterDefaults, Front, Registration};
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
 use testbed::tmp::TempDir;
@@ -104,7 +105,7 @@ fn who_may_have_a_cluster_is_the_operators_choice() {
     let b = Broker::start(
         &world,
         BrokerOptions {
-            access_toml: String::new(),
+            access: Access::default(),
             ..Default::default()
         },
     )
@@ -132,7 +133,10 @@ fn who_may_have_a_cluster_is_the_operators_choice() {
     let b = Broker::start(
         &world,
         BrokerOptions {
-            access_toml: "tenants_trusted = true\n".into(),
+            access: Access {
+                tenants_trusted: true,
+                ..Access::default()
+            },
             ..Default::default()
         },
     )
@@ -160,7 +164,11 @@ fn who_may_have_a_cluster_is_the_operators_choice() {
     let b = Broker::start(
         &world,
         BrokerOptions {
-            access_toml: "tenants_trusted = true\nregistration = \"invite\"\n".into(),
+            access: Access {
+                tenants_trusted: true,
+                registration: Registration::Invite,
+                ..Access::default()
+            },
             ..Default::default()
         },
     )
@@ -222,10 +230,13 @@ fn concurrent_creates_stop_at_the_limit_and_requests_at_the_rate() {
     let b = Broker::start(
         &world,
         BrokerOptions {
-            access_toml:
-                "tenants_trusted = true\nregistration = \"open\"\nmax_clusters_per_did = 2\n\
-                          requests_per_minute_per_source = 30\n"
-                    .into(),
+            access: Access {
+                tenants_trusted: true,
+                registration: Registration::Open,
+                max_clusters_per_did: 2,
+                requests_per_minute_per_source: 30,
+                ..Access::default()
+            },
             ..Default::default()
         },
     )
@@ -735,7 +746,10 @@ fn a_tenant_filling_its_datastore_is_stopped_at_the_quota_and_no_one_else_is() {
     let b = Broker::start(
         &world,
         BrokerOptions {
-            clusters_toml: format!("datastore_quota_mib = {QUOTA_MIB}\n"),
+            clusters: ClusterDefaults {
+                datastore_quota_mib: QUOTA_MIB,
+                ..ClusterDefaults::default()
+            },
             ..Default::default()
         },
     )
@@ -1047,7 +1061,14 @@ fn the_front_bounds_every_connection() {
     let b = Broker::start(
         &world,
         BrokerOptions {
-            front_toml: "max_connections = 4\nmax_connections_per_source = 4\nhandshake_timeout = \"2s\"\nheader_read_timeout = \"2s\"\nidle_timeout = \"3s\"\n".into(),
+            front: Front {
+                max_connections: 4,
+                max_connections_per_source: 4,
+                handshake_timeout: Duration::from_secs(2),
+                header_read_timeout: Duration::from_secs(2),
+                idle_timeout: Duration::from_secs(3),
+                ..Front::default()
+            },
             ..Default::default()
         },
     )
@@ -1120,7 +1141,13 @@ fn slow_bodies_from_many_addresses_are_cut_and_make_room_for_a_client_that_works
     let b = Broker::start(
         &world,
         BrokerOptions {
-            front_toml: "max_connections = 8\nmax_connections_per_source = 2\nbody_read_timeout = \"4s\"\nmin_body_bytes_per_sec = 1024\n".into(),
+            front: Front {
+                max_connections: 8,
+                max_connections_per_source: 2,
+                body_read_timeout: Duration::from_secs(4),
+                min_body_bytes_per_sec: 1024,
+                ..Front::default()
+            },
             ..Default::default()
         },
     )
@@ -1242,7 +1269,10 @@ fn did_documents_come_only_from_the_internet_and_only_so_big() {
     let b = Broker::start(
         &world,
         BrokerOptions {
-            front_toml: format!("did_web_roots = [{:?}]\n", ca.ca_cert()),
+            front: Front {
+                did_web_roots: vec![ca.ca_cert()],
+                ..Front::default()
+            },
             ..Default::default()
         },
     )
@@ -1374,12 +1404,9 @@ fn secrets_at_rest_are_owner_only_and_the_datastore_wants_its_own_certificate() 
             assert_eq!(mode(&b.state.join(wal)) & 0o077, 0, "{wal}");
         }
     }
-    assert_eq!(mode(&b.state.join("local-provider")), 0o700);
-    assert_eq!(
-        mode(&b.state.join("local-provider/provider.json")),
-        0o600,
-        "the provider's records"
-    );
+    let records = &b.paths.provider_records;
+    assert_eq!(mode(records.parent().unwrap()), 0o700);
+    assert_eq!(mode(records), 0o600, "the provider's records");
 
     // The datastore (kine by default, etcd by choice): TLS, and only its own CA's client
     // certificate opens it (not the cluster CA's, which nodes' certificates are of). Asked
@@ -1643,13 +1670,9 @@ fn a_providers_market_port_serves_only_the_brokers_it_lists() {
     );
     // A provider machine with no brokers listed refuses to start, saying what to list.
     let lonely = dir.path().join("lonely.toml");
-    let text = std::fs::read_to_string(&p.config).unwrap();
-    let brokers_line = text
-        .lines()
-        .find(|l| l.starts_with("brokers = "))
-        .unwrap()
-        .to_string();
-    std::fs::write(&lonely, text.replace(&brokers_line, "brokers = []")).unwrap();
+    let mut config = testbed::broker::read_config(&p.config).unwrap();
+    config.local_provider.brokers.clear();
+    testbed::broker::write_config(&lonely, &config).unwrap();
     let out = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))
         .args(["provider", "--config"])
         .arg(&lonely)
@@ -1865,7 +1888,7 @@ fn a_broker_sees_and_touches_only_its_own_leases_and_no_id_is_a_path() {
             .any(|l| l["id"] == lease_id.as_str()),
         "the first broker's lease is gone"
     );
-    let machines = std::fs::read_dir(b.providers[0].state.join("local-provider/nodes"))
+    let machines = std::fs::read_dir(&b.providers[0].paths.provider_nodes)
         .map(|d| d.count())
         .expect("the provider's machine directories");
     assert!(machines >= 1, "the provider's machines are gone");

@@ -358,10 +358,9 @@ fn a_pod_runs_on_a_vm_node_that_a_panicking_guest_did_not_stop_and_sees_only_the
     step(t, &format!("qemu runs jailed, as uid {}", jail.uid));
     // The guest said `started` and `ready` on its status port, in that order, after qemu
     // started (the provider's book; the lease is running by `ready` alone).
-    let book: Value = serde_json::from_slice(
-        &std::fs::read(b.providers[0].state.join("local-provider/provider.json")).unwrap(),
-    )
-    .unwrap();
+    let book: Value =
+        serde_json::from_slice(&std::fs::read(&b.providers[0].paths.provider_records).unwrap())
+            .unwrap();
     let guest = &book["leases"][running[0]["id"].as_str().unwrap()]["guest"];
     let at = |k: &str| {
         guest[k]

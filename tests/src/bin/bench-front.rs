@@ -29,6 +29,7 @@ use base64::Engine;
 use clap::Parser;
 use serde_json::Value;
 use testbed::broker::{Broker, BrokerOptions};
+use testbed::stats::Summary;
 
 #[derive(Debug, Parser)]
 #[command(about = "GET /api/v1/namespaces straight to the apiserver and through the front")]
@@ -124,14 +125,9 @@ async fn round(side: &Side, secs: u64, concurrency: usize) -> Result<(f64, Vec<f
     Ok((all.len() as f64 / secs as f64, all))
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 2], v[0], v[v.len() - 1])
+/// The median and spread of `v` (`testbed::stats`), or an error naming what had no samples.
+fn summary(what: &str, mut v: Vec<f64>) -> Result<Summary> {
+    testbed::stats::summary(&mut v).with_context(|| format!("no samples of {what}"))
 }
 
 fn main() -> Result<()> {
@@ -143,10 +139,10 @@ fn main() -> Result<()> {
         &world,
         BrokerOptions {
             nofile: Some(args.nofile),
-            front_toml: format!(
-                "idle_timeout = \"{}\"\n",
-                humantime::format_duration(args.idle_timeout)
-            ),
+            front: socialweb_broker::config::Front {
+                idle_timeout: args.idle_timeout,
+                ..Default::default()
+            },
             ..Default::default()
         },
     )?;
@@ -244,7 +240,8 @@ fn main() -> Result<()> {
                         (cpu_ms(broker_pid)? - b0) / n,
                         (cpu_ms(api_pid)? - a0) / n,
                     ));
-                    let p99 = pct(&mut lat, 0.99);
+                    let p99 = testbed::stats::percentile(&mut lat, 0.99)
+                        .context("no request answered in a round")?;
                     eprintln!("round {r} {}: {rps:.0} req/s, p99 {p99:.2} ms", side.name);
                     out.push((side.name, rps, p99));
                 }
@@ -255,16 +252,28 @@ fn main() -> Result<()> {
     let pick = |n: &str, f: fn(&(&str, f64, f64)) -> f64| -> Vec<f64> {
         results.iter().filter(|r| r.0 == n).map(f).collect()
     };
-    let (d_rps, d_min, d_max) = median(pick("direct", |r| r.1));
-    let (f_rps, f_min, f_max) = median(pick("front", |r| r.1));
-    let (d_p99, _, _) = median(pick("direct", |r| r.2));
-    let (f_p99, _, _) = median(pick("front", |r| r.2));
+    let Summary {
+        p50: d_rps,
+        min: d_min,
+        max: d_max,
+    } = summary("direct req/s", pick("direct", |r| r.1))?;
+    let Summary {
+        p50: f_rps,
+        min: f_min,
+        max: f_max,
+    } = summary("front req/s", pick("front", |r| r.1))?;
+    let d_p99 = summary("direct p99", pick("direct", |r| r.2))?.p50;
+    let f_p99 = summary("front p99", pick("front", |r| r.2))?.p50;
     let ratios: Vec<f64> = pick("front", |r| r.1)
         .iter()
         .zip(pick("direct", |r| r.1))
         .map(|(f, d)| f / d)
         .collect();
-    let (ratio, r_min, r_max) = median(ratios);
+    let Summary {
+        p50: ratio,
+        min: r_min,
+        max: r_max,
+    } = summary("front/direct ratios", ratios)?;
     println!("rounds={rounds}");
     println!("concurrency={conc}");
     println!("direct_rps={d_rps:.0}");
@@ -277,17 +286,20 @@ fn main() -> Result<()> {
     println!("front_p99_ms={f_p99:.2}");
     println!("ratio_rps_front_vs_direct={ratio:.3}");
     let cpu = cpu.into_inner().expect("lock");
-    let per = |n: &str, f: fn(&(&str, f64, f64)) -> f64| -> f64 {
-        median(cpu.iter().filter(|r| r.0 == n).map(f).collect()).0
+    let per = |n: &str, f: fn(&(&str, f64, f64)) -> f64| -> Result<f64> {
+        Ok(summary(n, cpu.iter().filter(|r| r.0 == n).map(f).collect())?.p50)
     };
-    println!("front_cpu_us_per_req={:.0}", per("front", |r| r.1) * 1000.0);
+    println!(
+        "front_cpu_us_per_req={:.0}",
+        per("front", |r| r.1)? * 1000.0
+    );
     println!(
         "apiserver_cpu_us_per_req_direct={:.0}",
-        per("direct", |r| r.2) * 1000.0
+        per("direct", |r| r.2)? * 1000.0
     );
     println!(
         "apiserver_cpu_us_per_req_through_front={:.0}",
-        per("front", |r| r.2) * 1000.0
+        per("front", |r| r.2)? * 1000.0
     );
     println!("ratio_rps_min={r_min:.3}");
     println!("ratio_rps_max={r_max:.3}");
@@ -306,7 +318,8 @@ mod flood {
     use anyhow::{Context, Result};
     use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrIn, bind, connect, socket};
 
-    use super::{Args, Side, median, round};
+    use super::{Args, Side, round, summary};
+    use testbed::stats::Summary;
 
     /// The flood's source addresses: 198.18.0.0/15, the benchmarking range.
     fn source(i: u32) -> Ipv4Addr {
@@ -459,7 +472,11 @@ mod flood {
         let closed = flooder
             .join()
             .map_err(|_| anyhow::anyhow!("the flood thread panicked"))??;
-        let (during, lo, hi) = median(rps);
+        let Summary {
+            p50: during,
+            min: lo,
+            max: hi,
+        } = summary("req/s during the flood", rps)?;
         println!("flood_idle_connections_tried={}", args.idle);
         println!("flood_sources={}", args.sources);
         println!("broker_nofile_limit={}", args.nofile);
@@ -477,7 +494,11 @@ mod flood {
             "ratio_rps_during_flood_vs_before={:.3}",
             during / before_rps
         );
-        let (close, close_lo, close_hi) = median(closed);
+        let Summary {
+            p50: close,
+            min: close_lo,
+            max: close_hi,
+        } = summary("idle connections closed", closed)?;
         println!("idle_timeout_s={}", args.idle_timeout.as_secs());
         println!("idle_connection_closed_after_s={close:.1}");
         println!("idle_connection_closed_after_s_range={close_lo:.1}..{close_hi:.1}");

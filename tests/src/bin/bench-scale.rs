@@ -19,10 +19,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use socialweb_broker::config::{Access, ClusterDefaults, Registration};
 use socialweb_broker_core::scale::NodeSize;
 use socialweb_broker_core::scale::{Knobs, LeaseView, Offers, Phase, PodView, Pool, decide};
 use socialweb_market::{NodeSpec, Shape};
 use testbed::broker::{Broker, BrokerOptions};
+use testbed::stats::{percentile_sorted, show};
 
 /// cluster-autoscaler's SLO: unschedulable Pod to scale-up decision.
 const CA_SLO_MS: f64 = 20_000.0;
@@ -61,13 +63,10 @@ struct Args {
     simulation_only: bool,
 }
 
-fn stats(name: &str, unit: &str, mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let p50 = v[v.len() / 2];
-    println!("{name}_p50_{unit}={p50:.1}");
-    println!("{name}_min_{unit}={:.1}", v[0]);
-    println!("{name}_max_{unit}={:.1}", v[v.len() - 1]);
-    p50
+/// Prints `v`'s median and spread (`testbed::stats`), `none` each without samples; returns
+/// the median.
+fn stats(name: &str, unit: &str, mut v: Vec<f64>) -> Option<f64> {
+    testbed::stats::print_summary(name, &format!("_{unit}"), 1, &mut v)
 }
 
 fn now_ms() -> i64 {
@@ -294,8 +293,8 @@ fn trace(knobs: &Knobs, shapes: &[Shape]) {
         println!("trace_{name}_node_minutes={:.0}", b.node_minutes);
         println!("trace_{name}_vcpu_minutes={:.0}", b.vcpu_minutes);
         println!("trace_{name}_nodes_rented={}", b.nodes_rented);
-        println!("trace_{name}_wait_p50_s={:.0}", b.wait_p50_s);
-        println!("trace_{name}_wait_p99_s={:.0}", b.wait_p99_s);
+        println!("trace_{name}_wait_p50_s={}", show(b.wait_p50_s, 0));
+        println!("trace_{name}_wait_p99_s={}", show(b.wait_p99_s, 0));
         println!("trace_{name}_jobs_never_ran={}", b.never_ran);
     }
     println!(
@@ -503,9 +502,14 @@ struct Figures {
     each: Vec<(String, f64)>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+/// `v`'s median (`testbed::stats`).
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    testbed::stats::median(&mut v)
+}
+
+/// The ratio of two series' medians.
+fn ratio(over: Vec<f64>, under: Vec<f64>) -> Option<f64> {
+    median(over).zip(median(under)).map(|(a, b)| a / b)
 }
 
 /// One round of one datastore: a cluster created, its idle control plane sampled, put to
@@ -547,10 +551,10 @@ fn datastore_round(
         f.each = m.rss_each;
         std::thread::sleep(Duration::from_secs(1));
     }
-    f.pss.push(median(pss));
-    f.rss.push(median(rss));
-    f.uss.push(median(uss));
-    f.anon.push(median(anon));
+    f.pss.extend(median(pss));
+    f.rss.extend(median(rss));
+    f.uss.extend(median(uss));
+    f.anon.extend(median(anon));
     let client = user.curlable(b, name)?;
     b.cli(&["cluster", "set", name, "--hibernate-after", "1s"])?;
     wait(
@@ -583,7 +587,7 @@ fn datastores(b: &Broker<'_>, user: &Tenant, rounds: u8, samples: u32) -> Result
         for (name, mib) in &f.each {
             println!("idle_{ds}_{name}_rss_mib={mib:.1}");
         }
-        println!("idle_awake_pss_mib_{ds}={:.1}", median(f.pss.clone()));
+        println!("idle_awake_pss_mib_{ds}={}", show(median(f.pss.clone()), 1));
         stats(&format!("idle_awake_pss_{ds}"), "mib", f.pss.clone());
         stats(&format!("idle_awake_rss_{ds}"), "mib", f.rss.clone());
         stats(&format!("idle_awake_uss_{ds}"), "mib", f.uss.clone());
@@ -596,38 +600,23 @@ fn datastores(b: &Broker<'_>, user: &Tenant, rounds: u8, samples: u32) -> Result
             f.wake_ms.clone(),
         );
     }
-    let ratio = |g: fn(&Figures) -> Vec<f64>| median(g(&figs[1])) / median(g(&figs[0]));
-    println!(
-        "ratio_kine_vs_etcd_idle_pss={:.3}",
-        ratio(|f| f.pss.clone())
-    );
-    println!(
-        "ratio_kine_vs_etcd_create_to_ready={:.3}",
-        ratio(|f| f.ready_ms.clone())
-    );
-    println!(
-        "ratio_kine_vs_etcd_wake={:.3}",
-        ratio(|f| f.wake_ms.clone())
-    );
+    let kine_vs_etcd = |g: fn(&Figures) -> Vec<f64>| show(ratio(g(&figs[1]), g(&figs[0])), 3);
     for (what, v) in [
-        ("idle_uss", ratio(|f| f.uss.clone())),
-        ("idle_anon", ratio(|f| f.anon.clone())),
-        ("hibernated_disk", ratio(|f| f.disk.clone())),
+        ("idle_pss", kine_vs_etcd(|f| f.pss.clone())),
+        ("create_to_ready", kine_vs_etcd(|f| f.ready_ms.clone())),
+        ("wake", kine_vs_etcd(|f| f.wake_ms.clone())),
+        ("idle_uss", kine_vs_etcd(|f| f.uss.clone())),
+        ("idle_anon", kine_vs_etcd(|f| f.anon.clone())),
+        ("hibernated_disk", kine_vs_etcd(|f| f.disk.clone())),
     ] {
-        println!("ratio_kine_vs_etcd_{what}={v:.3}");
+        println!("ratio_kine_vs_etcd_{what}={v}");
     }
     Ok(())
 }
 
 /// Restarts the broker with `clusters.gogc = gogc`.
 fn restart_with_gogc(b: &mut Broker<'_>, gogc: u32) -> Result<()> {
-    let text = std::fs::read_to_string(&b.config)?;
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("gogc = "))
-        .context("no gogc line in the broker's configuration")?
-        .to_string();
-    std::fs::write(&b.config, text.replace(&line, &format!("gogc = {gogc}")))?;
+    b.edit_config(|c| c.clusters.gogc = gogc)?;
     b.kill_broker();
     b.start_broker()
 }
@@ -661,14 +650,14 @@ fn tune_gogc(b: &mut Broker<'_>, user: &Tenant, args: &Args) -> Result<()> {
     for (g, f) in args.gogc.iter().zip(&figs).skip(1) {
         let base = &figs[0];
         println!(
-            "ratio_gogc{g}_vs_gogc{}_idle_pss={:.3}",
+            "ratio_gogc{g}_vs_gogc{}_idle_pss={}",
             args.gogc[0],
-            median(f.pss.clone()) / median(base.pss.clone())
+            show(ratio(f.pss.clone(), base.pss.clone()), 3)
         );
         println!(
-            "ratio_gogc{g}_vs_gogc{}_wake={:.3}",
+            "ratio_gogc{g}_vs_gogc{}_wake={}",
             args.gogc[0],
-            median(f.wake_ms.clone()) / median(base.wake_ms.clone())
+            show(ratio(f.wake_ms.clone(), base.wake_ms.clone()), 3)
         );
     }
     Ok(())
@@ -809,12 +798,12 @@ fn at_rest(b: &Broker<'_>, user: &Tenant, n: u32, wakes: u32) -> Result<()> {
         )?;
     }
     ms.sort_by(f64::total_cmp);
-    let pct = |p: f64| ms[((ms.len() - 1) as f64 * p).round() as usize];
+    let pct = |p: f64| show(percentile_sorted(&ms, p), 0);
     println!("wakes={}", ms.len());
-    println!("wake_to_first_answer_p50_ms={:.0}", pct(0.5));
-    println!("wake_to_first_answer_p99_ms={:.0}", pct(0.99));
-    println!("wake_to_first_answer_min_ms={:.0}", ms[0]);
-    println!("wake_to_first_answer_max_ms={:.0}", ms[ms.len() - 1]);
+    println!("wake_to_first_answer_p50_ms={}", pct(0.5));
+    println!("wake_to_first_answer_p99_ms={}", pct(0.99));
+    println!("wake_to_first_answer_min_ms={}", pct(0.0));
+    println!("wake_to_first_answer_max_ms={}", pct(1.0));
     Ok(())
 }
 
@@ -834,12 +823,19 @@ fn main() -> Result<()> {
             hold: Duration::from_secs(2),
             // Enough clusters for the at-rest count, which hibernate soon after their
             // last request.
-            access_toml: format!(
-                "registration = \"open\"\ntenants_trusted = true\nmax_clusters_per_did = {m}\nmax_clusters = {m}\n",
-                m = args.at_rest + 1
-            ),
+            access: Access {
+                registration: Registration::Open,
+                tenants_trusted: true,
+                max_clusters_per_did: args.at_rest + 1,
+                max_clusters: args.at_rest + 1,
+                ..Access::default()
+            },
             // gogc: rewritten for each value tune_gogc compares.
-            clusters_toml: "hibernate_after = \"2s\"\ngogc = 50\n".into(),
+            clusters: ClusterDefaults {
+                hibernate_after: Duration::from_secs(2),
+                gogc: 50,
+                ..ClusterDefaults::default()
+            },
             ..Default::default()
         },
     )?;
@@ -890,7 +886,10 @@ fn main() -> Result<()> {
     }
     let p50 = stats("pending_to_provision", "ms", to_provision);
     stats("pending_to_running", "ms", to_running);
-    println!("ratio_provision_vs_ca_slo={:.4}", p50 / CA_SLO_MS);
+    println!(
+        "ratio_provision_vs_ca_slo={}",
+        show(p50.map(|p| p / CA_SLO_MS), 4)
+    );
     b.cli(&["cluster", "delete", "bench"])?;
     let user = Tenant::new()?;
     datastores(&b, &user, args.ds_rounds, args.samples)?;

@@ -23,6 +23,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use serde_json::Value;
 use testbed::broker::{Broker, BrokerOptions};
+use testbed::stats::{print_summary, show};
 use testbed::tmp::TempDir;
 use testbed::user::User;
 use testbed::world::World;
@@ -92,8 +93,8 @@ fn node_ready(u: &User, b: &Broker<'_>) -> bool {
 
 /// The provider's book, as it keeps it.
 fn book(b: &Broker<'_>) -> Result<Value> {
-    let path = b.providers[0].state.join("local-provider/provider.json");
-    Ok(serde_json::from_slice(&std::fs::read(&path)?)?)
+    let path = &b.providers[0].paths.provider_records;
+    Ok(serde_json::from_slice(&std::fs::read(path)?)?)
 }
 
 /// What a round boots.
@@ -173,26 +174,22 @@ fn one_boot(world: &World, image: &Path, kind: Kind, round: u8) -> Result<Boot> 
     Ok(boot)
 }
 
-fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(|a, b| a.total_cmp(b));
-    (v[v.len() / 2], v[0], v[v.len() - 1])
-}
-
-fn print(name: &str, v: Vec<f64>) -> f64 {
+/// Prints a phase's median and spread (`testbed::stats`), `none` when no boot recorded it.
+fn print(name: &str, mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         eprintln!("{name}: no boot recorded this phase");
-        return f64::NAN;
     }
-    let (p50, min, max) = stats(v);
-    println!("{name}_p50_ms={p50:.0}");
-    println!("{name}_min_ms={min:.0}");
-    println!("{name}_max_ms={max:.0}");
-    p50
+    print_summary(name, "_ms", 0, &mut v)
+}
+
+/// `a / b` with two decimals, `none` when either is missing.
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    show(a.zip(b).map(|(a, b)| a / b), 2)
 }
 
 /// A VM kind's phases, printed under `prefix`; returns the p50s of VMM start to Node Ready
 /// and of accepted to Node Ready.
-fn print_vm(prefix: &str, vms: &[Boot]) -> (f64, f64) {
+fn print_vm(prefix: &str, vms: &[Boot]) -> (Option<f64>, Option<f64>) {
     let phase =
         |f: &dyn Fn(&Boot) -> Option<f64>| -> Vec<f64> { vms.iter().filter_map(f).collect() };
     let p = |name: &str| format!("{prefix}_{name}");
@@ -252,20 +249,20 @@ fn main() -> Result<()> {
         "namespace_accepted_to_node_ready",
         nss.iter().map(|b| b.node_ready - b.accepted).collect(),
     );
-    println!("ratio_vm_vs_namespace={:.2}", vm_total / ns_total);
+    println!("ratio_vm_vs_namespace={}", ratio(vm_total, ns_total));
     // The jail's cost: the same guest, jailed over unjailed.
     println!(
-        "ratio_jailed_vs_unjailed_vmm_to_node_ready={:.2}",
-        vmm_ready / unjailed_vmm_ready
+        "ratio_jailed_vs_unjailed_vmm_to_node_ready={}",
+        ratio(vmm_ready, unjailed_vmm_ready)
     );
     println!(
-        "ratio_jailed_vs_unjailed_accepted_to_node_ready={:.2}",
-        vm_total / unjailed_total
+        "ratio_jailed_vs_unjailed_accepted_to_node_ready={}",
+        ratio(vm_total, unjailed_total)
     );
     println!("firecracker_seed_vmm_to_ready_ms={FIRECRACKER_SEED_READY_MS:.0}");
     println!(
-        "ratio_vm_vs_firecracker_seed={:.2}",
-        vmm_ready / FIRECRACKER_SEED_READY_MS
+        "ratio_vm_vs_firecracker_seed={}",
+        ratio(vmm_ready, Some(FIRECRACKER_SEED_READY_MS))
     );
     Ok(())
 }

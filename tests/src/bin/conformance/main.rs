@@ -207,7 +207,10 @@ fn main() -> Result<()> {
             provider_capacity: n.div_ceil(2),
             // The operator's own cluster: some of the suite's tests run hostNetwork Pods,
             // which the node isolation policy (docs/security.md) refuses on DIDs' clusters.
-            clusters_toml: "isolate_operators_clusters = false\n".into(),
+            clusters: socialweb_broker::config::ClusterDefaults {
+                isolate_operators_clusters: false,
+                ..Default::default()
+            },
             ..Default::default()
         },
     )?;

@@ -1,0 +1,362 @@
+//! The broker as the operator runs it, on the real topology ([`crate::world`]):
+//! `socialweb-broker run` on the operator's host with a configuration file, renting from its
+//! embedded local provider (nodes behind NAT on the operator's host) or from
+//! `socialweb-broker provider` processes, one per provider machine, across the internet. The
+//! harness only writes the configurations (the broker's own [`Config`](socialweb_broker::config::Config),
+//! [`config`]), runs the commands an operator (and a provider) would, asks the broker where
+//! its files are (`paths --json`, `cluster list --json`), and asks the providers -- not the
+//! broker -- what is really leased ([`queries`]).
+
+mod config;
+mod queries;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+use socialweb_broker::command::ClusterInfo;
+use socialweb_broker::config::ProviderRef;
+use socialweb_broker::daemon::Paths;
+
+pub use config::{
+    BrokerOptions, FRONT_PORT, PROVIDER_ADDR, PROVIDER_PORT, read_config, write_config,
+};
+
+use crate::cni::workspace_bin;
+use crate::k8s::wait_for;
+use crate::netns::Netns;
+use crate::process::Spawned;
+use crate::tmp::TempDir;
+use crate::world::World;
+use config::NodeSoftware;
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A provider machine's `socialweb-broker provider`.
+#[derive(Debug)]
+pub struct ProviderProc {
+    proc: Spawned,
+    /// 1-based, as the world numbers provider machines.
+    pub index: u8,
+    pub config: PathBuf,
+    pub state: PathBuf,
+    /// Where it keeps its files, as `socialweb-broker paths` says.
+    pub paths: Paths,
+    /// Prefix of its namespaces and cgroups.
+    pub prefix: String,
+    /// Its market URL, as the broker reaches it (mutual TLS).
+    pub url: String,
+    /// Its key, as `socialweb-broker provider-pin` prints it.
+    pub pin: String,
+}
+
+/// A broker (and its providers) on `world`. Dropping it kills them all and destroys every
+/// machine the providers made. Starting and stopping its processes is here; what the harness
+/// asks of it (kubectl, the providers' leases, nodes, logs) is in [`queries`].
+#[derive(Debug)]
+pub struct Broker<'w> {
+    broker: Spawned,
+    pub providers: Vec<ProviderProc>,
+    pub world: &'w World,
+    /// The operator's host, where the broker runs.
+    pub host: &'w Netns,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub state: PathBuf,
+    /// Where it keeps its files, as `socialweb-broker paths` says.
+    pub paths: Paths,
+    /// Prefix of the embedded provider's namespaces and cgroups.
+    pub prefix: String,
+    pub opts: BrokerOptions,
+    /// The clusters the broker last described, for when it does not answer (killed).
+    known: Mutex<HashMap<String, ClusterInfo>>,
+    _cni: TempDir,
+    dir: TempDir,
+}
+
+fn prefix(tag: &str) -> String {
+    format!(
+        "swt-{}-{}{tag}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// `socialweb-broker <sub> --config <config> [args]`, as the operator runs it, its stdout.
+fn operator_command(sub: &str, config: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new(workspace_bin("socialweb-broker"))
+        .arg(sub)
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "socialweb-broker {sub} --config {}: {}",
+            config.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Where a broker or provider machine configured by `config` keeps its files.
+fn paths_of(config: &Path) -> Result<Paths> {
+    serde_json::from_str(&operator_command("paths", config, &["--json"])?)
+        .context("reading `socialweb-broker paths --json`")
+}
+
+impl<'w> Broker<'w> {
+    pub fn start(world: &'w World, opts: BrokerOptions) -> Result<Broker<'w>> {
+        let dir = TempDir::new("broker")?;
+        let d = dir.path();
+        let cni = crate::k8s::cni_bin_dir()?;
+        let sw = NodeSoftware::new(&opts, d, cni.path())?;
+        let prefix = prefix("");
+        // The broker's key towards providers, as its operator gets it (`market-pin`, made on
+        // first use) before any provider machine can list it.
+        let config = d.join("broker.toml");
+        write_config(&config, &sw.broker(&opts, d, &prefix, Vec::new()))?;
+        let broker_pin = operator_command("market-pin", &config, &[])?;
+        let mut providers = Vec::new();
+        for m in world.providers.iter().take(usize::from(opts.providers)) {
+            let p = prefix_for(&prefix, m.index);
+            let state = d.join(format!("provider-{}", m.index));
+            let path = d.join(format!("provider-{}.toml", m.index));
+            let listen = SocketAddr::new(m.addr.into(), PROVIDER_PORT);
+            write_config(&path, &sw.provider(&opts, &state, listen, &p, &broker_pin))?;
+            providers.push(ProviderProc {
+                proc: Spawned::none("provider"),
+                index: m.index,
+                pin: operator_command("provider-pin", &path, &[])?,
+                paths: paths_of(&path)?,
+                config: path,
+                state,
+                prefix: p,
+                url: format!("https://{listen}"),
+            });
+        }
+        let market = providers
+            .iter()
+            .map(|p| ProviderRef {
+                name: format!("p{}", p.index),
+                url: p.url.clone(),
+                pin: Some(p.pin.clone()),
+            })
+            .collect();
+        write_config(&config, &sw.broker(&opts, d, &prefix, market))?;
+        let paths = paths_of(&config)?;
+        let mut b = Broker {
+            broker: Spawned::none("broker"),
+            providers,
+            world,
+            host: &world.operator,
+            config,
+            socket: paths.ctl_socket.clone(),
+            state: paths.state_dir.clone(),
+            paths,
+            prefix,
+            opts,
+            known: Mutex::default(),
+            _cni: cni,
+            dir,
+        };
+        for i in 0..b.providers.len() {
+            b.start_provider(i)?;
+        }
+        b.start_broker()?;
+        Ok(b)
+    }
+
+    /// Changes the broker's configuration file (it takes effect at the next
+    /// [`Broker::start_broker`]).
+    pub fn edit_config(
+        &self,
+        edit: impl FnOnce(&mut socialweb_broker::config::Config),
+    ) -> Result<()> {
+        let mut c = read_config(&self.config)?;
+        edit(&mut c);
+        write_config(&self.config, &c)
+    }
+
+    /// A log of the harness's: `broker`, or `provider-<i>`.
+    pub fn log(&self, what: &str) -> PathBuf {
+        self.dir.path().join(format!("{what}.log"))
+    }
+
+    fn command(
+        &self,
+        ns: &Netns,
+        sub: &str,
+        config: &std::path::Path,
+        failpoints: Option<&str>,
+    ) -> Command {
+        let mut cmd =
+            ns.command_keeping_mounts(&workspace_bin("socialweb-broker").to_string_lossy());
+        cmd.arg(sub).arg("--config").arg(config).env(
+            "SOCIALWEB_LOG",
+            "info,socialweb_broker=debug,iroh=warn,sqlx=warn,kube=warn",
+        );
+        if let Some(fp) = failpoints {
+            cmd.env("FAILPOINTS", fp);
+        }
+        if let Some(n) = self.opts.nofile.filter(|_| sub == "run") {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+            #[allow(unsafe_code)]
+            unsafe {
+                cmd.pre_exec(move || {
+                    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, n, n)
+                        .map_err(std::io::Error::from)
+                });
+            }
+        }
+        cmd
+    }
+
+    /// Starts (or starts again) the broker daemon and waits for its control socket.
+    pub fn start_broker(&mut self) -> Result<()> {
+        let cmd = self.command(
+            self.host,
+            "run",
+            &self.config,
+            self.opts.broker_failpoints.as_deref(),
+        );
+        self.broker = Spawned::start_logged(cmd, "broker", &self.log("broker"))?;
+        let socket = self.socket.clone();
+        let broker = &mut self.broker;
+        let log = self.dir.path().join("broker.log");
+        wait_for(
+            "the broker's control socket",
+            Duration::from_secs(60),
+            || {
+                if !broker.is_running() {
+                    bail!("the broker exited: {}", crate::k8s::tail_of(&log, 20));
+                }
+                Ok(std::os::unix::net::UnixStream::connect(&socket)
+                    .is_ok()
+                    .then_some(()))
+            },
+        )
+    }
+
+    /// Starts (or starts again) provider `i` on its machine and waits until it answers.
+    pub fn start_provider(&mut self, i: usize) -> Result<()> {
+        let m = &self.world.providers[usize::from(self.providers[i].index) - 1];
+        let cmd = self.command(
+            &m.ns,
+            "provider",
+            &self.providers[i].config,
+            self.opts.provider_failpoints.as_deref(),
+        );
+        let log = self.log(&format!("provider-{}", m.index));
+        self.providers[i].proc = Spawned::start_logged(cmd, "provider", &log)?;
+        let addr = std::net::SocketAddr::new(m.addr.into(), PROVIDER_PORT);
+        wait_for("a provider to listen", Duration::from_secs(30), || {
+            Ok(m.ns
+                .run(|| std::net::TcpStream::connect(addr).is_ok())?
+                .then_some(()))
+        })
+    }
+
+    /// SIGKILLs provider `i` (its nodes keep running).
+    pub fn kill_provider(&mut self, i: usize) {
+        self.providers[i].proc.kill_now();
+    }
+
+    /// Runs the broker with other failpoints from now on (after a crash).
+    pub fn set_failpoints(&mut self, fp: Option<&str>) {
+        self.opts.broker_failpoints = fp.map(str::to_string);
+    }
+
+    /// SIGKILLs the broker (the provider and the nodes keep running).
+    pub fn kill_broker(&mut self) {
+        self.broker.kill_now();
+    }
+
+    /// Waits for the broker process to end by itself (a failpoint killed it).
+    pub fn wait_broker_exit(&mut self, timeout: Duration) -> Result<()> {
+        let broker = &mut self.broker;
+        wait_for("the broker to exit", timeout, || {
+            Ok((!broker.is_running()).then_some(()))
+        })
+    }
+
+    pub fn broker_running(&mut self) -> bool {
+        self.broker.is_running()
+    }
+
+    /// `socialweb-broker <args> --ctl-socket ...` (an operator command), stdout.
+    pub fn cli(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new(workspace_bin("socialweb-broker"))
+            .args(args)
+            .arg("--ctl-socket")
+            .arg(&self.socket)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "socialweb-broker {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    pub fn cli_json(&self, args: &[&str]) -> Result<Value> {
+        let mut a = args.to_vec();
+        a.push("--json");
+        Ok(serde_json::from_str(&self.cli(&a)?)?)
+    }
+
+    /// The broker daemon's process id (nsenter execs it in place).
+    pub fn broker_pid(&self) -> u32 {
+        self.broker.id()
+    }
+
+    /// Destroys every machine the provider made (their network namespaces and cgroups).
+    fn destroy_machines(&self) {
+        for (_, pid) in self.guests() {
+            if let Some(pid) = pid {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        let prefixes: Vec<&str> = std::iter::once(self.prefix.as_str())
+            .chain(self.providers.iter().map(|p| p.prefix.as_str()))
+            .collect();
+        for prefix in prefixes {
+            for cg in socialweb_provider::machine::cgroups_with_prefix(prefix) {
+                socialweb_provider::machine::destroy_cgroup(&cg);
+            }
+            for ns in crate::netns::list() {
+                if ns.starts_with(&format!("{prefix}n")) || ns.starts_with(&format!("{prefix}g")) {
+                    let _ = crate::netns::remove(&ns);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Broker<'_> {
+    fn drop(&mut self) {
+        self.broker.kill_now();
+        for p in &mut self.providers {
+            p.proc.kill_now();
+        }
+        self.destroy_machines();
+    }
+}
+
+/// Provider `i`'s prefix beside the broker's own (`<prefix>p<i>`).
+fn prefix_for(prefix: &str, i: u8) -> String {
+    format!("{prefix}p{i}")
+}
