@@ -8,19 +8,28 @@
 //! - [`join`]: containerd, the kubelet and kube-proxy from the identity alone (TLS
 //!   bootstrapping), kept running by [`supervise`]; [`status`] is what the bring-up shows.
 //!
+//! - [`agent`]: `run`, the composition root: the configuration ([`config`], one section per
+//!   subsystem) in, the bring-up ([`bringup`], named steps in order) run, what it put on the
+//!   machine ([`installed`]) taken away at the end; [`cli`] prints the control socket's
+//!   typed answers for the diagnostics subcommands.
+//!
 //! Pure cores (packet filter, ICMP Packet Too Big, directory diffs) do no I/O and are tested
 //! without sockets; the modules that touch the kernel or the network are named for what they
 //! touch.
 
+pub mod agent;
 pub mod backoff;
+pub mod bringup;
+pub mod cli;
+pub mod config;
 pub mod ctl;
 pub mod directory;
 pub mod dns;
 pub mod guest_port;
+pub mod installed;
 pub mod join;
 pub mod mesh;
 pub mod node;
-pub mod run;
 pub mod status;
 pub mod supervise;
 pub mod tunnel;

@@ -3,6 +3,7 @@
 //! and `socialweb-agent dns stats` are its clients.
 
 pub mod client;
+pub mod handler;
 pub mod protocol;
 pub mod server;
 

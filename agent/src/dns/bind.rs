@@ -41,19 +41,21 @@ pub async fn ensure(h: &Handle, ip: Ipv4Addr) -> Result<Placement> {
     Ok(placement)
 }
 
-/// Undoes [`ensure`].
+/// Undoes [`ensure`] for `ip`: takes the address away, and the dummy interface with its last
+/// address (several node addresses share it: each is undone on its own).
 pub async fn remove(h: &Handle, ip: Ipv4Addr, placement: &Placement) -> Result<()> {
-    match placement {
-        Placement::Dummy => {
-            if let Some(i) = link::index(h, DUMMY).await? {
-                link::delete_index(h, i, DUMMY).await?;
-            }
-        }
-        Placement::Loopback => {
-            if let Some(i) = link::index(h, "lo").await? {
-                addr::remove_v4_unless(h, i, |a| a != ip).await?;
-            }
-        }
+    let name = match placement {
+        Placement::Dummy => DUMMY,
+        Placement::Loopback => "lo",
+    };
+    let Some(i) = link::index(h, name).await? else {
+        return Ok(());
+    };
+    addr::remove_v4_unless(h, i, |a| a != ip)
+        .await
+        .with_context(|| format!("removing {ip}/32 from {name}"))?;
+    if *placement == Placement::Dummy && addr::v4(h, i).await?.is_empty() {
+        link::delete_index(h, i, DUMMY).await?;
     }
     Ok(())
 }

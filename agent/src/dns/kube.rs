@@ -96,9 +96,15 @@ pub fn slice_of(s: &EndpointSlice) -> Option<(String, Slice)> {
 
 /// Keeps `dns`'s snapshot and pod map in line with the cluster until the process ends.
 pub fn watch(client: Client, node: String, zone: String, dns: Arc<Dns>) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    watch_zone(client, zone, dns.clone());
+    tokio::spawn(follow_pods(pods, node, dns));
+}
+
+/// The cluster zone from every Service and EndpointSlice, rebuilt on each change.
+fn watch_zone(client: Client, zone: String, dns: Arc<Dns>) {
     let services: Api<KService> = Api::all(client.clone());
-    let slices: Api<EndpointSlice> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::all(client);
+    let slices: Api<EndpointSlice> = Api::all(client);
     let (svc_store, svc_writer) = reflector::store();
     let (slice_store, slice_writer) = reflector::store();
     let svc_stream = reflector(
@@ -154,46 +160,52 @@ pub fn watch(client: Client, node: String, zone: String, dns: Arc<Dns>) {
             tracing::debug!(names, "cluster zone rebuilt");
         }
     });
-    tokio::spawn(async move {
-        let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let (pod_store, pod_writer) = reflector::store();
-        let stream = reflector(pod_writer, watcher(pods, cfg).default_backoff());
-        futures_util::pin_mut!(stream);
-        let mut last = BTreeMap::new();
-        while let Some(event) = stream.next().await {
-            match event {
-                Err(e) => {
-                    warn!("watching this node's Pods: {e}");
-                    continue;
-                }
-                Ok(e) if !settled(&e) => continue,
-                Ok(_) => {}
+}
+
+/// This node's Pods' addresses and namespaces (autopath's search list comes from them).
+async fn follow_pods(pods: Api<Pod>, node: String, dns: Arc<Dns>) {
+    let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let (pod_store, pod_writer) = reflector::store();
+    let stream = reflector(pod_writer, watcher(pods, cfg).default_backoff());
+    futures_util::pin_mut!(stream);
+    let mut last = BTreeMap::new();
+    while let Some(event) = stream.next().await {
+        match event {
+            Err(e) => {
+                warn!("watching this node's Pods: {e}");
+                continue;
             }
-            let map: BTreeMap<IpAddr, String> = pod_store
-                .state()
-                .iter()
-                .filter(|p| {
-                    !p.spec
-                        .as_ref()
-                        .and_then(|s| s.host_network)
-                        .unwrap_or(false)
-                })
-                .flat_map(|p| {
-                    let ns = p.namespace().unwrap_or_default();
-                    p.status
-                        .as_ref()
-                        .and_then(|s| s.pod_ips.clone())
-                        .unwrap_or_default()
-                        .into_iter()
-                        .filter_map(move |ip| ip.ip.parse().ok().map(|ip| (ip, ns.clone())))
-                })
-                .collect();
-            if map != last {
-                info!(pods = map.len(), "pods on this node changed");
-                dns.pods
-                    .store(Arc::new(map.clone().into_iter().collect::<HashMap<_, _>>()));
-                last = map;
-            }
+            Ok(e) if !settled(&e) => continue,
+            Ok(_) => {}
         }
-    });
+        let map = namespaces_by_ip(&pod_store.state());
+        if map != last {
+            info!(pods = map.len(), "pods on this node changed");
+            dns.pods
+                .store(Arc::new(map.clone().into_iter().collect::<HashMap<_, _>>()));
+            last = map;
+        }
+    }
+}
+
+/// Each Pod's addresses with its namespace, leaving out host-network Pods (their address is
+/// the node's).
+fn namespaces_by_ip(pods: &[Arc<Pod>]) -> BTreeMap<IpAddr, String> {
+    pods.iter()
+        .filter(|p| {
+            !p.spec
+                .as_ref()
+                .and_then(|s| s.host_network)
+                .unwrap_or(false)
+        })
+        .flat_map(|p| {
+            let ns = p.namespace().unwrap_or_default();
+            p.status
+                .as_ref()
+                .and_then(|s| s.pod_ips.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(move |ip| ip.ip.parse().ok().map(|ip| (ip, ns.clone())))
+        })
+        .collect()
 }

@@ -27,35 +27,74 @@ use socialweb_wire::NodeIdentity;
 /// The sandbox (pause) image containerd is configured with; the node image seeds it.
 pub const DEFAULT_SANDBOX_IMAGE: &str = "socialweb.local/pause:3.10";
 
-/// Where things are on this machine.
-#[derive(Debug, Clone)]
+/// Where things are on this machine (defaults: the node image's layout). The tests override
+/// what their machines (network namespaces on one host) need.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+#[command(next_help_heading = "Machine")]
 pub struct Machine {
-    /// The agent's persistent files: the CA, the bootstrap kubeconfig, generated configs.
+    /// Persistent state: the CA, the bootstrap kubeconfig, generated configurations.
+    #[arg(
+        long,
+        default_value = "/var/lib/socialweb",
+        env = "SOCIALWEB_STATE_DIR"
+    )]
     pub state_dir: PathBuf,
-    /// The agent's files for this boot: pidfiles, the readiness file, resolv.conf.
+    /// State of this boot: pidfiles, the readiness file `ready`, resolv.conf.
+    #[arg(long, default_value = "/run/socialweb", env = "SOCIALWEB_RUN_DIR")]
     pub run_dir: PathBuf,
+    /// containerd's binary.
+    #[arg(long, default_value = "/usr/bin/containerd")]
     pub containerd: PathBuf,
+    /// containerd's `ctr` (imports the seed images).
+    #[arg(long, default_value = "/usr/bin/ctr")]
     pub ctr: PathBuf,
+    /// The kubelet's binary (our Kubernetes build; a link to its multicall `kube` works).
+    #[arg(long, default_value = "/usr/local/bin/kubelet")]
     pub kubelet: PathBuf,
+    /// kube-proxy's binary (likewise).
+    #[arg(long, default_value = "/usr/local/bin/kube-proxy")]
     pub kube_proxy: PathBuf,
     /// Where containerd finds CNI plugins (socialweb-cni, loopback, portmap).
+    #[arg(long, default_value = "/usr/lib/cni")]
     pub cni_bin_dir: PathBuf,
     /// Where the agent writes the CNI configuration and containerd reads it.
+    #[arg(long, default_value = "/etc/cni/net.d")]
     pub cni_conf_dir: PathBuf,
+    #[arg(skip = PathBuf::from("/var/lib/containerd"))]
     pub containerd_root: PathBuf,
+    #[arg(skip = PathBuf::from("/run/containerd"))]
     pub containerd_state: PathBuf,
+    #[arg(skip = PathBuf::from("/var/lib/kubelet"))]
     pub kubelet_dir: PathBuf,
-    /// Image archives imported into containerd at boot.
+    /// Container image archives (*.tar, OCI or Docker) imported into containerd at boot.
+    #[arg(long, default_value = "/var/lib/socialweb/images")]
     pub seed_images: PathBuf,
-    /// The seed disk (`socialweb_wire::seeds`), imported at boot too; absent: none.
+    /// The seed disk: a block device (or file) holding image archives of any size behind a
+    /// manifest, written by socialweb-image-builder; imported at boot when it exists.
+    #[arg(long, default_value = socialweb_wire::seeds::DEFAULT_DISK)]
     pub seed_disk: PathBuf,
+    /// The pod sandbox image (must be among the seed images: nothing is pulled for it).
+    #[arg(long, default_value = DEFAULT_SANDBOX_IMAGE)]
     pub sandbox_image: String,
-    /// The kubelet's cgroup root (`/` on a node of its own).
+    /// The kubelet's cgroup root (a machine shared with other nodes gives each its own).
+    #[arg(long, default_value = "/")]
     pub cgroup_root: String,
-    /// Where the children's output goes (`<dir>/<name>.log`); `None`: the agent's stderr.
+    /// Write containerd's, the kubelet's and kube-proxy's output to DIR/<name>.log instead of
+    /// the agent's own stderr (the journal under systemd).
+    #[arg(long = "child-log-dir", value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
-    /// Merged over the generated kubelet configuration.
+    /// JSON merged over the generated kubelet configuration (RFC 7386 merge patch), e.g.
+    /// '{"maxPods": 30}'.
+    #[arg(long, value_parser = parse_json_object)]
     pub kubelet_config_patch: Option<serde_json::Value>,
+}
+
+fn parse_json_object(s: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str::<serde_json::Value>(s) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(v),
+        Ok(_) => Err("must be a JSON object".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
 }
 
 impl Default for Machine {

@@ -300,42 +300,13 @@ impl Mesh {
                 }
             };
             info!(node = %e.node, cidr = %e.pod_cidr, endpoint = %id.fmt_short(), "peer added");
-            let queue = self.inner.cfg.endpoint.tuning.queue(self.inner.cfg.mtu);
-            let slot = Arc::new(PeerSlot {
-                entry: e.clone(),
-                id,
-                conn: ArcSwapOption::empty(),
-                tx: Flow::default(),
-                rx: Flow::default(),
-                drops: Drops::default(),
-                out_q: PeerQueue::new(queue),
-                in_q: PeerQueue::new(queue),
-                max_datagram: AtomicUsize::new(0),
-                send_waits: AtomicU64::new(0),
-                last_error: Mutex::new(None),
-                since: Mutex::new(None),
-                gone: self.inner.shutdown.child_token(),
-            });
+            let slot = self.new_slot(e, id);
             if add.dial {
                 dial.push(slot.clone());
             }
             by_node.insert(e.node.clone(), slot);
         }
-        let state = State {
-            own: view.own.as_ref().map(|o| Own {
-                cidr: o.pod_cidr,
-                gateway: o.gateway(),
-                node_ip: self.inner.cfg.node_ip,
-            }),
-            by_endpoint: by_node.values().map(|s| (s.id, s.clone())).collect(),
-            routes: Routes::new(
-                by_node
-                    .values()
-                    .flat_map(|s| s.entry.prefixes().into_iter().map(move |p| (p, s.clone()))),
-            ),
-            by_node,
-            rejected: view.rejected.clone(),
-        };
+        let state = self.state_of(view, by_node);
         for (node, reason) in &view.rejected {
             warn!(node = %node, "peer refused: {reason}");
         }
@@ -350,18 +321,62 @@ impl Mesh {
             self.spawn(self.clone().dial_loop(slot));
         }
         if plan.reroute_kept {
-            // The kept peers' routes carry the old gateway as their source.
-            for slot in new_state.by_node.values() {
-                let kept = old
-                    .by_node
-                    .get(&slot.entry.node)
-                    .is_some_and(|o| Arc::ptr_eq(o, slot));
-                if kept && slot.conn.load().is_some() {
-                    self.install_route(slot).await;
-                }
-            }
+            self.reroute_kept(&old, &new_state).await;
         }
         Ok(())
+    }
+
+    /// A peer's slot, not connected yet.
+    fn new_slot(&self, e: &NodeEntry, id: EndpointId) -> Arc<PeerSlot> {
+        let queue = self.inner.cfg.endpoint.tuning.queue(self.inner.cfg.mtu);
+        Arc::new(PeerSlot {
+            entry: e.clone(),
+            id,
+            conn: ArcSwapOption::empty(),
+            tx: Flow::default(),
+            rx: Flow::default(),
+            drops: Drops::default(),
+            out_q: PeerQueue::new(queue),
+            in_q: PeerQueue::new(queue),
+            max_datagram: AtomicUsize::new(0),
+            send_waits: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+            since: Mutex::new(None),
+            gone: self.inner.shutdown.child_token(),
+        })
+    }
+
+    /// The state the data paths read, for these peers under this view.
+    fn state_of(&self, view: &View, by_node: BTreeMap<String, Arc<PeerSlot>>) -> State {
+        State {
+            own: view.own.as_ref().map(|o| Own {
+                cidr: o.pod_cidr,
+                gateway: o.gateway(),
+                node_ip: self.inner.cfg.node_ip,
+            }),
+            by_endpoint: by_node.values().map(|s| (s.id, s.clone())).collect(),
+            routes: Routes::new(
+                by_node
+                    .values()
+                    .flat_map(|s| s.entry.prefixes().into_iter().map(move |p| (p, s.clone()))),
+            ),
+            by_node,
+            rejected: view.rejected.clone(),
+        }
+    }
+
+    /// Reinstalls the routes of the connected peers kept from `old`: they carry the old
+    /// gateway as their source.
+    async fn reroute_kept(&self, old: &State, new: &State) {
+        for slot in new.by_node.values() {
+            let kept = old
+                .by_node
+                .get(&slot.entry.node)
+                .is_some_and(|o| Arc::ptr_eq(o, slot));
+            if kept && slot.conn.load().is_some() {
+                self.install_route(slot).await;
+            }
+        }
     }
 
     async fn retire(&self, slot: &Arc<PeerSlot>, why: &str) {
