@@ -191,6 +191,110 @@ fn pod_traffic_leaving_the_cluster_is_masqueraded_with_the_node_address() {
     assert!(!lo.contains("169.254.20.10"), "{lo}");
 }
 
+/// The steps of `socialweb-agent status --json`: (name, state, attempts, since).
+fn steps(mesh: &MeshCluster<'_>, node: u8) -> Vec<(String, String, u64, String)> {
+    let status: serde_json::Value =
+        serde_json::from_str(&mesh.cli(node, &["status", "--json"]).unwrap()).unwrap();
+    status["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().to_string(),
+                s["state"].as_str().unwrap().to_string(),
+                s["attempts"].as_u64().unwrap(),
+                s["since"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// What the agent's shutdown said it removed, in its order.
+fn removed(log: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once(" removed ").map(|(_, what)| what.to_string()))
+        .collect()
+}
+
+/// Nothing of an agent left on its node: the DNS address, the TUN and its routes, the
+/// masquerade table.
+fn nothing_installed(node: &Netns) {
+    let tables = node.exec("nft", &["list", "tables"]).unwrap();
+    assert!(!tables.contains("socialweb"), "{tables}");
+    let links = node.ip(&["link"]).unwrap();
+    for device in ["socialweb0", "socialweb-dns"] {
+        assert!(!links.contains(device), "{links}");
+    }
+    let routes = node.ip(&["route"]).unwrap();
+    assert!(!routes.contains("socialweb0"), "{routes}");
+    let addrs = node.ip(&["addr"]).unwrap();
+    assert!(!addrs.contains("169.254.20.10"), "{addrs}");
+}
+
+#[test]
+fn the_bring_up_runs_its_steps_in_order_and_the_shutdown_removes_them_newest_first() {
+    let topo = Topology::new(2, Reach::Direct).unwrap();
+    let mut mesh = MeshCluster::start(&topo, MeshOptions::default()).unwrap();
+    mesh.wait_all_connected(Duration::from_secs(30)).unwrap();
+    wait_for("node-1's steps done", Duration::from_secs(20), || {
+        Ok(steps(&mesh, 1).iter().all(|s| s.1 == "done").then_some(()))
+    })
+    .unwrap();
+    let steps = steps(&mesh, 1);
+    let names: Vec<&str> = steps.iter().map(|s| s.0.as_str()).collect();
+    assert_eq!(names, ["sysctls", "dns", "mesh", "pod-network"]);
+    // Each step was done no earlier than the one before it (RFC 3339, same zone and width).
+    for pair in steps.windows(2) {
+        assert!(pair[0].3 <= pair[1].3, "{} done after {}: {steps:?}", pair[0].0, pair[1].0);
+    }
+    mesh.stop_agent(1).unwrap();
+    let removed = removed(&mesh.agent(1).log);
+    assert_eq!(
+        removed,
+        [
+            "the masquerade table socialweb",
+            "the mesh (socialweb0)",
+            "the DNS address 169.254.20.10 on Loopback",
+        ],
+        "removed newest first"
+    );
+    nothing_installed(&topo.node(1).ns);
+}
+
+#[test]
+fn a_step_failing_midway_leaves_nothing_installed() {
+    let topo = Topology::new(1, Reach::Direct).unwrap();
+    // The mesh cannot bind an address the node does not have: DNS is up, the mesh opens its
+    // TUN and fails, the pod network never starts.
+    let opts = MeshOptions {
+        agent_args: vec!["--mesh-listen".into(), "192.0.2.1:7443".into()],
+        ..MeshOptions::default()
+    };
+    let mut mesh = MeshCluster::start(&topo, opts).unwrap();
+    wait_for("the mesh step to fail twice", Duration::from_secs(30), || {
+        let s = steps(&mesh, 1);
+        Ok((s.len() == 4 && s[2].1 == "retrying" && s[2].2 >= 2).then_some(s))
+    })
+    .unwrap();
+    let s = steps(&mesh, 1);
+    assert_eq!((s[0].1.as_str(), s[1].1.as_str()), ("done", "done"), "{s:?}");
+    assert_eq!((s[3].1.as_str(), s[3].2), ("pending", 0), "not attempted: {s:?}");
+    let status = mesh.cli(1, &["status"]).unwrap();
+    assert!(status.contains("192.0.2.1"), "the mesh's error is shown: {status}");
+    let addrs = topo.node(1).ns.ip(&["addr", "show", "lo"]).unwrap();
+    assert!(addrs.contains("169.254.20.10"), "DNS was up: {addrs}");
+
+    mesh.stop_agent(1).unwrap();
+    assert_eq!(
+        removed(&mesh.agent(1).log),
+        ["the DNS address 169.254.20.10 on Loopback"]
+    );
+    nothing_installed(&topo.node(1).ns);
+}
+
 #[test]
 fn a_packet_too_big_for_the_path_is_answered_and_tcp_finds_the_path_mtu() {
     // Pods and TUN at 1500, so that packets larger than a QUIC datagram reach the agent.

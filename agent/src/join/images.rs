@@ -163,27 +163,8 @@ pub fn import_disk(
             i + 1,
             manifest.images.len()
         ));
-        let mut child = std::process::Command::new(ctr)
-            .arg("--address")
-            .arg(socket)
-            .args(["-n", "k8s.io", "images", "import", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .with_context(|| format!("running {}", ctr.display()))?;
-        let mut stdin = child.stdin.take().context("ctr's stdin")?;
-        let copied = std::io::copy(&mut entry, &mut stdin);
-        drop(stdin);
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "importing {name} from the seed disk {}: {}",
-                disk.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        let copied = copied.with_context(|| format!("piping {name} into ctr"))?;
+        let copied = pipe_into_ctr(ctr, socket, &mut entry)
+            .with_context(|| format!("importing {name} from the seed disk {}", disk.display()))?;
         if copied != want.bytes {
             bail!(
                 "the seed disk {}: {name} has {copied} bytes, its manifest says {}",
@@ -196,4 +177,25 @@ pub fn import_disk(
         imported += 1;
     }
     Ok((imported, manifest.images.len()))
+}
+
+/// Streams one archive into `ctr images import -`; returns the bytes piped.
+fn pipe_into_ctr(ctr: &Path, socket: &Path, archive: &mut impl std::io::Read) -> Result<u64> {
+    let mut child = std::process::Command::new(ctr)
+        .arg("--address")
+        .arg(socket)
+        .args(["-n", "k8s.io", "images", "import", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {}", ctr.display()))?;
+    let mut stdin = child.stdin.take().context("ctr's stdin")?;
+    let copied = std::io::copy(archive, &mut stdin);
+    drop(stdin);
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    copied.context("piping it into ctr")
 }
