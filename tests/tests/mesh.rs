@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use testbed::k8s::wait_for;
-use testbed::mesh::{MESH_PORT, MeshCluster, MeshOptions, MeshPod, relay_url};
+use testbed::mesh::{MESH_PORT, MeshCluster, MeshOptions, MeshPod, RelayPlace, Spot, relay_url};
 use testbed::topology::HOST_SERVICE_ADDR;
 use testbed::{Netns, Reach, Topology, probe};
 
@@ -192,10 +192,9 @@ fn pod_traffic_leaving_the_cluster_is_masqueraded_with_the_node_address() {
 }
 
 /// The steps of `socialweb-agent status --json`: (name, state, attempts, since).
-fn steps(mesh: &MeshCluster<'_>, node: u8) -> Vec<(String, String, u64, String)> {
-    let status: serde_json::Value =
-        serde_json::from_str(&mesh.cli(node, &["status", "--json"]).unwrap()).unwrap();
-    status["steps"]
+fn steps(mesh: &MeshCluster<'_>, node: u8) -> anyhow::Result<Vec<(String, String, u64, String)>> {
+    let status: serde_json::Value = serde_json::from_str(&mesh.cli(node, &["status", "--json"])?)?;
+    Ok(status["steps"]
         .as_array()
         .unwrap()
         .iter()
@@ -207,7 +206,7 @@ fn steps(mesh: &MeshCluster<'_>, node: u8) -> Vec<(String, String, u64, String)>
                 s["since"].as_str().unwrap().to_string(),
             )
         })
-        .collect()
+        .collect())
 }
 
 /// What the agent's shutdown said it removed, in its order.
@@ -240,15 +239,20 @@ fn the_bring_up_runs_its_steps_in_order_and_the_shutdown_removes_them_newest_fir
     let mut mesh = MeshCluster::start(&topo, MeshOptions::default()).unwrap();
     mesh.wait_all_connected(Duration::from_secs(30)).unwrap();
     wait_for("node-1's steps done", Duration::from_secs(20), || {
-        Ok(steps(&mesh, 1).iter().all(|s| s.1 == "done").then_some(()))
+        Ok(steps(&mesh, 1)?.iter().all(|s| s.1 == "done").then_some(()))
     })
     .unwrap();
-    let steps = steps(&mesh, 1);
+    let steps = steps(&mesh, 1).unwrap();
     let names: Vec<&str> = steps.iter().map(|s| s.0.as_str()).collect();
     assert_eq!(names, ["sysctls", "dns", "mesh", "pod-network"]);
     // Each step was done no earlier than the one before it (RFC 3339, same zone and width).
     for pair in steps.windows(2) {
-        assert!(pair[0].3 <= pair[1].3, "{} done after {}: {steps:?}", pair[0].0, pair[1].0);
+        assert!(
+            pair[0].3 <= pair[1].3,
+            "{} done after {}: {steps:?}",
+            pair[0].0,
+            pair[1].0
+        );
     }
     mesh.stop_agent(1).unwrap();
     let removed = removed(&mesh.agent(1).log);
@@ -273,17 +277,39 @@ fn a_step_failing_midway_leaves_nothing_installed() {
         agent_args: vec!["--mesh-listen".into(), "192.0.2.1:7443".into()],
         ..MeshOptions::default()
     };
-    let mut mesh = MeshCluster::start(&topo, opts).unwrap();
-    wait_for("the mesh step to fail twice", Duration::from_secs(30), || {
-        let s = steps(&mesh, 1);
-        Ok((s.len() == 4 && s[2].1 == "retrying" && s[2].2 >= 2).then_some(s))
-    })
+    let node = topo.node(1);
+    let spot = Spot {
+        index: 1,
+        ns: &node.ns,
+        addr: None,
+    };
+    let mut mesh =
+        MeshCluster::start_in(vec![spot], &topo.host, RelayPlace::plain(), opts).unwrap();
+    wait_for(
+        "the mesh step to fail twice",
+        Duration::from_secs(30),
+        || {
+            let s = steps(&mesh, 1)?;
+            Ok((s.len() == 4 && s[2].1 == "retrying" && s[2].2 >= 2).then_some(s))
+        },
+    )
     .unwrap();
-    let s = steps(&mesh, 1);
-    assert_eq!((s[0].1.as_str(), s[1].1.as_str()), ("done", "done"), "{s:?}");
-    assert_eq!((s[3].1.as_str(), s[3].2), ("pending", 0), "not attempted: {s:?}");
+    let s = steps(&mesh, 1).unwrap();
+    assert_eq!(
+        (s[0].1.as_str(), s[1].1.as_str()),
+        ("done", "done"),
+        "{s:?}"
+    );
+    assert_eq!(
+        (s[3].1.as_str(), s[3].2),
+        ("pending", 0),
+        "not attempted: {s:?}"
+    );
     let status = mesh.cli(1, &["status"]).unwrap();
-    assert!(status.contains("192.0.2.1"), "the mesh's error is shown: {status}");
+    assert!(
+        status.contains("192.0.2.1"),
+        "the mesh's error is shown: {status}"
+    );
     let addrs = topo.node(1).ns.ip(&["addr", "show", "lo"]).unwrap();
     assert!(addrs.contains("169.254.20.10"), "DNS was up: {addrs}");
 

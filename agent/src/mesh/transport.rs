@@ -287,7 +287,7 @@ pub async fn bind(cfg: &EndpointConfig) -> Result<Endpoint> {
         .with_context(|| format!("mesh listen address {}", cfg.bind))?
         .bind()
         .await
-        .context("binding the mesh endpoint")
+        .with_context(|| format!("binding the mesh endpoint to {} (--mesh-listen)", cfg.bind))
 }
 
 /// A setting that is `auto` (derived) or a duration (`5ms`).
