@@ -201,7 +201,8 @@ impl Tunnel {
     /// Dials the broker, serves the connection until it ends, and dials again (250 ms
     /// doubling to 5 s between attempts), until the agent stops.
     async fn keep_connected(self) {
-        let mut backoff = Duration::from_millis(250);
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
         while !self.inner.stop.is_cancelled() {
             let dial = self.inner.endpoint.connect(self.broker_addr(), ALPN);
             let attempt = tokio::select! {
@@ -210,17 +211,16 @@ impl Tunnel {
             };
             match attempt {
                 Ok(Ok(conn)) => {
-                    backoff = Duration::from_millis(250);
+                    backoff.reset();
                     self.serve(conn).await;
                 }
                 Ok(Err(e)) => self.set_error(format!("connecting to the broker: {e}")),
                 Err(_) => self.set_error("connecting to the broker: timed out after 10 s"),
             }
             tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(backoff.next_delay()) => {}
                 _ = self.inner.stop.cancelled() => return,
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 

@@ -419,7 +419,8 @@ impl Mesh {
     /// when the connection ends, dial again with backoff (250 ms doubling to 5 s).
     async fn dial_loop(self, slot: Arc<PeerSlot>) {
         let relay = self.inner.cfg.endpoint.relay_url.clone();
-        let mut backoff = Duration::from_millis(250);
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
         loop {
             if slot.gone.is_cancelled() {
                 return;
@@ -444,7 +445,7 @@ impl Mesh {
             };
             match attempt {
                 Ok(Ok(conn)) => {
-                    backoff = Duration::from_millis(250);
+                    backoff.reset();
                     self.serve(slot.clone(), conn).await;
                 }
                 Ok(Err(e)) => slot.set_error(format!("connect: {e}")),
@@ -452,10 +453,9 @@ impl Mesh {
             }
             let jitter = Duration::from_millis(rand::random::<u64>() % 100);
             tokio::select! {
-                _ = tokio::time::sleep(backoff + jitter) => {}
+                _ = tokio::time::sleep(backoff.next_delay() + jitter) => {}
                 _ = slot.gone.cancelled() => return,
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 
