@@ -8,6 +8,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -26,7 +27,7 @@ use crate::cluster::{ClusterSettings, Clusters};
 use crate::config::Config;
 use crate::front::Front;
 use crate::market::{Market, MarketClient, Transport};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, check};
 use crate::provision::{OnChange, Provisioner, Settings};
 use crate::relay::{self, Allow};
 use crate::services::Services;
@@ -296,14 +297,25 @@ async fn relay(
 }
 
 /// The callback that keeps the relay's allow list, the tunnel's links and the
-/// live-provisions gauge in line with the store whenever a provision changes.
+/// provisions' gauges in line with the store whenever a provision changes.
 fn on_change(store: &Store, metrics: &Metrics, allow: Allow, tunnels: Tunnels) -> OnChange {
-    let (store, gauge) = (store.clone(), metrics.live_provisions.clone());
+    let (store, metrics) = (store.clone(), metrics.clone());
     let refresh = move || {
-        let (store, allow, gauge, tunnels) =
-            (store.clone(), allow.clone(), gauge.clone(), tunnels.clone());
+        let (store, allow, metrics, tunnels) = (
+            store.clone(),
+            allow.clone(),
+            metrics.clone(),
+            tunnels.clone(),
+        );
         tokio::spawn(async move {
             if let Ok(all) = store.provisions(None).await {
+                let gauge = &metrics.live_provisions;
+                metrics.provisions(
+                    &all.iter()
+                        .filter(|p| p.state.live())
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                );
                 let live: Vec<iroh::EndpointId> = all
                     .iter()
                     .filter(|p| p.state.live())
@@ -317,6 +329,84 @@ fn on_change(store: &Store, metrics: &Metrics, allow: Allow, tunnels: Tunnels) -
     };
     refresh();
     OnChange(Box::new(refresh))
+}
+
+/// The market, its calls counted by provider and call (and failures by kind).
+fn observed(market: Market, metrics: &Metrics) -> Market {
+    let m = metrics.clone();
+    market.observed(move |provider, call, failed| m.market_call(provider, call, failed))
+}
+
+/// The checks of `/healthz` and `/readyz` known at start (docs/operations.md): the store
+/// answers a query, the embedded provider's loop turns and it takes leases, and every cluster
+/// was resumed (`resumed`). The front's is added once it listens ([`front_check`]).
+fn health_checks(
+    metrics: &Metrics,
+    store: &Store,
+    provider: Option<&Provider>,
+    resumed: Arc<AtomicBool>,
+) {
+    let h = &metrics.health;
+    let s = store.clone();
+    h.ready(
+        "store",
+        check(move || {
+            let s = s.clone();
+            async move {
+                let t = std::time::Instant::now();
+                match s.ping().await {
+                    Ok(()) => Ok(format!(
+                        "{} answered in {} ms",
+                        s.backend(),
+                        t.elapsed().as_millis()
+                    )),
+                    Err(e) => Err(format!("{e:#}")),
+                }
+            }
+        }),
+    );
+    if let Some(p) = provider {
+        let (a, r) = (p.clone(), p.clone());
+        h.live(
+            "local-provider-loop",
+            check(move || std::future::ready(a.alive())),
+        );
+        h.ready(
+            "local-provider",
+            check(move || std::future::ready(r.ready())),
+        );
+    }
+    h.ready(
+        "clusters",
+        check(move || {
+            std::future::ready(if resumed.load(Ordering::Relaxed) {
+                Ok("every cluster resumed".to_string())
+            } else {
+                Err("resuming the clusters (their control planes start, their leases are reconciled)".to_string())
+            })
+        }),
+    );
+}
+
+/// `/readyz`'s front check: the front's port accepts a TCP connection.
+fn front_check(metrics: &Metrics, bound: SocketAddr) {
+    let mut at = bound;
+    if at.ip().is_unspecified() {
+        at.set_ip(if at.is_ipv4() {
+            IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+        } else {
+            IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+        });
+    }
+    metrics.health.ready(
+        "front",
+        check(move || async move {
+            match tokio::net::TcpStream::connect(at).await {
+                Ok(_) => Ok(format!("accepting connections on {bound}")),
+                Err(e) => Err(format!("{at}: {e}")),
+            }
+        }),
+    );
 }
 
 /// The front's serving certificate names: the host of its public URL, the service address,
@@ -473,7 +563,9 @@ impl Daemon {
         let (market, provider) = market(&cfg, &stop).await?;
         let metrics = Metrics::default();
         let metrics_addr = metrics.serve(cfg.metrics.listen, stop.clone()).await?;
-        info!(%metrics_addr, broker = %id, "metrics at /metrics");
+        info!(%metrics_addr, broker = %id, "metrics at /metrics, /healthz, /readyz");
+        let resumed = Arc::new(AtomicBool::new(false));
+        health_checks(&metrics, &store, provider.as_ref(), resumed.clone());
         let tls = FrontTls::load(&cfg)?;
         let (relay_url, allow) = relay(&cfg, &tls, &stop).await?;
         let tunnels = Tunnels::start(
@@ -490,7 +582,7 @@ impl Daemon {
         let provisioner = Arc::new(Provisioner::new(
             provision_settings(&cfg, relay_url, tls.ca_pem.clone(), &tunnels)?,
             store.clone(),
-            market,
+            observed(market, &metrics),
             id,
             metrics.clone(),
             on_change(&store, &metrics, allow, tunnels.clone()),
@@ -498,6 +590,7 @@ impl Daemon {
         let services = Self::way_in(&cfg, &store, provisioner.clone(), tunnels, tls, &stop).await?;
         sweep(&provisioner).await;
         services.clusters.resume().await?;
+        resumed.store(true, Ordering::Relaxed);
         Ok(Arc::new(Daemon {
             services,
             store,
@@ -518,7 +611,11 @@ impl Daemon {
     ) -> Result<Services> {
         let records = Arc::new(Records::new(store.certificates().await?));
         let server_tls = crate::front::tls::server_config(tls.chain, tls.key)?;
-        let front = Arc::new(Front::new(records.clone(), cfg.front_url()));
+        let front = Arc::new(Front::new(
+            records.clone(),
+            cfg.front_url(),
+            provisioner.metrics().clone(),
+        ));
         let access = Arc::new(Access::new(
             store.clone(),
             records,
@@ -546,6 +643,7 @@ impl Daemon {
         if let Err(e) = policy.serving() {
             warn!("the gateway API refuses users: {e}");
         }
+        let metrics = provisioner.metrics().clone();
         let services = Services::new(clusters, access, policy, provisioner);
         let gateway = Arc::new(Gateway {
             services: services.clone(),
@@ -558,10 +656,11 @@ impl Daemon {
                 per_did_per_minute: cfg.access.requests_per_minute_per_did,
                 creates_per_did_per_hour: cfg.access.creates_per_hour_per_did,
             }),
+            metrics: metrics.clone(),
         });
         spawn_sweeps(gateway.clone(), stop.clone());
         let api = crate::api::router(gateway);
-        crate::front::serve(
+        let bound = crate::front::serve(
             cfg.front.listen,
             server_tls,
             front_limits(cfg),
@@ -570,6 +669,7 @@ impl Daemon {
             stop.clone(),
         )
         .await?;
+        front_check(&metrics, bound);
         Ok(services)
     }
 
@@ -667,6 +767,13 @@ pub async fn run_provider(cfg: Config, stop: CancellationToken) -> Result<()> {
     };
     let bound = socialweb_provider::serve(provider.clone(), listen, stop.clone()).await?;
     info!(%bound, pin = %me.pin_text(), "local provider running");
+    // Plain HTTP, for monitoring only: /healthz, /readyz, /metrics (docs/operations.md).
+    socialweb_provider::serve(
+        provider.clone(),
+        Listen::Health(cfg.metrics.listen),
+        stop.clone(),
+    )
+    .await?;
     stop.cancelled().await;
     provider.stop();
     Ok(())

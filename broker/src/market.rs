@@ -32,6 +32,16 @@ pub enum MarketError {
 impl MarketError {
     /// Whether repeating the same call later may succeed (the provider was slow, away, or
     /// failed inside), as opposed to a refusal that will not change.
+    /// What kind of failure, as the metrics label it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            MarketError::Timeout { .. } => "timeout",
+            MarketError::Unreachable { .. } => "unreachable",
+            MarketError::Refused { .. } => "refused",
+            MarketError::Garbage { .. } => "garbage",
+        }
+    }
+
     pub fn transient(&self) -> bool {
         match self {
             MarketError::Timeout { .. } | MarketError::Unreachable { .. } => true,
@@ -281,11 +291,55 @@ impl MarketClient {
 #[derive(Debug, Clone)]
 pub struct Market {
     providers: Vec<(String, MarketClient)>,
+    observer: Observer,
+}
+
+/// What is told of every call to a provider: the provider's name, the call (`post_rfp`,
+/// `get_rfp`, `accept`, `get_lease`, `list_leases`, `offer`, `release`) and how it failed
+/// ([`MarketError::kind`]; `None`: it did not). The daemon counts them in the metrics.
+#[derive(Clone, Default)]
+pub struct Observer(Option<Observe>);
+
+/// `(provider, call, how it failed)`.
+type Observe = std::sync::Arc<dyn Fn(&str, &str, Option<&str>) + Send + Sync>;
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Observer(set)"
+        } else {
+            "Observer(none)"
+        })
+    }
 }
 
 impl Market {
     pub fn new(providers: Vec<(String, MarketClient)>) -> Market {
-        Market { providers }
+        Market {
+            providers,
+            observer: Observer::default(),
+        }
+    }
+
+    /// The same market, telling `f` of every call ([`Observer`]).
+    pub fn observed(self, f: impl Fn(&str, &str, Option<&str>) + Send + Sync + 'static) -> Market {
+        let f: Observe = std::sync::Arc::new(f);
+        Market {
+            observer: Observer(Some(f)),
+            ..self
+        }
+    }
+
+    fn note<T>(
+        &self,
+        provider: &str,
+        call: &str,
+        r: Result<T, MarketError>,
+    ) -> Result<T, MarketError> {
+        if let Some(f) = &self.observer.0 {
+            f(provider, call, r.as_ref().err().map(MarketError::kind));
+        }
+        r
     }
 
     pub fn names(&self) -> Vec<&str> {
@@ -314,7 +368,7 @@ impl Market {
         let mut last = None;
         let mut taken = 0;
         for (name, c) in &self.providers {
-            match c.post_rfp(r).await {
+            match self.note(name, "post_rfp", c.post_rfp(r).await) {
                 Ok(_) => taken += 1,
                 Err(e) => {
                     tracing::warn!(provider = %name, "{e}");
@@ -336,7 +390,7 @@ impl Market {
         let mut last = None;
         let mut answered = 0;
         for (name, c) in &self.providers {
-            match c.rfp(id).await {
+            match self.note(name, "get_rfp", c.rfp(id).await) {
                 Ok(r) => {
                     answered += 1;
                     // A bid's id goes into a URL path: one that is not a protocol id is
@@ -375,15 +429,18 @@ impl Market {
         bid: &str,
         a: &Accept,
     ) -> Result<Lease, MarketError> {
-        self.client(provider)?.accept(bid, a).await
+        let r = self.client(provider)?.accept(bid, a).await;
+        self.note(provider, "accept", r)
     }
 
     pub async fn lease(&self, provider: &str, id: &str) -> Result<Option<Lease>, MarketError> {
-        self.client(provider)?.lease(id).await
+        let r = self.client(provider)?.lease(id).await;
+        self.note(provider, "get_lease", r)
     }
 
     pub async fn release(&self, provider: &str, id: &str) -> Result<Option<Lease>, MarketError> {
-        self.client(provider)?.release(id).await
+        let r = self.client(provider)?.release(id).await;
+        self.note(provider, "release", r)
     }
 
     /// The shapes the providers rent at `isolation` or more, each at its lowest price; a
@@ -392,7 +449,7 @@ impl Market {
     pub async fn shapes(&self, isolation: socialweb_market::Isolation) -> Vec<Shape> {
         let mut out: Vec<Shape> = Vec::new();
         for (name, c) in &self.providers {
-            let o = match c.offer().await {
+            let o = match self.note(name, "offer", c.offer().await) {
                 Ok(o) => o,
                 Err(e) => {
                     tracing::warn!(provider = %name, "its offer: {e}");
@@ -425,8 +482,7 @@ impl Market {
         let mut out = Vec::new();
         for (name, c) in &self.providers {
             out.extend(
-                c.leases(key, value)
-                    .await?
+                self.note(name, "list_leases", c.leases(key, value).await)?
                     .into_iter()
                     .map(|l| (name.clone(), l)),
             );

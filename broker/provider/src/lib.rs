@@ -144,6 +144,8 @@ struct Inner {
     image: Option<vm::NodeImage>,
     /// Its VMs' accelerator and why (a VM provider only).
     accel: Option<(vm::Accel, String)>,
+    /// When the monitor loop last finished a pass (`/healthz`).
+    turned: std::sync::Mutex<std::time::Instant>,
 }
 
 /// Problems the server turns into error answers.
@@ -221,6 +223,7 @@ impl Provider {
                 stop: CancellationToken::new(),
                 image,
                 accel,
+                turned: std::sync::Mutex::new(std::time::Instant::now()),
             }),
         };
         for id in p.adopt() {
@@ -234,6 +237,42 @@ impl Provider {
     /// Stops watching (machines keep running; a later start adopts them).
     pub fn stop(&self) {
         self.inner.stop.cancel();
+    }
+
+    /// Alive (`/healthz`): not stopping, and its monitor loop (which boots, watches and
+    /// restarts the nodes every 250 ms) finished a pass within the last 10 s.
+    pub fn alive(&self) -> Result<String, String> {
+        if self.inner.stop.is_cancelled() {
+            return Err("the provider is stopping".into());
+        }
+        let ago = self.inner.turned.lock().expect("lock").elapsed();
+        if ago > std::time::Duration::from_secs(10) {
+            return Err(format!(
+                "the monitor loop last finished a pass {:.1} s ago (it turns every 250 ms)",
+                ago.as_secs_f64()
+            ));
+        }
+        Ok(format!(
+            "the monitor loop finished a pass {:.1} s ago",
+            ago.as_secs_f64()
+        ))
+    }
+
+    /// Ready to take leases (`/readyz`): alive, and its records' directory is there (every
+    /// lease is written to it before it is answered); says how many slots are free.
+    pub fn ready(&self) -> Result<String, String> {
+        self.alive()?;
+        let dir = &self.inner.cfg.dir;
+        if !dir.is_dir() {
+            return Err(format!("its records' directory {} is gone", dir.display()));
+        }
+        let o = self.offer_view();
+        Ok(format!(
+            "{} of {} slots free, records in {}",
+            o.free,
+            self.inner.cfg.capacity,
+            self.inner.cfg.records().display()
+        ))
     }
 
     /// What it bids with: its config's offer, the isolation of its machines, what they are.

@@ -290,6 +290,7 @@ impl Provider {
             for e in entries {
                 self.look_at(e).await;
             }
+            *self.inner.turned.lock().expect("lock") = std::time::Instant::now();
         }
     }
 

@@ -1,8 +1,10 @@
 //! The local provider's HTTP surface: the market protocol, version 1 (docs/market.md), on
 //! one of two transports: mutual TLS with pinned keys on a TCP address (a provider machine,
 //! whose clients are the brokers its operator listed), or a Unix socket only its owner can
-//! open (the broker's embedded provider; its one client is the broker process). Plain HTTP
-//! on a TCP port is not served.
+//! open (the broker's embedded provider; its one client is the broker process). The market
+//! protocol is never served as plain HTTP on a TCP port; what is ([`Listen::Health`], a
+//! provider machine's `metrics.listen`, loopback by default) is `/healthz`, `/readyz` and
+//! `/metrics`, which touch no lease.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -175,6 +177,10 @@ pub enum Listen {
     },
     /// A Unix socket, mode 0600 in an owner-only directory.
     Unix(std::path::PathBuf),
+    /// Plain HTTP on `addr`, for monitoring only: `/healthz` ([`Provider::alive`]),
+    /// `/readyz` ([`Provider::ready`]), each plain text answered 200 or 503, and `/metrics`
+    /// (`socialweb_provider_ready`, `_capacity`, `_leases{state}`).
+    Health(SocketAddr),
 }
 
 fn router(p: Provider) -> Router {
@@ -194,11 +200,98 @@ fn router(p: Provider) -> Router {
 
 /// Serves `p` as `listen` says until `stop`; returns where (the bound address or the socket).
 pub async fn serve(p: Provider, listen: Listen, stop: CancellationToken) -> Result<String> {
-    let app = router(p);
     match listen {
-        Listen::Unix(path) => serve_unix(app, &path, stop).await,
-        Listen::Tls { addr, tls } => serve_tls(app, addr, tls, stop).await,
+        Listen::Unix(path) => serve_unix(router(p), &path, stop).await,
+        Listen::Tls { addr, tls } => serve_tls(router(p), addr, tls, stop).await,
+        Listen::Health(addr) => serve_health(health_router(p), addr, stop).await,
     }
+}
+
+fn check_answer(what: &str, r: Result<String, String>) -> Response {
+    match r {
+        Ok(line) => (
+            StatusCode::OK,
+            format!("[+] provider: {line}\n{what}: ok\n"),
+        )
+            .into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("[-] provider: {why}\n{what}: failed\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// The provider's series, in Prometheus' text format.
+fn metrics_text(p: &Provider) -> String {
+    let mut out = String::new();
+    let ready = i64::from(p.ready().is_ok());
+    out.push_str("# HELP socialweb_provider_ready 1 when /readyz answers 200\n");
+    out.push_str(&format!(
+        "# TYPE socialweb_provider_ready gauge\nsocialweb_provider_ready {ready}\n"
+    ));
+    out.push_str("# HELP socialweb_provider_capacity Nodes it runs at most\n");
+    out.push_str(&format!(
+        "# TYPE socialweb_provider_capacity gauge\nsocialweb_provider_capacity {}\n",
+        p.inner.cfg.capacity
+    ));
+    out.push_str("# HELP socialweb_provider_leases Leases it holds, by state\n");
+    out.push_str("# TYPE socialweb_provider_leases gauge\n");
+    let mut by: std::collections::BTreeMap<String, u64> =
+        ["booting", "running", "failed", "released"]
+            .into_iter()
+            .map(|s| (s.to_string(), 0))
+            .collect();
+    p.inner.ledger.read(|b| {
+        for e in b.leases.values() {
+            let state = serde_json::to_value(e.lease.state).ok();
+            if let Some(s) = state.as_ref().and_then(|v| v.as_str()) {
+                *by.entry(s.to_string()).or_default() += 1;
+            }
+        }
+    });
+    for (state, n) in by {
+        out.push_str(&format!(
+            "socialweb_provider_leases{{state=\"{state}\"}} {n}\n"
+        ));
+    }
+    out
+}
+
+fn health_router(p: Provider) -> Router {
+    Router::new()
+        .route(
+            "/healthz",
+            get(|State(p): State<Provider>| async move { check_answer("healthz", p.alive()) }),
+        )
+        .route(
+            "/readyz",
+            get(|State(p): State<Provider>| async move { check_answer("readyz", p.ready()) }),
+        )
+        .route(
+            "/metrics",
+            get(|State(p): State<Provider>| async move {
+                (
+                    [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                    metrics_text(&p),
+                )
+            }),
+        )
+        .with_state(p)
+}
+
+async fn serve_health(app: Router, addr: SocketAddr, stop: CancellationToken) -> Result<String> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+        format!("metrics.listen: binding {addr} (the provider's /healthz, /readyz, /metrics)")
+    })?;
+    let bound = listener.local_addr()?;
+    tracing::info!(%bound, "local provider: /healthz, /readyz and /metrics");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+    });
+    Ok(bound.to_string())
 }
 
 async fn serve_unix(

@@ -143,6 +143,8 @@ pub struct Gateway {
     /// Where spent nonces are kept.
     pub store: Store,
     pub rates: limits::Rates,
+    /// Calls counted by method and status class, and timed.
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl Gateway {
@@ -193,13 +195,34 @@ async fn call(
     Query(params): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> Response {
+    let t = std::time::Instant::now();
+    let resp = answer(&g, &method, peer, &http_method, &headers, params, &body).await;
+    // The label is one of the methods, or `other`: bounded whatever callers send.
+    let known = METHODS.iter().find(|(m, _)| *m == method).map(|(m, _)| *m);
+    g.metrics.api_request(
+        known.unwrap_or("other"),
+        resp.status().as_u16(),
+        t.elapsed(),
+    );
+    resp
+}
+
+async fn answer(
+    g: &Gateway,
+    method: &str,
+    peer: Option<axum::Extension<Peer>>,
+    http_method: &Method,
+    headers: &HeaderMap,
+    params: HashMap<String, String>,
+    body: &[u8],
+) -> Response {
     // Before anything costs: the token's DID is resolved and its signature checked next.
     if let Some(axum::Extension(Peer(addr))) = peer
         && let Err(e) = g.rates.source(addr.ip())
     {
         return ApiError::from(e).into_response();
     }
-    match dispatch(&g, &method, &http_method, &headers, params, &body).await {
+    match dispatch(g, method, http_method, headers, params, body).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => e.into_response(),
     }

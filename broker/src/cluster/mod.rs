@@ -412,6 +412,7 @@ impl Clusters {
             gogc: self.settings.gogc,
             budget: self.settings.budget,
             datastore_quota: self.settings.datastore_quota,
+            metrics: self.provisioner.metrics().clone(),
         }
     }
 

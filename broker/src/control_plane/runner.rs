@@ -83,6 +83,8 @@ pub struct Spec {
     /// its own default (2 GiB): the embedded etcd of `image-builder/kubernetes/main.go` takes
     /// no quota flag yet, and adding one rebuilds Kubernetes.
     pub datastore_quota: Option<u64>,
+    /// Where the supervisor counts the components it restarts.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// What keeps a cluster's objects (docs/hibernation.md says how they compare): etcd, or kine
@@ -580,6 +582,9 @@ impl Supervisor {
             warn!(cluster = %self.spec.cluster, component = name, "{name} exited ({status}); restarting");
             self.children[i] = None;
             self.restarts[i] += 1;
+            self.spec
+                .metrics
+                .component_restarted(&self.spec.cluster, name);
             let delay = Duration::from_millis(500 * 2u64.pow(self.restarts[i].min(6)));
             self.next_try[i] = tokio::time::Instant::now() + delay;
             let _ = self

@@ -77,6 +77,8 @@ pub struct Front {
     /// Per cluster: the requests in flight at it (hibernation waits for none), and the
     /// signal that wakes it (many requests, one wake: a `Notify` keeps one permit).
     clusters: Mutex<HashMap<String, PerCluster>>,
+    /// Requests counted by door, status class and cluster.
+    metrics: crate::metrics::Metrics,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -86,7 +88,11 @@ struct PerCluster {
 }
 
 impl Front {
-    pub fn new(records: Arc<Records>, public_url: String) -> Front {
+    pub fn new(
+        records: Arc<Records>,
+        public_url: String,
+        metrics: crate::metrics::Metrics,
+    ) -> Front {
         Front {
             records,
             mounts: RwLock::new(HashMap::new()),
@@ -94,6 +100,7 @@ impl Front {
             public_url,
             changes: tokio::sync::watch::Sender::new(0),
             clusters: Mutex::new(HashMap::new()),
+            metrics,
         }
     }
 
@@ -122,6 +129,7 @@ impl Front {
     pub fn unmount(&self, cluster: &str) {
         self.mounts.write().expect("lock").remove(cluster);
         self.clusters.lock().expect("lock").remove(cluster);
+        self.metrics.forget_cluster(cluster);
         self.changes.send_modify(|n| *n += 1);
     }
 
@@ -238,7 +246,12 @@ async fn connection(
             async move {
                 let in_flight = conn.activity.start();
                 let req = req.map(|b| body::paced(Body::new(b), limits.body, &conn.activity));
+                let t = std::time::Instant::now();
+                let at_api = req.uri().path().starts_with("/xrpc/");
                 let resp = handle(&front, &conn, api, req).await;
+                front
+                    .metrics
+                    .front_request(at_api, resp.status().as_u16(), t.elapsed());
                 Ok::<_, std::convert::Infallible>(listener::tracked(resp, in_flight))
             }
         })
@@ -407,9 +420,12 @@ async fn handle(
     // Counted from here: a request held while its cluster wakes keeps it from hibernating
     // again, and so does its response body (a watch) or its upgraded stream.
     let busy = front.activity(&mount.cluster).start();
-    let up = match wake::upstream(front, &mount.cluster).await {
-        Ok(up) => up,
-        Err(answer) => return answer,
+    let answer = match wake::upstream(front, &mount.cluster).await {
+        Ok(up) => proxy::forward(&up, req, &tail, &who.did, conn, busy).await,
+        Err(answer) => answer,
     };
-    proxy::forward(&up, req, &tail, &who.did, conn, busy).await
+    front
+        .metrics
+        .cluster_request(&mount.cluster, answer.status().as_u16());
+    answer
 }

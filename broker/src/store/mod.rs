@@ -127,6 +127,15 @@ impl Store {
         self.backend
     }
 
+    /// One query that reaches the database (the broker's `/readyz`).
+    pub async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .context("the store did not answer SELECT 1")?;
+        Ok(())
+    }
+
     pub async fn cluster(&self, name: &str) -> Result<Option<Cluster>> {
         sqlx::query("SELECT * FROM clusters WHERE name = $1")
             .bind(name)
