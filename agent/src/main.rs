@@ -25,7 +25,7 @@ use socialweb_agent::{agent, cli, ctl};
 #[derive(Debug, Parser)]
 #[command(
     name = "socialweb-agent",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("SOCIALWEB_COMMIT"), ")"),
     about,
     long_about,
     verbatim_doc_comment

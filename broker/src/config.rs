@@ -36,10 +36,17 @@ pub struct Config {
     /// Where the store (SQLite by default), the clusters' PKI and data, and the provider's
     /// records live.
     pub state_dir: PathBuf,
-    /// The broker's public address: where nodes reach its tunnel endpoint and its relay (and
-    /// users its front, unless `front.public_url` says otherwise). Put on `lo` when no
-    /// interface has it. Tenant control planes listen on loopback only.
+    /// The address the broker's tunnel endpoint and relay listen on, and, unless
+    /// `advertise_addr` says otherwise, where nodes reach them (and users the front, unless
+    /// `front.public_url` says otherwise). Put on `lo` when no interface has it. Tenant
+    /// control planes listen on loopback only.
     pub service_addr: Ipv4Addr,
+    /// The address nodes and users are told to reach the broker at, when it is not
+    /// `service_addr`: a public address on no interface of this host, forwarded to
+    /// `service_addr` (a cloud's 1:1 NAT: an elastic or floating IP). Identities name it for
+    /// the tunnel endpoint and the relay, the front's default URL and serving certificate
+    /// carry it. Default: `service_addr`.
+    pub advertise_addr: Option<Ipv4Addr>,
     /// The Kubernetes we ship: a directory with `kube` and `pause`.
     pub kube_dir: PathBuf,
     /// The owner-only control socket the `cluster` commands use.
@@ -278,8 +285,10 @@ pub struct Front {
     /// This broker's DID: the `aud` every service-auth token must name. Default:
     /// `did:web:<host of public_url>`.
     pub service_did: Option<String>,
-    /// The serving certificate chain and key (PEM). Without them the broker makes a CA of
-    /// its own (`<state_dir>/front/ca.crt`) and puts it in every kubeconfig.
+    /// The serving certificate chain and key (PEM), looked at every 10 s and served anew
+    /// from the next handshake when either file changes (a renewal needs no restart). Without
+    /// them the broker makes a CA of its own (`<state_dir>/front/ca.crt`) and puts it in
+    /// every kubeconfig.
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     /// Names and addresses the self-made serving certificate carries, besides the host of
@@ -467,6 +476,7 @@ impl Default for Config {
         Config {
             state_dir: "/var/lib/socialweb-broker".into(),
             service_addr: Ipv4Addr::new(10, 255, 255, 1),
+            advertise_addr: None,
             kube_dir: "/usr/lib/socialweb/kubernetes".into(),
             ctl_socket: "/run/socialweb-broker/broker.sock".into(),
             store: Store::default(),
@@ -634,6 +644,7 @@ pub const ENV: &[(&str, &str)] = &[
     ("SOCIALWEB_BROKER_STORE_URL", "store.url"),
     ("SOCIALWEB_BROKER_MARKET_URL", "market.url"),
     ("SOCIALWEB_BROKER_SERVICE_ADDR", "service_addr"),
+    ("SOCIALWEB_BROKER_ADVERTISE_ADDR", "advertise_addr"),
     ("SOCIALWEB_BROKER_KUBE_DIR", "kube_dir"),
     (
         "SOCIALWEB_BROKER_HIBERNATE_AFTER",
@@ -744,6 +755,12 @@ impl Config {
                         .trim()
                         .parse()
                         .map_err(|e| err(var, format!("{v:?}: {e}")))?
+                }
+                "SOCIALWEB_BROKER_ADVERTISE_ADDR" => {
+                    c.advertise_addr = Some(v.trim())
+                        .filter(|s| !s.is_empty())
+                        .map(|s| s.parse().map_err(|e| err(var, format!("{v:?}: {e}"))))
+                        .transpose()?
                 }
                 "SOCIALWEB_BROKER_KUBE_DIR" => c.kube_dir = v.into(),
                 "SOCIALWEB_BROKER_HIBERNATE_AFTER" => {
@@ -1021,6 +1038,14 @@ impl Config {
                 "must be a specific address nodes can reach",
             ));
         }
+        if let Some(a) = self.advertise_addr
+            && (a.is_unspecified() || a.is_loopback())
+        {
+            return Err(err(
+                &o("advertise_addr"),
+                format!("{a} is not an address nodes can reach"),
+            ));
+        }
         Ok(())
     }
 
@@ -1140,8 +1165,17 @@ impl Config {
     /// The URL kubeconfigs name the front by.
     pub fn front_url(&self) -> String {
         self.front.public_url.clone().unwrap_or_else(|| {
-            format!("https://{}:{}", self.service_addr, self.front.listen.port())
+            format!(
+                "https://{}:{}",
+                self.advertised_addr(),
+                self.front.listen.port()
+            )
         })
+    }
+
+    /// Where nodes and users are told the broker is: `advertise_addr`, else `service_addr`.
+    pub fn advertised_addr(&self) -> Ipv4Addr {
+        self.advertise_addr.unwrap_or(self.service_addr)
     }
 
     /// The DID service-auth tokens must be addressed to.

@@ -242,20 +242,20 @@ pub fn provider_identity(cfg: &Config) -> Result<socialweb_market_tls::Identity>
 /// The front's TLS material: the serving chain and key (the operator's, or from the broker's
 /// own front CA), and that CA when it is the broker's (kubeconfigs and identities carry it).
 struct FrontTls {
-    chain: Vec<rustls::pki_types::CertificateDer<'static>>,
-    key: rustls::pki_types::PrivateKeyDer<'static>,
+    /// Shared by the front and the relay; reloaded when the operator's files change.
+    serving: Arc<crate::front::cert::ServingCert>,
     ca_pem: Option<String>,
 }
 
 impl FrontTls {
     fn load(cfg: &Config) -> Result<FrontTls> {
-        let (chain, key, ca_pem) = crate::front::tls::serving(
+        let (serving, ca_pem) = crate::front::tls::serving(
             cfg.front.tls_cert.as_deref(),
             cfg.front.tls_key.as_deref(),
             &front_dir(cfg),
             &front_names(cfg),
         )?;
-        Ok(FrontTls { chain, key, ca_pem })
+        Ok(FrontTls { serving, ca_pem })
     }
 
     fn ca_der(&self) -> Result<Option<Vec<u8>>> {
@@ -273,27 +273,30 @@ impl FrontTls {
 
 /// The relay (HTTPS with the front's certificate, QUIC address discovery beside it),
 /// admitting the live nodes of every cluster and the broker's tunnel endpoint, and no one
-/// else; returns its URL and its allow list.
+/// else; returns its URL for nodes (at the advertised address), its URL on this host (for
+/// the broker's own endpoint, which may not reach the advertised address from inside: a
+/// 1:1 NAT seldom hairpins) and its allow list.
 async fn relay(
     cfg: &Config,
     tls: &FrontTls,
     stop: &CancellationToken,
-) -> Result<(url::Url, Allow)> {
+) -> Result<(url::Url, url::Url, Allow)> {
     let allow = Allow::only([]);
     let addr = SocketAddr::new(IpAddr::V4(cfg.service_addr), cfg.relay.port);
     let quic = (cfg.relay.quic_port != 0)
         .then(|| SocketAddr::new(IpAddr::V4(cfg.service_addr), cfg.relay.quic_port));
-    let server_config = crate::front::tls::relay_config(tls.chain.clone(), tls.key.clone_key())?;
+    let server_config = crate::front::tls::relay_config(tls.serving.clone())?;
     let server = relay::serve_tls(addr, server_config, quic, allow.clone()).await?;
     let stop = stop.clone();
     tokio::spawn(async move {
         stop.cancelled().await;
         let _ = server.shutdown().await;
     });
-    let url = format!("https://{addr}")
-        .parse()
-        .context("the relay's URL")?;
-    Ok((url, allow))
+    let advertised = SocketAddr::new(IpAddr::V4(cfg.advertised_addr()), cfg.relay.port);
+    let url = |a: SocketAddr| -> Result<url::Url> {
+        format!("https://{a}").parse().context("the relay's URL")
+    };
+    Ok((url(advertised)?, url(addr)?, allow))
 }
 
 /// The callback that keeps the relay's allow list, the tunnel's links and the
@@ -418,6 +421,7 @@ fn front_names(cfg: &Config) -> Vec<String> {
         .into_iter()
         .chain([
             cfg.service_addr.to_string(),
+            cfg.advertised_addr().to_string(),
             "127.0.0.1".into(),
             "localhost".into(),
         ])
@@ -484,7 +488,7 @@ fn provision_settings(
         tunnel: socialweb_wire::BrokerEndpoint {
             endpoint: *tunnels.id().as_bytes(),
             addrs: vec![SocketAddr::new(
-                IpAddr::V4(cfg.service_addr),
+                IpAddr::V4(cfg.advertised_addr()),
                 cfg.tunnel.port,
             )],
         },
@@ -567,11 +571,11 @@ impl Daemon {
         let resumed = Arc::new(AtomicBool::new(false));
         health_checks(&metrics, &store, provider.as_ref(), resumed.clone());
         let tls = FrontTls::load(&cfg)?;
-        let (relay_url, allow) = relay(&cfg, &tls, &stop).await?;
+        let (relay_url, local_relay_url, allow) = relay(&cfg, &tls, &stop).await?;
         let tunnels = Tunnels::start(
             &TunnelSettings {
                 bind: SocketAddr::new(IpAddr::V4(cfg.service_addr), cfg.tunnel.port),
-                relay_url: relay_url.clone(),
+                relay_url: local_relay_url,
                 relay_ca: tls.ca_der()?,
                 key_file: cfg.state_dir.join("tunnel.key"),
             },
@@ -610,7 +614,8 @@ impl Daemon {
         stop: &CancellationToken,
     ) -> Result<Services> {
         let records = Arc::new(Records::new(store.certificates().await?));
-        let server_tls = crate::front::tls::server_config(tls.chain, tls.key)?;
+        tls.serving.watch(stop.clone());
+        let server_tls = crate::front::tls::server_config(tls.serving.clone())?;
         let front = Arc::new(Front::new(
             records.clone(),
             cfg.front_url(),

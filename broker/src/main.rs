@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Parser)]
 #[command(
     name = "socialweb-broker",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("SOCIALWEB_COMMIT"), ")"),
     about,
     long_about,
     verbatim_doc_comment
@@ -459,8 +459,8 @@ async fn relay(a: RelayArgs) -> Result<()> {
             } else {
                 a.tls_names.clone()
             };
-            let (chain, key, _) = socialweb_broker::front::tls::serving(None, None, dir, &names)?;
-            let config = socialweb_broker::front::tls::relay_config(chain, key)?;
+            let (serving, _) = socialweb_broker::front::tls::serving(None, None, dir, &names)?;
+            let config = socialweb_broker::front::tls::relay_config(serving)?;
             let quic = (a.quic_port != 0).then(|| SocketAddr::new(a.listen.ip(), a.quic_port));
             let server = socialweb_broker::relay::serve_tls(a.listen, config, quic, allow).await?;
             eprintln!(

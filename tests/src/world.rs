@@ -23,6 +23,9 @@ use crate::process::Spawned;
 
 /// The operator's host: the broker's public address.
 pub const OPERATOR_ADDR: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
+/// The operator's host's own address behind a 1:1 NAT ([`World::behind_one_to_one_nat`]):
+/// the only one on its interface; the internet maps [`OPERATOR_ADDR`] to it.
+pub const OPERATOR_PRIVATE_ADDR: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
 /// The internet's resolver (dnsmasq, answering `example.test`).
 pub const RESOLVER_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 53);
 /// Where users' own servers are on the internet (a did:web document host): the resolver
@@ -56,6 +59,9 @@ pub struct World {
     // Field order is drop order.
     pub providers: Vec<ProviderMachine>,
     pub operator: Netns,
+    /// The address the operator's host has on its interface: [`OPERATOR_ADDR`], or
+    /// [`OPERATOR_PRIVATE_ADDR`] behind a 1:1 NAT.
+    pub operator_addr: Ipv4Addr,
     _resolver: Spawned,
     pub internet: Netns,
 }
@@ -63,15 +69,52 @@ pub struct World {
 impl World {
     /// The internet, the operator's host, and `providers` provider machines.
     pub fn new(providers: u8) -> Result<World> {
+        World::build(providers, false)
+    }
+
+    /// The same world with the operator's host behind a cloud's 1:1 NAT (an elastic or
+    /// floating IP): its interface has [`OPERATOR_PRIVATE_ADDR`] only, and the internet maps
+    /// [`OPERATOR_ADDR`] to it both ways (destination in, source out). Nothing reaches the
+    /// private address except through the mapping, as from outside a cloud.
+    pub fn behind_one_to_one_nat(providers: u8) -> Result<World> {
+        World::build(providers, true)
+    }
+
+    fn build(providers: u8, nat: bool) -> Result<World> {
         let internet = Netns::new("internet")?;
         link::sysctl(&internet, "net.ipv4.ip_forward", "1")?;
         link::addr(&internet, "lo", &format!("{RESOLVER_ADDR}/32"))?;
         link::addr(&internet, "lo", &format!("{USERS_ADDR}/32"))?;
         let operator = Netns::new("operator")?;
         link::veth(&internet, "op", &operator, "eth0")?;
-        link::addr(&internet, "op", "203.0.113.254/24")?;
-        link::addr(&operator, "eth0", &format!("{OPERATOR_ADDR}/24"))?;
-        link::route(&operator, "default", Some("203.0.113.254"), None)?;
+        let operator_addr = if nat {
+            link::addr(&internet, "op", "10.200.0.254/24")?;
+            link::addr(&operator, "eth0", &format!("{OPERATOR_PRIVATE_ADDR}/24"))?;
+            link::route(&operator, "default", Some("10.200.0.254"), None)?;
+            // The cloud's router knows where the public address lives (its own sockets need
+            // a route before the mapping rewrites their destination).
+            link::route(&internet, &format!("{OPERATOR_ADDR}/32"), None, Some("op"))?;
+            let (public, private) = (OPERATOR_ADDR, OPERATOR_PRIVATE_ADDR);
+            let rules = format!(
+                "table ip one_to_one {{\n\
+                 chain prerouting {{ type nat hook prerouting priority -100; ip daddr {public} dnat to {private}; }}\n\
+                 chain output {{ type nat hook output priority -100; ip daddr {public} dnat to {private}; }}\n\
+                 chain postrouting {{ type nat hook postrouting priority 100; ip saddr {private} snat to {public}; }}\n\
+                 chain forward {{ type filter hook forward priority 0; policy accept; \
+                 oifname \"op\" ct status dnat accept; oifname \"op\" ct state established,related accept; \
+                 oifname \"op\" drop; }}\n\
+                 }}\n"
+            );
+            internet
+                .exec_with_stdin("nft", &["-f", "-"], rules.as_bytes())
+                .context("the 1:1 NAT's rules")?;
+            private
+        } else {
+            link::addr(&internet, "op", "203.0.113.254/24")?;
+            link::addr(&operator, "eth0", &format!("{OPERATOR_ADDR}/24"))?;
+            link::route(&operator, "default", Some("203.0.113.254"), None)?;
+            OPERATOR_ADDR
+        };
         link::bridge(&internet, "pv", Some("198.51.100.254/24"))?;
         let mut machines = Vec::new();
         for index in 1..=providers {
@@ -100,6 +143,7 @@ impl World {
         let world = World {
             providers: machines,
             operator,
+            operator_addr,
             _resolver: resolver,
             internet,
         };

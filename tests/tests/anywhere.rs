@@ -15,7 +15,7 @@ use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
 use testbed::tmp::TempDir;
 use testbed::user::{User, text};
-use testbed::world::{OPERATOR_ADDR, World};
+use testbed::world::{OPERATOR_ADDR, OPERATOR_PRIVATE_ADDR, World};
 
 fn step(t: Instant, what: &str) {
     eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
@@ -120,6 +120,79 @@ fn up(world: &World) -> (Broker<'_>, TempDir, User) {
         );
     }
     (b, dir, u)
+}
+
+#[test]
+fn behind_a_one_to_one_nat_the_broker_listens_on_its_own_address_and_nodes_join_at_the_public_one()
+{
+    let t = Instant::now();
+    let world = World::behind_one_to_one_nat(1).unwrap();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            providers: 1,
+            provider_capacity: 1,
+            max_nodes: 1,
+            hold: Duration::from_secs(600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // The public address is on no interface of the operator's host, and the broker put it
+    // nowhere: the tunnel and the relay listen on the private one.
+    let addrs = world.operator.ip(&["-4", "addr"]).unwrap();
+    assert!(!addrs.contains(&format!("{OPERATOR_ADDR}/")), "{addrs}");
+    assert!(
+        addrs.contains(&format!("{OPERATOR_PRIVATE_ADDR}/")),
+        "{addrs}"
+    );
+    let dir = TempDir::new("one-to-one").unwrap();
+    let u = User::new(&b, dir.path(), "nat");
+    let kubeconfig = std::fs::read_to_string(&u.kubeconfig).unwrap();
+    assert!(
+        kubeconfig.contains(&format!("https://{OPERATOR_ADDR}:")),
+        "users are told the public address: {kubeconfig}"
+    );
+    let manifest = dir.path().join("pod.yaml");
+    std::fs::write(
+        &manifest,
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: behind, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: socialweb.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "i=0; while true; do i=$((i+1)); echo tick $i; sleep 1; done"]
+    resources: {requests: {cpu: 100m, memory: 32Mi}}
+"#,
+    )
+    .unwrap();
+    u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
+    u.ok(
+        &b,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/behind",
+            "--timeout=240s",
+        ],
+    );
+    step(
+        t,
+        "a node behind the provider's NAT joined the broker behind the 1:1 NAT",
+    );
+    // logs and exec come from the apiserver through the node's tunnel: the node reached the
+    // tunnel endpoint at the public address (the private one is not routed to from outside).
+    let logs = u.ok(&b, &["logs", "behind"]);
+    assert!(logs.contains("tick"), "{logs}");
+    let o = u.exec(&b, "behind", &["echo", "through the tunnel"]);
+    assert!(text(&o).contains("through the tunnel"), "{}", text(&o));
+    let nodes = u.json(&b, &["get", "nodes"]);
+    assert_eq!(nodes["items"].as_array().unwrap().len(), 1, "{nodes}");
+    step(t, "logs and exec through the node's tunnel");
 }
 
 #[test]

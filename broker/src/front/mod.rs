@@ -13,6 +13,7 @@
 
 pub mod admit;
 pub mod body;
+pub mod cert;
 pub mod listener;
 pub mod proxy;
 pub mod tls;

@@ -14,6 +14,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
+use super::cert::ServingCert;
 use crate::control_plane::pki::Pki;
 
 /// Accepts any client certificate whose key signs the handshake; none is fine too.
@@ -86,18 +87,15 @@ pub fn self_made_ca(dir: &Path) -> std::path::PathBuf {
     Pki::ca_cert_path(dir)
 }
 
-/// The serving certificate: the configured files, or one the broker issues from its own
-/// front CA in `dir` (returned, for kubeconfigs to carry).
+/// The serving certificate: the configured files (reloaded when they change:
+/// [`ServingCert::watch`]), or one the broker issues from its own front CA in `dir`
+/// (returned, for kubeconfigs to carry).
 pub fn serving(
     cert: Option<&Path>,
     key: Option<&Path>,
     dir: &Path,
     names: &[String],
-) -> Result<(
-    Vec<CertificateDer<'static>>,
-    PrivateKeyDer<'static>,
-    Option<String>,
-)> {
+) -> Result<(Arc<ServingCert>, Option<String>)> {
     let (cert_path, key_path, ca) = match (cert, key) {
         (Some(c), Some(k)) => (c.to_path_buf(), k.to_path_buf(), None),
         _ => {
@@ -106,18 +104,27 @@ pub fn serving(
             (pair.cert, pair.key, Some(pki.ca_pem().to_string()))
         }
     };
-    let pem = std::fs::read(&cert_path)
-        .with_context(|| format!("front.tls_cert: reading {}", cert_path.display()))?;
+    let serving = ServingCert::from_files(&cert_path, &key_path)?;
+    Ok((Arc::new(serving), ca))
+}
+
+/// A certificate chain and its key from PEM files; errors name the key they come from.
+pub fn read_pair(
+    cert: &Path,
+    key: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+    let pem = std::fs::read(cert)
+        .with_context(|| format!("front.tls_cert: reading {}", cert.display()))?;
     let chain = socialweb_wire::ca::certificates(&pem)
-        .map_err(|e| anyhow::anyhow!("front.tls_cert: {}: {e}", cert_path.display()))?
+        .map_err(|e| anyhow::anyhow!("front.tls_cert: {}: {e}", cert.display()))?
         .into_iter()
         .map(|c| CertificateDer::from(c.der))
         .collect();
-    let key_pem = std::fs::read(&key_path)
-        .with_context(|| format!("front.tls_key: reading {}", key_path.display()))?;
-    let key = rustls_pki_key(&key_pem)
-        .with_context(|| format!("front.tls_key: {}", key_path.display()))?;
-    Ok((chain, key, ca))
+    let key_pem =
+        std::fs::read(key).with_context(|| format!("front.tls_key: reading {}", key.display()))?;
+    let key =
+        rustls_pki_key(&key_pem).with_context(|| format!("front.tls_key: {}", key.display()))?;
+    Ok((chain, key))
 }
 
 /// A PEM private key (PKCS#8, SEC1 or PKCS#1).
@@ -129,30 +136,22 @@ pub fn rustls_pki_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>> {
 /// The relay's server configuration: the front's certificate, no client authentication
 /// (relay clients prove their endpoint id inside the relay protocol), HTTP/1.1 (a WebSocket
 /// per client).
-pub fn relay_config(
-    chain: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
-) -> Result<rustls::ServerConfig> {
+pub fn relay_config(serving: Arc<ServingCert>) -> Result<rustls::ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    rustls::ServerConfig::builder_with_provider(provider)
+    Ok(rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .context("the relay's serving certificate and key")
+        .with_cert_resolver(serving))
 }
 
 /// The front's server configuration: TLS 1.2 and 1.3, HTTP/2 and HTTP/1.1 (kubectl speaks
 /// HTTP/2 for requests and HTTP/1.1 for Upgrades).
-pub fn server_config(
-    chain: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
-) -> Result<rustls::ServerConfig> {
+pub fn server_config(serving: Arc<ServingCert>) -> Result<rustls::ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(Arc::new(PossessionOnly { provider }))
-        .with_single_cert(chain, key)
-        .context("the front's serving certificate and key")?;
+        .with_cert_resolver(serving);
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(cfg)
 }

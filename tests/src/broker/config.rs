@@ -204,17 +204,21 @@ impl NodeSoftware {
         c
     }
 
-    /// The broker's configuration: renting from `providers` (their names, URLs and pins), or
-    /// from its embedded provider (with `prefix`) when there are none.
+    /// The broker's configuration: listening on `bind` (the operator host's address, told to
+    /// nodes as [`OPERATOR_ADDR`] when it is another: a 1:1 NAT), renting from `providers`
+    /// (their names, URLs and pins), or from its embedded provider (with `prefix`) when there
+    /// are none.
     pub(super) fn broker(
         &self,
         opts: &BrokerOptions,
         dir: &Path,
         prefix: &str,
+        bind: std::net::Ipv4Addr,
         providers: Vec<ProviderRef>,
     ) -> Config {
         let mut c = self.base(opts, &dir.join("state"));
-        c.service_addr = OPERATOR_ADDR;
+        c.service_addr = bind;
+        c.advertise_addr = (bind != OPERATOR_ADDR).then_some(OPERATOR_ADDR);
         c.ctl_socket = dir.join("broker.sock");
         c.store.url = opts.store_url.clone();
         c.scale.max_nodes = opts.max_nodes;

@@ -122,7 +122,8 @@ impl<'w> Broker<'w> {
         // The broker's key towards providers, as its operator gets it (`market-pin`, made on
         // first use) before any provider machine can list it.
         let config = d.join("broker.toml");
-        write_config(&config, &sw.broker(&opts, d, &prefix, Vec::new()))?;
+        let bind = world.operator_addr;
+        write_config(&config, &sw.broker(&opts, d, &prefix, bind, Vec::new()))?;
         let broker_pin = operator_command("market-pin", &config, &[])?;
         let mut providers = Vec::new();
         for m in world.providers.iter().take(usize::from(opts.providers)) {
@@ -150,7 +151,7 @@ impl<'w> Broker<'w> {
                 pin: Some(p.pin.clone()),
             })
             .collect();
-        write_config(&config, &sw.broker(&opts, d, &prefix, market))?;
+        write_config(&config, &sw.broker(&opts, d, &prefix, bind, market))?;
         let paths = paths_of(&config)?;
         let mut b = Broker {
             broker: Spawned::none("broker"),
