@@ -77,6 +77,17 @@ enum Command {
     /// Print this provider machine's key (make it on first use): what brokers put in
     /// `[[market.providers]] pin`.
     ProviderPin(ConfigArgs),
+    /// Drain this provider machine: RFPs get no bid and acceptances are refused from now on
+    /// (its offer shows no free slot), while the leases it runs go on until their brokers
+    /// release them. `--undo` takes new leases again. Works on a running provider (it looks
+    /// at a marker file in its state directory, `<state_dir>/local-provider/draining`).
+    ProviderDrain {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Take new leases again.
+        #[arg(long)]
+        undo: bool,
+    },
     /// Print this broker's key towards providers (make it on first use): what provider
     /// machines put in `local_provider.brokers`.
     MarketPin(ConfigArgs),
@@ -388,6 +399,7 @@ async fn dispatch(command: Command) -> Result<()> {
             );
             Ok(())
         }
+        Command::ProviderDrain { config, undo } => provider_drain(&load(&config)?, undo),
         Command::MarketPin(a) => {
             println!(
                 "{}",
@@ -832,4 +844,32 @@ fn print_detail(v: &ClusterDetail) {
             p.reason.as_deref().unwrap_or("-")
         );
     }
+}
+
+/// `provider-drain`: puts the drain marker in place (or takes it away) and says what it means.
+fn provider_drain(cfg: &Config, undo: bool) -> Result<()> {
+    let file = socialweb_broker::daemon::provider_config(cfg).drain_file();
+    if undo {
+        match std::fs::remove_file(&file) {
+            Ok(()) => println!("{}: removed; this provider bids again", file.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                println!(
+                    "{}: not there; this provider was not draining",
+                    file.display()
+                )
+            }
+            Err(e) => return Err(e).with_context(|| format!("removing {}", file.display())),
+        }
+        return Ok(());
+    }
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&file, "drained by socialweb-broker provider-drain\n")
+        .with_context(|| format!("writing {}", file.display()))?;
+    println!(
+        "{}: in place; this provider bids on nothing and takes no new lease, its running leases run on until released ('provider-drain --undo' to take new ones)",
+        file.display()
+    );
+    Ok(())
 }

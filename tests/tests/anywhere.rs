@@ -195,6 +195,120 @@ spec:
     step(t, "logs and exec through the node's tunnel");
 }
 
+/// Each provider's running leases, as the provider itself lists them (the broker's key).
+fn running_leases(b: &Broker<'_>) -> Vec<usize> {
+    let auth = b.provider_curl_args();
+    b.providers
+        .iter()
+        .map(|p| {
+            let leases = format!("{}/v1/leases", p.url);
+            let mut args: Vec<&str> = vec!["-sf", "--max-time", "5"];
+            args.extend(auth.iter().map(String::as_str));
+            args.push(&leases);
+            let v: Value = serde_json::from_str(&b.host.exec("curl", &args).unwrap()).unwrap();
+            v["leases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|l| l["state"] == "running")
+                .count()
+        })
+        .collect()
+}
+
+/// A Pod no other Pod of `app=drain` shares a node with.
+fn apart(name: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default, labels: {{app: drain}}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  affinity:
+    podAntiAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+      - topologyKey: kubernetes.io/hostname
+        labelSelector: {{matchLabels: {{app: drain}}}}
+  containers:
+  - name: c
+    image: socialweb.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "while true; do sleep 1; done"]
+    resources: {{requests: {{cpu: 100m, memory: 32Mi}}}}
+"#
+    )
+}
+
+#[test]
+fn a_drained_provider_takes_no_new_lease_and_its_running_node_runs_on() {
+    let t = Instant::now();
+    let world = World::new(2).unwrap();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            providers: 2,
+            provider_capacity: 2,
+            max_nodes: 3,
+            hold: Duration::from_secs(600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let dir = TempDir::new("drain").unwrap();
+    let u = User::new(&b, dir.path(), "drain");
+    let run = |name: &str| {
+        let manifest = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&manifest, apart(name)).unwrap();
+        u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
+        u.ok(
+            &b,
+            &[
+                "wait",
+                "--for=condition=Ready",
+                &format!("pod/{name}"),
+                "--timeout=240s",
+            ],
+        );
+    };
+    run("first");
+    let before = running_leases(&b);
+    assert_eq!(before.iter().sum::<usize>(), 1, "{before:?}");
+    let busy = before.iter().position(|&n| n == 1).unwrap();
+    step(t, &format!("the first node runs at provider {}", busy + 1));
+
+    let drain = |undo: bool| {
+        let mut c = Command::new(testbed::cni::workspace_bin("socialweb-broker"));
+        c.arg("provider-drain")
+            .arg("--config")
+            .arg(&b.providers[busy].config);
+        if undo {
+            c.arg("--undo");
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+    let said = drain(false);
+    assert!(said.contains("takes no new lease"), "{said}");
+    // It would have room for the second node (capacity 2), but bids on nothing: the other
+    // provider rents it, and the first node runs on untouched.
+    run("second");
+    let after = running_leases(&b);
+    assert_eq!(
+        after[busy], 1,
+        "the drained provider took nothing new: {after:?}"
+    );
+    assert_eq!(after.iter().sum::<usize>(), 2, "{after:?}");
+    let first = u.json(&b, &["get", "pod", "first"]);
+    assert_eq!(first["status"]["phase"], "Running", "{first}");
+    assert_eq!(
+        first["status"]["containerStatuses"][0]["restartCount"], 0,
+        "{first}"
+    );
+    step(t, "the second node rented from the other provider");
+    assert!(drain(true).contains("bids again"));
+}
+
 #[test]
 fn nodes_of_two_providers_behind_nat_join_and_serve_through_the_brokers_endpoints_alone() {
     let t = Instant::now();

@@ -84,6 +84,13 @@ impl ProviderConfig {
         self.dir.join("provider.json")
     }
 
+    /// The marker that drains this provider (`socialweb-broker provider-drain`): while it
+    /// exists, RFPs get no bid and acceptances are refused; running leases run on until
+    /// their clients release them.
+    pub fn drain_file(&self) -> PathBuf {
+        self.dir.join("draining")
+    }
+
     /// The machines' scratch directories, `<this>/<lease id>` each (the agent's log and
     /// control socket, a guest's console).
     pub fn nodes_dir(&self) -> PathBuf {
@@ -267,8 +274,13 @@ impl Provider {
             return Err(format!("its records' directory {} is gone", dir.display()));
         }
         let o = self.offer_view();
+        let draining = if self.draining() {
+            " (draining: no new leases)"
+        } else {
+            ""
+        };
         Ok(format!(
-            "{} of {} slots free, records in {}",
+            "{} of {} slots free{draining}, records in {}",
             o.free,
             self.inner.cfg.capacity,
             self.inner.cfg.records().display()
@@ -278,10 +290,20 @@ impl Provider {
     /// What it bids with: its config's offer, the isolation of its machines, what they are.
     fn offer(&self) -> Offer {
         let base = self.inner.cfg.offer();
-        match (&self.inner.accel, &self.inner.cfg.machine) {
+        let mut offer = match (&self.inner.accel, &self.inner.cfg.machine) {
             (Some((accel, _)), MachineKind::Vm(s)) => vm_offer(base, *accel, s.tcg_as_vm, s.jail),
             _ => base,
+        };
+        if self.draining() {
+            // No slot for anything new: no bid, no acceptance, no free slot on offer.
+            offer.capacity = 0;
         }
+        offer
+    }
+
+    /// Whether the operator drains this provider ([`ProviderConfig::drain_file`]).
+    pub fn draining(&self) -> bool {
+        self.inner.cfg.drain_file().exists()
     }
 
     /// Refuses an RFP for an image it does not hold: a provider with a node image boots that
@@ -372,6 +394,11 @@ impl Provider {
         // The identity is untrusted input to this provider too: parsed where it is defined.
         let id = socialweb_wire::NodeIdentity::from_json(a.identity.to_string().as_bytes())
             .map_err(|e| ProviderError::BadRequest(format!("identity: {e}")))?;
+        if self.draining() {
+            return Err(ProviderError::Conflict(
+                "this provider is draining: it takes no new lease".into(),
+            ));
+        }
         let offer = self.offer();
         let acceptance = Acceptance {
             owner: &client.0,
