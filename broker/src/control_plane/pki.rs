@@ -186,6 +186,22 @@ impl Pki {
         })
     }
 
+    /// A serving certificate for `sans`, issued again when the one kept lacks any of them (a
+    /// name or address added to the configuration since it was issued: `front.names`,
+    /// `advertise_addr`), so that clients checking the new name are not refused.
+    pub fn server_covering(&self, name: &str, sans: &[String]) -> Result<Pair> {
+        let pair = self.server(name, sans)?;
+        let missing = uncovered(&pair.cert, sans)?;
+        if missing.is_empty() {
+            return Ok(pair);
+        }
+        tracing::info!(cert = %pair.cert.display(), ?missing, "issued again for names it lacked");
+        self.issue(
+            name,
+            serving(name, sans, vec![ExtendedKeyUsagePurpose::ServerAuth])?,
+        )
+    }
+
     /// A certificate that both serves and authenticates as a client (etcd's peer port,
     /// where a member is both); kept if it exists.
     pub fn peer(&self, name: &str, sans: &[String]) -> Result<Pair> {
@@ -250,6 +266,45 @@ fn serving(
     Ok(p)
 }
 
+/// The names and addresses of `sans` the certificate in `cert` does not carry.
+fn uncovered(cert: &Path, sans: &[String]) -> Result<Vec<String>> {
+    use x509_parser::extensions::GeneralName;
+    let pem = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem)
+        .map_err(|e| anyhow::anyhow!("{}: not PEM: {e}", cert.display()))?;
+    let parsed = pem
+        .parse_x509()
+        .map_err(|e| anyhow::anyhow!("{}: not a certificate: {e}", cert.display()))?;
+    let mut have = std::collections::BTreeSet::new();
+    if let Ok(Some(san)) = parsed.subject_alternative_name() {
+        for n in &san.value.general_names {
+            match n {
+                GeneralName::DNSName(d) => {
+                    have.insert(d.to_string());
+                }
+                GeneralName::IPAddress(b) => {
+                    let ip = match b.len() {
+                        4 => <[u8; 4]>::try_from(*b).map(std::net::IpAddr::from).ok(),
+                        16 => <[u8; 16]>::try_from(*b).map(std::net::IpAddr::from).ok(),
+                        _ => None,
+                    };
+                    have.extend(ip.map(|ip| ip.to_string()));
+                }
+                _ => {}
+            }
+        }
+    }
+    let norm = |s: &String| match s.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.to_string(),
+        Err(_) => s.clone(),
+    };
+    Ok(sans
+        .iter()
+        .filter(|s| !have.contains(&norm(s)))
+        .cloned()
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,6 +331,32 @@ mod tests {
         let fresh = b.server("x", &["localhost".into()]).unwrap();
         let certs = socialweb_wire::ca::certificates(&std::fs::read(fresh.cert).unwrap()).unwrap();
         assert_eq!(certs.len(), 1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_serving_certificate_is_issued_again_only_for_a_name_it_lacks() {
+        let dir = std::env::temp_dir().join(format!("sw-pki-sans-{}", std::process::id()));
+        let pki = Pki::open_or_create(&dir, "front").unwrap();
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let first = pki.server("front", &names(&["10.200.0.1"])).unwrap();
+        let before = std::fs::read(&first.cert).unwrap();
+        let kept = pki
+            .server_covering("front", &names(&["10.200.0.1"]))
+            .unwrap();
+        assert_eq!(
+            std::fs::read(&kept.cert).unwrap(),
+            before,
+            "nothing lacked: kept"
+        );
+        let wider = names(&["10.200.0.1", "203.0.113.1", "broker.example"]);
+        assert_eq!(
+            uncovered(&kept.cert, &wider).unwrap(),
+            ["203.0.113.1", "broker.example"]
+        );
+        let again = pki.server_covering("front", &wider).unwrap();
+        assert_ne!(std::fs::read(&again.cert).unwrap(), before, "issued again");
+        assert!(uncovered(&again.cert, &wider).unwrap().is_empty());
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -100,7 +100,8 @@ pub fn serving(
         (Some(c), Some(k)) => (c.to_path_buf(), k.to_path_buf(), None),
         _ => {
             let pki = Pki::open_or_create(dir, "socialweb front CA")?;
-            let pair = pki.server("front", names)?;
+            // Issued again when a name was added since (`front.names`, `advertise_addr`).
+            let pair = pki.server_covering("front", names)?;
             (pair.cert, pair.key, Some(pki.ca_pem().to_string()))
         }
     };
