@@ -10,8 +10,12 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 pub use socialweb_broker_core::scale::NodeSize;
+
+pub mod check;
+pub mod reference;
 
 /// A configuration problem, naming where it came from.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -30,7 +34,7 @@ fn err(source: &str, problem: impl Into<String>) -> ConfigError {
 }
 
 /// Everything the daemon is told.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Where the store (SQLite by default), the clusters' PKI and data, and the provider's
@@ -51,20 +55,112 @@ pub struct Config {
     pub kube_dir: PathBuf,
     /// The owner-only control socket the `cluster` commands use.
     pub ctl_socket: PathBuf,
+    /// The broker's own records: clusters, provisions, decisions, certificates, accounts.
     pub store: Store,
+    /// The scale decision's knobs (docs/scale.md).
     pub scale: Scale,
+    /// The node size rented when no provider says its shapes.
+    #[schemars(with = "NodeSection")]
     pub node: NodeSize,
+    /// Whom the broker rents nodes from (docs/market.md).
     pub market: Market,
+    /// The embedded provider (when `[market]` names none) and, on a provider machine,
+    /// `socialweb-broker provider`: how it makes nodes.
     pub local_provider: LocalProvider,
+    /// The mesh relay: a public listener on `service_addr`.
     pub relay: Relay,
+    /// The tunnel endpoint nodes reach their control plane through.
     pub tunnel: Tunnel,
+    /// The Prometheus endpoint.
     pub metrics: Metrics,
+    /// What every tenant cluster gets: its control plane's datastore and budget, ports, DNS.
     pub clusters: ClusterDefaults,
+    /// The way in for users: the certificate front and the gateway API (docs/api.md).
     pub front: Front,
+    /// Who may have clusters, and how much of the broker a user may take (docs/security.md).
     pub access: Access,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// A duration as humans write it (`90s`, `2m`, `1h30m`): the schema of every duration here,
+/// which the file and the variables give as text (`humantime`).
+struct HumanDuration;
+
+impl JsonSchema for HumanDuration {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string", "format": "humantime"})
+    }
+}
+
+/// `[node]`, as [`NodeSize`] (a pure crate's type) reads it: its schema, with what each key
+/// means. The reference's test holds it to the keys `NodeSize` writes.
+#[derive(Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+struct NodeSection {
+    /// Virtual CPUs.
+    vcpu: u32,
+    /// Memory in MiB (at least 256).
+    #[serde(rename = "memMiB")]
+    mem_mib: u64,
+    /// Disk in MiB (at least 1024).
+    #[serde(rename = "diskMiB")]
+    disk_mib: u64,
+}
+
+impl Default for NodeSection {
+    fn default() -> NodeSection {
+        let n = NodeSize::default();
+        NodeSection {
+            vcpu: n.vcpu,
+            mem_mib: n.mem_mib,
+            disk_mib: n.disk_mib,
+        }
+    }
+}
+
+/// What `socialweb-broker provider` reads on a provider machine: a part of the broker's
+/// configuration, in the same format; the rest of a file is not read there
+/// (`check-config --provider` names it).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProviderFile {
+    /// Where the provider machine keeps its key (`provider-tls/`, what `provider-pin`
+    /// prints), its records and its machines' directories (`local-provider/`).
+    pub state_dir: PathBuf,
+    /// The Kubernetes we ship: a directory with `kube` and `pause`, which nodes run when
+    /// `local_provider.image` is not set.
+    pub kube_dir: PathBuf,
+    /// The node size offered, at price 0, when `local_provider.shapes` is empty.
+    #[schemars(with = "NodeSection")]
+    pub node: NodeSize,
+    /// The provider itself: where it listens, whom it serves, how it makes nodes.
+    pub local_provider: LocalProvider,
+    /// Where it serves `/metrics`, `/healthz` and `/readyz` (another port than the broker's
+    /// when both run on one host).
+    pub metrics: Metrics,
+}
+
+impl Default for ProviderFile {
+    fn default() -> ProviderFile {
+        let c = Config::default();
+        ProviderFile {
+            state_dir: c.state_dir,
+            kube_dir: c.kube_dir,
+            node: c.node,
+            local_provider: c.local_provider,
+            metrics: c.metrics,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Store {
     /// `sqlite://<path>` (default: `<state_dir>/broker.db`) or `postgres://...`.
@@ -72,22 +168,30 @@ pub struct Store {
 }
 
 /// The scale decision's knobs (docs/scale.md).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Scale {
+    /// The most nodes a cluster has at once (a tenant's NodePool may set fewer); below 1 is
+    /// refused, not clamped.
     pub max_nodes: u32,
+    /// The most work Pods one node holds, whatever their requests (Pods without requests
+    /// are bound by it alone).
     pub pods_per_node: u32,
+    /// How long a cluster with nothing to run keeps its nodes, and an empty node stays,
+    /// before they are released.
     #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
     pub hold: Duration,
     /// Pods at or below this priority are expendable: they neither rent nor keep a node.
     pub expendable_priority_cutoff: i32,
     /// The longest `consolidateAfter` a tenant's NodePool may set (longer is taken as this):
     /// how long an empty node of a tenant may hold a provider's slot.
     #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
     pub max_consolidate_after: Duration,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Market {
     /// One provider's base URL (a provider named `market`); `providers` names several.
@@ -99,16 +203,20 @@ pub struct Market {
     pub providers: Vec<ProviderRef>,
     /// How long to wait for bids on an RFP.
     #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
     pub bid_deadline: Duration,
     /// How long a lease may stay `booting` before it is given up.
     #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
     pub boot_timeout: Duration,
     /// Per-request timeout of the market client.
     #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
     pub request_timeout: Duration,
     /// The nodes this broker rents: `namespace` (network namespaces on the provider's
     /// host, for trusted tenants only: see `access.tenants_trusted`) or `vm`. RFPs ask for
     /// at least this; a provider with less does not bid.
+    #[schemars(with = "String")]
     pub isolation: socialweb_market::Isolation,
     /// The node image RFPs name, so a provider boots exactly it: a node image directory
     /// (its `nodeimage.json`'s fingerprint is read at start) or a fingerprint
@@ -118,7 +226,7 @@ pub struct Market {
 }
 
 /// A provider of the market, as `[[market.providers]]` names it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderRef {
     /// How the broker calls it (in its records and messages): 1-32 of a-z, 0-9, '-'.
@@ -131,7 +239,7 @@ pub struct ProviderRef {
     pub pin: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LocalProvider {
     /// Where `socialweb-broker provider` (on a provider machine) serves the market protocol,
@@ -153,6 +261,7 @@ pub struct LocalProvider {
     pub prefix: String,
     /// The node's software: `socialweb-agent`, the CNI plugins, the seed images.
     pub agent: PathBuf,
+    /// The CNI plugins nodes use: `socialweb-cni`, `loopback` and `portmap`.
     pub cni_bin_dir: PathBuf,
     /// Extra image archives every node imports (the pause image is always there).
     pub seed_images: Vec<PathBuf>,
@@ -169,12 +278,15 @@ pub struct LocalProvider {
 }
 
 /// `[[local_provider.shapes]]`: a node size and its price.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LocalShape {
+    /// Virtual CPUs.
     pub vcpu: u32,
+    /// Memory in MiB.
     #[serde(rename = "memMiB")]
     pub mem_mib: u64,
+    /// Disk in MiB.
     #[serde(rename = "diskMiB")]
     pub disk_mib: u64,
     /// Millionths of a currency unit per hour.
@@ -196,7 +308,7 @@ impl From<LocalShape> for socialweb_market::Shape {
 }
 
 /// `local_provider.machine`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum MachineKind {
     #[default]
@@ -205,16 +317,20 @@ pub enum MachineKind {
 }
 
 /// `[local_provider.vm]`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Vm {
     /// `auto` (KVM when a probe guest runs under it within 5 s, else TCG), `kvm` or `tcg`.
+    #[schemars(with = "String")]
     pub accel: socialweb_provider::AccelChoice,
     /// A guest that has not reported ready by then fails its lease, with its console's last
     /// lines as the reason.
     #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
     pub boot_timeout: Duration,
+    /// The emulator guests run in: a path, or a name looked up on `PATH`.
     pub qemu: PathBuf,
+    /// What makes each guest's disk over the image's: a path, or a name on `PATH`.
     pub qemu_img: PathBuf,
     /// Whether guests under TCG (no KVM) bid as `vm` isolation. QEMU's security policy
     /// counts only hardware virtualization (KVM) as a boundary, so by default a TCG guest
@@ -223,6 +339,7 @@ pub struct Vm {
     /// Private IPv4 networks guests may reach besides the public internet (a registry or a
     /// proxy of the operator's, say). Loopback, RFC 1918, link-local (cloud metadata),
     /// CGNAT and multicast are refused otherwise (docs/security.md).
+    #[schemars(with = "Vec<String>")]
     pub egress_allow: Vec<ipnet::Ipv4Net>,
     /// Whether each guest's qemu runs jailed: its own uid, network namespace, mount
     /// namespace (chrooted) and cgroup with the RFP's budget (docs/security.md). `false`
@@ -246,7 +363,7 @@ impl Default for Vm {
 
 /// The mesh relay: a public listener (docs/operations.md), HTTPS with the front's certificate,
 /// admitting the live nodes of every cluster and the broker's own tunnel endpoint.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Relay {
     /// TCP: the relay itself (HTTPS, a WebSocket per client).
@@ -258,13 +375,14 @@ pub struct Relay {
 
 /// The tunnel endpoint nodes reach their control plane through (contract 9): a public UDP
 /// listener (QUIC, admitting only the live nodes of each cluster).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Tunnel {
+    /// UDP, on `service_addr`: QUIC, nodes' one way to their control plane and back.
     pub port: u16,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Metrics {
     /// Prometheus endpoint (`/metrics`); loopback by default.
@@ -273,7 +391,7 @@ pub struct Metrics {
 
 /// The way in for users (docs/api.md): one TLS listener for the certificate front
 /// (`/clusters/...`) and the gateway API (`/xrpc/...`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Front {
     /// Where it listens. It is the only way in from outside, so all addresses by default;
@@ -290,6 +408,7 @@ pub struct Front {
     /// them the broker makes a CA of its own (`<state_dir>/front/ca.crt`) and puts it in
     /// every kubeconfig.
     pub tls_cert: Option<PathBuf>,
+    /// The serving certificate's private key (PEM), given with `tls_cert`.
     pub tls_key: Option<PathBuf>,
     /// Names and addresses the self-made serving certificate carries, besides the host of
     /// `public_url`, `service_addr`, 127.0.0.1 and localhost.
@@ -307,17 +426,21 @@ pub struct Front {
     pub max_connections_per_source: usize,
     /// The TLS handshake must be done within this.
     #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
     pub handshake_timeout: Duration,
     /// Each request's headers must be in within this (HTTP/1.1: also the longest wait for
     /// the next request on a kept-alive connection).
     #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
     pub header_read_timeout: Duration,
     /// A connection with no request in flight for this long is closed.
     #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
     pub idle_timeout: Duration,
     /// How long a request body may keep the front waiting, besides what it earns at
     /// `min_body_bytes_per_sec`; past it the request ends (docs/security.md).
     #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
     pub body_read_timeout: Duration,
     /// Each this many bytes of a request body buy one more second of waiting (0: none do;
     /// a body has `body_read_timeout` of waiting in all).
@@ -325,7 +448,7 @@ pub struct Front {
 }
 
 /// Who may have a cluster, and how much of the broker a user may take (docs/security.md).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Access {
     /// Who may create clusters through the gateway API besides `allowed_dids`: `closed`
@@ -350,7 +473,7 @@ pub struct Access {
 }
 
 /// How DIDs are admitted to have clusters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Registration {
     Closed,
@@ -383,7 +506,7 @@ impl Default for Access {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterDefaults {
     /// Resolvers node-local DNS forwards to (the identity's `upstream_resolvers`).
@@ -401,6 +524,7 @@ pub struct ClusterDefaults {
     /// (docs/hibernation.md); `0` never. A cluster's own (`cluster create
     /// --hibernate-after`, `cluster set`) overrides it.
     #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
     pub hibernate_after: Duration,
     /// What keeps a new cluster's objects: `etcd`, or `kine` (SQLite through the etcd API,
     /// as k3s does); `cluster create --datastore` chooses for one cluster.
@@ -446,7 +570,7 @@ impl ClusterDefaults {
 }
 
 /// `clusters.datastore`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DatastoreKind {
     Etcd,
@@ -1265,6 +1389,204 @@ mod tests {
             back.local_provider.kubelet_config_patch,
             c.local_provider.kubelet_config_patch
         );
+    }
+
+    /// Every key a configuration writes, dotted (`market.providers.pin` for each
+    /// `[[market.providers]]`), down to the keys of `reference` (whose values may be tables).
+    fn written_keys(v: &toml::Value, at: &str, reference: &[String], out: &mut Vec<String>) {
+        match v {
+            toml::Value::Table(t) if !reference.iter().any(|k| k == at) => {
+                for (k, v) in t {
+                    let key = if at.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{at}.{k}")
+                    };
+                    written_keys(v, &key, reference, out);
+                }
+            }
+            toml::Value::Array(a) if a.first().is_some_and(toml::Value::is_table) => {
+                out.push(at.to_string());
+                for (k, v) in a[0].as_table().into_iter().flatten() {
+                    written_keys(v, &format!("{at}.{k}"), reference, out);
+                }
+            }
+            _ => out.push(at.to_string()),
+        }
+    }
+
+    /// A configuration with every optional key set and every array given an element.
+    fn everything() -> Config {
+        let mut c = Config::default();
+        c.store.url = Some("sqlite://x".into());
+        c.market.url = Some("https://m".into());
+        c.market.pin = Some("sha256:00".into());
+        c.market.image = Some("local".into());
+        c.market.providers.push(ProviderRef {
+            name: "east".into(),
+            url: "https://198.51.100.11:7480".into(),
+            pin: Some("sha256:00".into()),
+        });
+        c.local_provider.shapes.push(LocalShape {
+            vcpu: 2,
+            mem_mib: 4096,
+            disk_mib: 20480,
+            price_micros_per_hour: 1,
+        });
+        c.local_provider.kubelet_config_patch = Some(serde_json::json!({"maxPods": 30}));
+        c.local_provider.image = Some("/srv/image".into());
+        c.front.public_url = Some("https://b".into());
+        c.front.service_did = Some("did:web:b".into());
+        c.front.tls_cert = Some("/c".into());
+        c.front.tls_key = Some("/k".into());
+        c
+    }
+
+    /// The reference names every key the configuration has, and no other: a key added to a
+    /// type, or to `NodeSize` and not to its schema's mirror, fails here.
+    #[test]
+    fn the_reference_has_every_key_and_no_other() {
+        let r = reference::Reference::new();
+        let keys = r.broker_keys();
+        let mut written = Vec::new();
+        let v = toml::Value::try_from(everything()).unwrap();
+        written_keys(&v, "", &keys, &mut written);
+        for k in &written {
+            assert!(keys.contains(k), "{k} is not in the reference");
+        }
+        // What `everything` leaves unset is an optional key, unset by default.
+        for t in &r.broker {
+            for k in &t.keys {
+                assert!(
+                    written.contains(&k.key) || k.default.is_null(),
+                    "{} is in the reference, not in the configuration",
+                    k.key
+                );
+            }
+        }
+        let provider: Vec<String> = r
+            .provider
+            .iter()
+            .flat_map(|t| t.keys.iter().map(|k| k.key.clone()))
+            .collect();
+        for k in &provider {
+            assert!(
+                keys.contains(k),
+                "{k} is a provider's key, not the broker's"
+            );
+        }
+        assert!(provider.contains(&"local_provider.brokers".to_string()));
+        assert!(!provider.iter().any(|k| k.starts_with("front")));
+    }
+
+    /// The defaults are what `check-config` prints for an empty file (issue 39: the page
+    /// said etcd and 100), with their variables, types and meanings.
+    #[test]
+    fn the_reference_says_the_defaults_check_config_prints() {
+        let r = reference::Reference::new();
+        let key = |name: &str| {
+            r.broker
+                .iter()
+                .flat_map(|t| &t.keys)
+                .find(|k| k.key == name)
+                .unwrap_or_else(|| panic!("{name}"))
+                .clone()
+        };
+        let printed = toml::to_string_pretty(&Config::default()).unwrap();
+        assert!(printed.contains("datastore = \"kine\"") && printed.contains("gogc = 50"));
+        assert_eq!(
+            key("clusters.datastore").default_toml.as_deref(),
+            Some("\"kine\"")
+        );
+        assert_eq!(key("clusters.datastore").values, ["etcd", "kine"]);
+        assert_eq!(key("clusters.gogc").default_toml.as_deref(), Some("50"));
+        assert_eq!(key("scale.hold").default_toml.as_deref(), Some("\"2m\""));
+        assert!(
+            key("scale.hold").ty.starts_with("duration"),
+            "{:?}",
+            key("scale.hold")
+        );
+        assert_eq!(key("node.memMiB").default_toml.as_deref(), Some("4096"));
+        assert_eq!(key("clusters.cpu_max").default_toml.as_deref(), Some("2.0"));
+        assert_eq!(key("front.tls_cert").default_toml, None);
+        assert!(key("market.providers.name").required);
+        assert!(!key("market.providers.pin").required);
+        assert_eq!(
+            key("state_dir").variable.as_deref(),
+            Some("SOCIALWEB_BROKER_STATE_DIR")
+        );
+        assert!(key("kube_dir").meaning.contains("`kube` and `pause`"));
+        let md = r.markdown();
+        assert!(
+            md.contains("| `gogc` | integer (0 or more) | `50` |"),
+            "{md}"
+        );
+        assert!(md.contains("### `[[market.providers]]`"), "{md}");
+        for t in r.broker.iter().chain(&r.provider) {
+            for k in &t.keys {
+                assert!(!k.meaning.is_empty(), "{} has no doc comment", k.key);
+            }
+        }
+    }
+
+    #[test]
+    fn check_config_names_missing_files_by_key_and_a_providers_missing_brokers() {
+        let dir = std::env::temp_dir().join(format!("sw-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut c = Config {
+            kube_dir: dir.clone(),
+            ..Config::default()
+        };
+        c.clusters.kine_binary = dir.join("kine");
+        c.local_provider.agent = dir.join("agent");
+        c.local_provider.cni_bin_dir = dir.join("cni");
+        c.front.tls_cert = Some(dir.join("front.crt"));
+        c.front.tls_key = Some(dir.join("front.key"));
+        let found = check::run(&c, None, check::Role::Broker);
+        let errors = |found: &[check::Finding]| -> Vec<String> {
+            found
+                .iter()
+                .filter(|f| f.level == check::Level::Error)
+                .map(|f| f.key.clone())
+                .collect()
+        };
+        let e = errors(&found);
+        for key in [
+            "kube_dir",
+            "clusters.kine_binary",
+            "front.tls_cert",
+            "front.tls_key",
+            "local_provider.agent",
+            "local_provider.cni_bin_dir",
+        ] {
+            assert!(e.iter().any(|k| k == key), "{key}: {found:?}");
+        }
+        assert!(
+            found.iter().all(|f| !f.key.contains("brokers")),
+            "{found:?}"
+        );
+        c.clusters.datastore = DatastoreKind::Etcd;
+        let found = check::run(&c, None, check::Role::Broker);
+        assert!(!errors(&found).contains(&"clusters.kine_binary".to_string()));
+        let file = dir.join("provider.toml");
+        std::fs::write(&file, "state_dir = \"/x\"\n[front]\nnames = []\n[scale]\n").unwrap();
+        let found = check::run(&c, Some(&file), check::Role::Provider);
+        let e = errors(&found);
+        assert!(
+            e.contains(&"local_provider.brokers".to_string()),
+            "{found:?}"
+        );
+        assert!(e.contains(&"kube_dir".to_string()), "{found:?}");
+        let shown: Vec<String> = found.iter().map(ToString::to_string).collect();
+        assert!(
+            shown.contains(&"warning: front: `socialweb-broker provider` does not read it; a provider machine reads only kube_dir, local_provider, metrics, node and state_dir (docs/config.md)".to_string()),
+            "{shown:?}"
+        );
+        assert_eq!(
+            check::not_read_by_a_provider(&std::fs::read_to_string(&file).unwrap()),
+            ["front", "scale"]
+        );
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

@@ -93,8 +93,23 @@ enum Command {
     MarketPin(ConfigArgs),
     /// Run a mesh relay on its own (the daemon hosts one; this is for tests and experiments).
     Relay(RelayArgs),
-    /// Check a configuration file and the environment, and print the result.
-    CheckConfig(ConfigArgs),
+    /// Check a configuration file and the environment, and print the result; then check
+    /// that the files and programs it names are there, and say (on stderr, naming each key)
+    /// what would fail. Exits 1 when something would.
+    CheckConfig {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Check it as a provider machine's (`socialweb-broker provider`): the brokers it
+        /// serves, the files its nodes need, and keys a provider machine does not read.
+        #[arg(long)]
+        provider: bool,
+    },
+    /// The configuration's reference: every key, its type, default and meaning
+    /// (docs/config.md is `config reference`'s output).
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
     /// Print where a broker (or provider machine) run with this configuration keeps its
     /// files: the control socket, the store, the clusters' directories, the front's CA, the
     /// market keys, the embedded provider's socket, records and machines.
@@ -117,6 +132,23 @@ enum Command {
         command: ApiCommand,
         #[command(flatten)]
         caller: CallerArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Print every key of the broker's configuration and of a provider machine's, with its
+    /// type, default and meaning, as Markdown (docs/config.md).
+    Reference {
+        /// Print JSON: the tables and their keys.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the configuration's JSON Schema (for editors that check TOML against one).
+    Schema {
+        /// A provider machine's (`socialweb-broker provider`).
+        #[arg(long)]
+        provider: bool,
     },
 }
 
@@ -407,14 +439,18 @@ async fn dispatch(command: Command) -> Result<()> {
             );
             Ok(())
         }
-        Command::CheckConfig(a) => {
+        Command::CheckConfig {
+            config: a,
+            provider,
+        } => {
             let cfg = load(&a)?;
             println!(
                 "{}",
                 toml::to_string_pretty(&cfg).context("printing the configuration")?
             );
-            Ok(())
+            check_config(&cfg, &a, provider)
         }
+        Command::Config { command } => config_command(command),
         Command::Paths { config, json } => print_paths(&load(&config)?, json),
         Command::Relay(a) => relay(a).await,
         Command::Leases { client } => leases(client).await,
@@ -422,6 +458,39 @@ async fn dispatch(command: Command) -> Result<()> {
         Command::Cluster { command, client } => cluster(command, client).await,
         Command::Api { command, caller } => api(command, caller).await,
     }
+}
+
+/// `check-config`'s checks of the files and programs `cfg` names, on stderr.
+fn check_config(cfg: &Config, a: &ConfigArgs, provider: bool) -> Result<()> {
+    use socialweb_broker::config::check::{self, Level, Role};
+    let role = if provider {
+        Role::Provider
+    } else {
+        Role::Broker
+    };
+    let found = check::run(cfg, a.config.as_deref(), role);
+    for f in &found {
+        eprintln!("{f}");
+    }
+    let errors = found.iter().filter(|f| f.level == Level::Error).count();
+    if errors > 0 {
+        anyhow::bail!("check-config: {errors} error(s) above, each naming what would fail");
+    }
+    Ok(())
+}
+
+fn config_command(command: ConfigCommand) -> Result<()> {
+    use socialweb_broker::config::reference::{Reference, schema};
+    match command {
+        ConfigCommand::Reference { json: false } => print!("{}", Reference::new().markdown()),
+        ConfigCommand::Reference { json: true } => {
+            println!("{}", serde_json::to_string_pretty(&Reference::new())?)
+        }
+        ConfigCommand::Schema { provider } => {
+            println!("{}", serde_json::to_string_pretty(&schema(provider))?)
+        }
+    }
+    Ok(())
 }
 
 fn print_paths(cfg: &Config, json: bool) -> Result<()> {

@@ -2,7 +2,8 @@
 //! rust-analyzer's `tidy` tests do: the crate map names every crate and nothing else, the
 //! pure crates stay pure (in their dependency tree and in their sources), netlink has one
 //! home, crates depend only on what the crate map allows, the documentation names only
-//! paths and programs that exist, and no crate carries a dependency it does not use. Each
+//! paths and programs that exist, no crate carries a dependency it does not use, and
+//! docs/config.md is what `socialweb-broker config reference` generates. Each
 //! failure says what to change. Needs `cargo` (the one running the tests) and nothing else;
 //! no root.
 
@@ -851,4 +852,128 @@ fn the_library_is_its_root_and_the_modules_it_declares_outside_tests() {
         .collect();
     assert_eq!(got, ["lib.rs", "a.rs", "a/inner.rs", "b/mod.rs"]);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The first line where `have` and `want` differ: (its number, from 1; `have`'s line, `want`'s),
+/// `<end of file>` past either's end.
+fn first_difference(have: &str, want: &str) -> Option<(usize, String, String)> {
+    let (mut h, mut w) = (have.lines(), want.lines());
+    for n in 1.. {
+        match (h.next(), w.next()) {
+            (None, None) => return None,
+            (a, b) if a == b => continue,
+            (a, b) => {
+                let end = |l: Option<&str>| l.unwrap_or("<end of file>").to_string();
+                return Some((n, end(a), end(b)));
+            }
+        }
+    }
+    None
+}
+
+/// docs/config.md is what `socialweb-broker config reference` prints, made from the
+/// configuration's types (their doc comments and defaults): the page cannot drift from them.
+#[test]
+fn the_config_reference_is_what_the_code_generates() {
+    let want = socialweb_broker::config::reference::Reference::new().markdown();
+    let have = std::fs::read_to_string(root().join("docs/config.md")).unwrap_or_default();
+    let diff = first_difference(&have, &want).or_else(|| {
+        (have != want).then(|| {
+            (
+                have.lines().count() + 1,
+                "(line endings)".into(),
+                String::new(),
+            )
+        })
+    });
+    if let Some((n, h, w)) = diff {
+        panic!(
+            "docs/config.md differs from what the configuration's types generate, first at \
+             line {n}:\n  docs/config.md: {h}\n  generated:      {w}\nregenerate it: \
+             cargo run -p socialweb-broker --offline -- config reference > docs/config.md"
+        );
+    }
+}
+
+#[test]
+fn the_reference_check_names_the_first_differing_line() {
+    assert_eq!(first_difference("a\nb\n", "a\nb\n"), None);
+    assert_eq!(
+        first_difference("a\nb\nc\n", "a\nB\nc\n"),
+        Some((2, "b".into(), "B".into()))
+    );
+    assert_eq!(
+        first_difference("a\n", "a\nmore\n"),
+        Some((2, "<end of file>".into(), "more".into()))
+    );
+}
+
+/// Keys the example file in docs/operations.md gives values other than the defaults: the
+/// addresses, URLs, keys and lists an operator writes in.
+const OPERATIONS_EXAMPLE_VALUES: &[&str] = &[
+    "service_addr",
+    "store.url",
+    "market.url",
+    "market.pin",
+    "local_provider.seed_images",
+    "clusters.upstream_resolvers",
+];
+
+/// `at`'s leaves in `example` whose values differ from `defaults`' (dotted keys).
+fn differing(example: &toml::Value, defaults: &toml::Value, at: &str, out: &mut Vec<String>) {
+    match example {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                let key = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                let d = defaults
+                    .get(k)
+                    .cloned()
+                    .unwrap_or(toml::Value::Boolean(false));
+                differing(v, &d, &key, out);
+            }
+        }
+        toml::Value::String(a) if same_duration(a, defaults.as_str().unwrap_or("")) => {}
+        v if v != defaults => out.push(at.to_string()),
+        _ => {}
+    }
+}
+
+/// Whether two texts are the same duration (`90s` and `1m 30s`).
+fn same_duration(a: &str, b: &str) -> bool {
+    matches!(
+        (humantime::parse_duration(a), humantime::parse_duration(b)),
+        (Ok(x), Ok(y)) if x == y
+    )
+}
+
+/// docs/operations.md's example file is a configuration the broker takes, and says the
+/// defaults (issue 39: it said `datastore = "etcd"` and `gogc = 100`, the code kine and 50).
+#[test]
+fn the_operations_example_file_takes_and_says_the_defaults() {
+    let doc = std::fs::read_to_string(root().join("docs/operations.md")).unwrap();
+    let block: String = doc
+        .split("\n## Configuration\n")
+        .nth(1)
+        .and_then(|s| s.split("```toml\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .expect("docs/operations.md's Configuration section has a ```toml block")
+        .into();
+    let example: toml::Value =
+        toml::from_str(&block).unwrap_or_else(|e| panic!("docs/operations.md's example file: {e}"));
+    let _: socialweb_broker::config::Config = toml::from_str(&block)
+        .unwrap_or_else(|e| panic!("docs/operations.md's example is not a broker's file: {e}"));
+    let defaults = toml::Value::try_from(socialweb_broker::config::Config::default()).unwrap();
+    let mut off = Vec::new();
+    differing(&example, &defaults, "", &mut off);
+    off.retain(|k| !OPERATIONS_EXAMPLE_VALUES.contains(&k.as_str()));
+    assert!(
+        off.is_empty(),
+        "docs/operations.md's example file gives these keys values that are not their defaults \
+         (docs/config.md has each; write the default, or list the key in \
+         OPERATIONS_EXAMPLE_VALUES if it is an example value): {off:?}"
+    );
 }

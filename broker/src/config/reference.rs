@@ -1,0 +1,367 @@
+//! The configuration's reference, from one source: the types of [`super`] (their keys, types
+//! and doc comments, as the JSON Schema `schemars` derives from them, serde's names
+//! included), the defaults as `Config::default()` writes them (what `check-config` prints
+//! for an empty file), and the variables of [`super::ENV`]. `socialweb-broker config
+//! reference` prints it; docs/config.md is its output, and tests/tests/tidy.rs fails when
+//! the two differ.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{Config, ENV, ProviderFile};
+
+/// The header docs/config.md starts with (the command prints it too).
+const HEADER: &str = "# Configuration reference
+
+Every key of the broker's configuration file and of a provider machine's, with its type, its
+default and what it means. This page is the output of `socialweb-broker config reference`
+(`--json` for scripts): do not edit it, change the doc comments and defaults in
+`broker/src/config.rs` and run `socialweb-broker config reference > docs/config.md`
+(`tests/tests/tidy.rs` fails when the two differ). It is derived from the configuration's
+own types with `schemars` (JSON Schema from Rust types, reading their doc comments and
+serde's names, the crate `schemars` maintains for `serde` types) rather than kept by hand,
+so a key cannot be added, renamed or given another default without the reference
+following; `socialweb-broker config schema` prints that JSON Schema, for editors that check
+TOML against one. Defaults are what `socialweb-broker check-config` prints for an empty
+file.
+
+The file is TOML and every key is optional; a variable named beside a key overrides the
+file; a key the schema does not have, or a bad value, stops the daemon with an error naming
+it. `docs/operations.md` shows a whole file.
+";
+
+/// One key of a configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Key {
+    /// Its dotted path: `scale.hold`; `market.providers.pin` for a key of each
+    /// `[[market.providers]]` table.
+    pub key: String,
+    /// Its TOML type: `string`, `integer`, `duration`, `array of string`...
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// The values an enumeration takes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+    /// Its default, as JSON (`null`: unset).
+    pub default: Value,
+    /// Its default as TOML writes it; `None`: unset, or required.
+    pub default_toml: Option<String>,
+    /// Whether a table that has this key must give it.
+    pub required: bool,
+    /// The environment variable that overrides it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variable: Option<String>,
+    pub meaning: String,
+}
+
+/// A table of a configuration file and its keys.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Table {
+    /// Its dotted name: `""` for the top level, `scale`, `market.providers`.
+    pub name: String,
+    /// An array of tables (`[[market.providers]]`).
+    pub array: bool,
+    pub meaning: String,
+    pub keys: Vec<Key>,
+}
+
+/// The broker's configuration, and what a provider machine reads of it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Reference {
+    pub broker: Vec<Table>,
+    pub provider: Vec<Table>,
+}
+
+impl Reference {
+    pub fn new() -> Reference {
+        Reference {
+            broker: tables(&schema(false), &defaults(&Config::default())),
+            provider: tables(&schema(true), &defaults(&ProviderFile::default())),
+        }
+    }
+
+    /// The reference as docs/config.md has it.
+    pub fn markdown(&self) -> String {
+        let mut out = String::from(HEADER);
+        out.push_str("\n## The broker: `socialweb-broker run`\n");
+        for t in &self.broker {
+            table_markdown(t, &mut out);
+        }
+        out.push_str(
+            "\n## A provider machine: `socialweb-broker provider`\n\n\
+             `socialweb-broker provider` (and `provider-pin`) read a file of the broker's \
+             format and use these keys of it; `local_provider.brokers` must list at least \
+             one broker. The file is still checked whole, so another key must be one of the \
+             broker's, and `socialweb-broker check-config --provider` names those a provider \
+             does not read.\n",
+        );
+        for t in &self.provider {
+            table_markdown(t, &mut out);
+        }
+        out
+    }
+
+    /// Every key of the broker's configuration, dotted (`scale.hold`, `market.providers.pin`).
+    pub fn broker_keys(&self) -> Vec<String> {
+        self.broker
+            .iter()
+            .flat_map(|t| t.keys.iter().map(|k| k.key.clone()))
+            .collect()
+    }
+}
+
+impl Default for Reference {
+    fn default() -> Reference {
+        Reference::new()
+    }
+}
+
+/// The JSON Schema of the broker's configuration, or of a provider machine's.
+pub fn schema(provider: bool) -> Value {
+    if provider {
+        schemars::schema_for!(ProviderFile).to_value()
+    } else {
+        schemars::schema_for!(Config).to_value()
+    }
+}
+
+/// A configuration's values as TOML writes them (what `check-config` prints), as JSON.
+fn defaults<T: Serialize>(c: &T) -> Value {
+    toml::Value::try_from(c)
+        .ok()
+        .and_then(|t| serde_json::to_value(t).ok())
+        .unwrap_or(Value::Null)
+}
+
+fn table_markdown(t: &Table, out: &mut String) {
+    let title = match (t.name.as_str(), t.array) {
+        ("", _) => "The top level".to_string(),
+        (n, true) => format!("`[[{n}]]`"),
+        (n, false) => format!("`[{n}]`"),
+    };
+    out.push_str(&format!("\n### {title}\n\n"));
+    if !t.meaning.is_empty() {
+        out.push_str(&format!("{}\n\n", t.meaning));
+    }
+    out.push_str("| key | type | default | meaning |\n|---|---|---|---|\n");
+    for k in &t.keys {
+        let name = k.key.rsplit('.').next().unwrap_or(&k.key);
+        let ty = if k.values.is_empty() {
+            k.ty.clone()
+        } else {
+            k.values
+                .iter()
+                .map(|v| format!("`{v}`"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        };
+        let default = match (&k.default_toml, k.required) {
+            (_, true) => "required".to_string(),
+            (Some(d), _) => format!("`{d}`"),
+            (None, _) => "unset".to_string(),
+        };
+        let mut meaning = k.meaning.clone();
+        if let Some(v) = &k.variable {
+            meaning.push_str(&format!(" Variable: `{v}`."));
+        }
+        out.push_str(&format!(
+            "| `{name}` | {} | {} | {} |\n",
+            cell(&ty),
+            cell(&default),
+            cell(meaning.trim())
+        ));
+    }
+}
+
+/// A table cell: its pipes escaped.
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+/// The schema's `$ref` followed, if it is one (or wraps one in `allOf`).
+fn resolve<'a>(root: &'a Value, s: &'a Value) -> &'a Value {
+    if let Some([one]) = s.get("allOf").and_then(Value::as_array).map(Vec::as_slice) {
+        return resolve(root, one);
+    }
+    match s.get("$ref").and_then(Value::as_str) {
+        Some(r) => r
+            .strip_prefix("#/$defs/")
+            .and_then(|name| root["$defs"].get(name))
+            .unwrap_or(s),
+        None => s,
+    }
+}
+
+/// A doc comment as one line: schemars splits a title from the description; both are kept.
+fn meaning(s: &Value) -> String {
+    let text = [s.get("title"), s.get("description")]
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect::<Vec<_>>()
+        .join(" ");
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `s` without `null` among its alternatives (an `Option`).
+fn not_null<'a>(root: &'a Value, s: &'a Value) -> &'a Value {
+    let s = resolve(root, s);
+    if let Some(alts) = s.get("anyOf").and_then(Value::as_array) {
+        let rest: Vec<&Value> = alts.iter().filter(|a| a["type"] != "null").collect();
+        if let [one] = rest.as_slice() {
+            return resolve(root, one);
+        }
+    }
+    s
+}
+
+/// The schema of a table's keys, if `s` is a table.
+fn properties<'a>(root: &'a Value, s: &'a Value) -> Option<&'a serde_json::Map<String, Value>> {
+    not_null(root, s)
+        .get("properties")
+        .and_then(Value::as_object)
+}
+
+/// A key's TOML type and, for an enumeration, its values.
+fn type_of(root: &Value, s: &Value) -> (String, Vec<String>) {
+    let s = not_null(root, s);
+    if s == &Value::Bool(true) || s.as_object().is_some_and(|o| o.is_empty()) {
+        return ("any".into(), vec![]);
+    }
+    let consts = |alts: &Vec<Value>| -> Option<Vec<String>> {
+        alts.iter()
+            .map(|a| {
+                a.get("const")
+                    .or_else(|| a.get("enum").and_then(|e| e.get(0)))
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .collect()
+    };
+    if let Some(values) = s.get("enum").and_then(Value::as_array) {
+        let v = values.iter().filter_map(|v| v.as_str().map(str::to_string));
+        return ("string".into(), v.collect());
+    }
+    if let Some(v) = s.get("oneOf").and_then(Value::as_array).and_then(consts) {
+        return ("string".into(), v);
+    }
+    let ty = match &s["type"] {
+        Value::Array(ts) => ts
+            .iter()
+            .filter(|t| *t != "null")
+            .filter_map(Value::as_str)
+            .next()
+            .unwrap_or("any"),
+        Value::String(t) => t.as_str(),
+        _ => "any",
+    };
+    let name = match (ty, s.get("format").and_then(Value::as_str)) {
+        ("string", Some("humantime")) => "duration (`90s`, `2m`, `1h30m`)".to_string(),
+        ("string", Some("ipv4")) => "IPv4 address".to_string(),
+        ("integer", Some(f)) if f.starts_with("uint") => "integer (0 or more)".to_string(),
+        ("array", _) => {
+            let (inner, values) = type_of(root, &s["items"]);
+            return (format!("array of {inner}"), values);
+        }
+        ("object", _) => "table".to_string(),
+        (t, _) => t.to_string(),
+    };
+    (name, vec![])
+}
+
+/// The tables of the schema `root`, depth first, each with its keys; `defaults` is the
+/// configuration's default value.
+fn tables(root: &Value, defaults: &Value) -> Vec<Table> {
+    let mut out = Vec::new();
+    // The root's title is the type's name; its description is its doc comment.
+    let about = meaning(&serde_json::json!({"description": root["description"]}));
+    walk(root, root, "", false, &about, defaults, &mut out);
+    out
+}
+
+/// Adds the table `s` (named `name`) and the tables under it to `out`.
+fn walk(
+    root: &Value,
+    s: &Value,
+    name: &str,
+    array: bool,
+    about: &str,
+    defaults: &Value,
+    out: &mut Vec<Table>,
+) {
+    let Some(props) = properties(root, s) else {
+        return;
+    };
+    let required: Vec<&str> = not_null(root, s)["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let at = out.len();
+    out.push(Table {
+        name: name.to_string(),
+        array,
+        meaning: about.to_string(),
+        keys: Vec::new(),
+    });
+    let mut below = Vec::new();
+    for (k, p) in props {
+        let key = if name.is_empty() {
+            k.clone()
+        } else {
+            format!("{name}.{k}")
+        };
+        let doc = match meaning(p) {
+            m if m.is_empty() => meaning(resolve(root, p)),
+            m => m,
+        };
+        let item = not_null(root, p).get("items").map(|i| resolve(root, i));
+        if properties(root, p).is_some() {
+            below.push((key, p, false, doc, defaults.get(k).cloned()));
+            continue;
+        }
+        // A key's default: the configuration's (a nested table's, for a table in an
+        // array: the schema's, as serde's field default gives it).
+        let default = if array {
+            p.get("default").cloned().unwrap_or(Value::Null)
+        } else {
+            defaults.get(k).cloned().unwrap_or(Value::Null)
+        };
+        let (ty, values) = match item {
+            Some(i) if i.get("properties").is_some() => {
+                below.push((key.clone(), i, true, doc.clone(), None));
+                (format!("array of `[[{key}]]` tables"), vec![])
+            }
+            _ => type_of(root, p),
+        };
+        let required = required.contains(&k.as_str());
+        out[at].keys.push(Key {
+            variable: variable(&key),
+            default_toml: toml_literal(&default),
+            default,
+            required,
+            ty,
+            values,
+            meaning: doc,
+            key,
+        });
+    }
+    for (key, p, array, doc, d) in below {
+        walk(root, p, &key, array, &doc, &d.unwrap_or(Value::Null), out);
+    }
+}
+
+/// The variable that overrides `key`, if one does.
+fn variable(key: &str) -> Option<String> {
+    ENV.iter()
+        .find(|(_, k)| *k == key)
+        .map(|(v, _)| v.to_string())
+}
+
+/// A default as a TOML file writes it (`"2m"`, `[]`, `16`); `None` for none.
+fn toml_literal(v: &Value) -> Option<String> {
+    if v.is_null() {
+        return None;
+    }
+    let t: toml::Value = serde_json::from_value(v.clone()).ok()?;
+    Some(t.to_string())
+}
