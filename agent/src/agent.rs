@@ -6,6 +6,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use socialweb_wire::NodeIdentity;
@@ -59,6 +60,10 @@ pub async fn run(config: AgentConfig) -> Result<()> {
     info!(socket = %socket.display(), "control socket ready");
 
     let stop = CancellationToken::new();
+    let children = cx.children.clone();
+    let (max, every) = (socialweb_proc::log::LOG_MAX_BYTES, Duration::from_secs(60));
+    let logs_stop = stop.clone();
+    tokio::spawn(async move { children.keep_logs(max, every, logs_stop).await });
     let mut term = signal(SignalKind::terminate())?;
     let result = tokio::select! {
         r = bringup::bring_up(cx.clone(), stop.clone()) => r,

@@ -207,6 +207,28 @@ impl Supervisor {
         }
     }
 
+    /// Every `every` until `stop`: each child's log (`--child-log-dir`) moved aside to
+    /// `<log>.1` once over `max` bytes ([`socialweb_proc::log::rotate`]).
+    pub async fn keep_logs(&self, max: u64, every: Duration, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stop.cancelled() => return,
+            }
+            let logs: Vec<PathBuf> = {
+                let children = self.children.lock().expect("lock");
+                children.iter().filter_map(|c| c.spec.log.clone()).collect()
+            };
+            for log in logs {
+                match socialweb_proc::log::rotate(&log, max) {
+                    Ok(true) => info!(log = %log.display(), "moved to .1 at {} MiB", max >> 20),
+                    Ok(false) => {}
+                    Err(e) => warn!("rotating {}: {e}", log.display()),
+                }
+            }
+        }
+    }
+
     /// Stops every child, the last started first.
     pub async fn stop_all(&self, grace: Duration) {
         let children: Vec<Arc<Child>> = std::mem::take(&mut *self.children.lock().expect("lock"));
@@ -343,5 +365,43 @@ mod tests {
         let me = std::process::id();
         assert!(start_time(me).is_some());
         assert!(alive(me));
+    }
+
+    #[tokio::test]
+    async fn a_childs_log_past_its_size_is_moved_aside_while_it_writes_on() {
+        let dir = std::env::temp_dir().join(format!("sw-keep-logs-{}", std::process::id()));
+        let log = dir.join("logs/chatty.log");
+        let children = Arc::new(Supervisor::new(&dir));
+        // 200 bytes now, then one line a second after the rotation.
+        let script = "head -c 200 /dev/zero; while true; do sleep 0.2; echo after; done";
+        let spec = ChildSpec {
+            name: "chatty".into(),
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            log: Some(log.clone()),
+        };
+        children.start(spec).await.unwrap();
+        let stop = CancellationToken::new();
+        let keeper = children.clone();
+        let s = stop.clone();
+        tokio::spawn(async move { keeper.keep_logs(100, Duration::from_millis(50), s).await });
+        let aside = dir.join("logs/chatty.log.1");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(aside.exists()
+            && std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("after"))
+        {
+            assert!(Instant::now() < deadline, "no rotation within 10 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(std::fs::metadata(&aside).unwrap().len() >= 200);
+        assert!(
+            std::fs::metadata(&log).unwrap().len() < 100,
+            "emptied, then written on"
+        );
+        stop.cancel();
+        children.stop_all(Duration::from_secs(2)).await;
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

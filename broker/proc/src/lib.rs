@@ -5,6 +5,7 @@
 //! on disk, owner-only ([`owner_only`]).
 
 pub mod cgroup;
+pub mod log;
 pub mod owner_only;
 
 use std::path::Path;

@@ -313,6 +313,11 @@ impl Provider {
             });
             return;
         };
+        // The agent's log, appended to for the node's life: kept to a size.
+        let log = m.dir().join("agent.log");
+        if let Err(err) = socialweb_proc::log::rotate(&log, socialweb_proc::log::LOG_MAX_BYTES) {
+            warn!(lease = %id, "rotating {}: {err}", log.display());
+        }
         if e.lease.state == LeaseState::Booting && Self::ready_file(&record).exists() {
             info!(lease = %id, "local provider: node ready, lease running");
             self.inner
