@@ -17,6 +17,7 @@
 //!   [`approver`] (nodes' certificate requests), [`node_addresses`] (nodes' cluster
 //!   addresses, for the mesh), [`quota`] (the datastore quota on kine),
 //!   [`store`], [`relay`], [`metrics`], [`process`].
+//! - [`backup`]: `backup` and `restore` of the state directory (the CLI's, not the daemon's).
 //! - [`daemon`]: the composition root: builds each subsystem from its own [`config`]
 //!   section, wires them, and shuts them down.
 
@@ -24,6 +25,7 @@ pub mod access;
 pub mod api;
 pub mod approver;
 pub mod auth;
+pub mod backup;
 pub mod cluster;
 pub mod command;
 pub mod config;

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Parser)]
 #[command(
     name = "socialweb-broker",
-    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("SOCIALWEB_COMMIT"), ")"),
+    version = VERSION,
     about,
     long_about,
     verbatim_doc_comment
@@ -117,6 +117,33 @@ enum Command {
         #[command(flatten)]
         config: ConfigArgs,
         /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy what this broker needs from its state directory into --to (empty or absent),
+    /// while it serves: the store (an SQLite snapshot), every kine cluster's datastore (a
+    /// snapshot), every cluster's PKI and kubeconfigs, the front's CA, the tunnel key, the
+    /// market keys, the embedded provider's records; `manifest.json` names each file with its
+    /// sha256. Not: a PostgreSQL store (pg_dump's), an etcd datastore (skipped, named),
+    /// sockets, pidfiles, logs (docs/operations.md, "Backup and restore").
+    Backup {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[arg(long)]
+        to: PathBuf,
+        /// Print the manifest as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put a backup back into this configuration's state directory, which must be empty or
+    /// absent; every file's sha256 is checked against the manifest first. Start the broker
+    /// afterwards.
+    Restore {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[arg(long)]
+        from: PathBuf,
+        /// Print the manifest as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -452,6 +479,8 @@ async fn dispatch(command: Command) -> Result<()> {
         }
         Command::Config { command } => config_command(command),
         Command::Paths { config, json } => print_paths(&load(&config)?, json),
+        Command::Backup { config, to, json } => backup(&load(&config)?, &to, json).await,
+        Command::Restore { config, from, json } => restore(&load(&config)?, &from, json),
         Command::Relay(a) => relay(a).await,
         Command::Leases { client } => leases(client).await,
         Command::Invite { command, client } => invite(command, client).await,
@@ -502,6 +531,72 @@ fn print_paths(cfg: &Config, json: bool) -> Result<()> {
     }
     for (k, v) in v.as_object().into_iter().flatten() {
         println!("{k:<18} {}", v.as_str().unwrap_or("-"));
+    }
+    Ok(())
+}
+
+/// What `backup` and `restore` read: where the daemon keeps its files (`paths`).
+fn backup_layout(cfg: &Config) -> socialweb_broker::backup::Layout {
+    let p = socialweb_broker::daemon::paths(cfg);
+    socialweb_broker::backup::Layout {
+        skip: vec![
+            p.provider_nodes.clone(),
+            p.provider_socket.clone(),
+            p.ctl_socket.clone(),
+        ],
+        state_dir: p.state_dir,
+        store: p.store,
+        clusters: p.clusters,
+    }
+}
+
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("SOCIALWEB_COMMIT"),
+    ")"
+);
+
+fn print_manifest(m: &socialweb_broker::backup::Manifest, verb: &str, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(m)?);
+        return Ok(());
+    }
+    println!(
+        "{verb} {} files, {} bytes, of {} (broker {}, {})",
+        m.files.len(),
+        m.bytes,
+        m.state_dir.display(),
+        m.broker_version,
+        m.created_at
+    );
+    for e in &m.files {
+        println!("  {:>12}  {}  {}", e.size, e.how, e.path.display());
+    }
+    for s in &m.skipped {
+        println!("warning: not in the backup: {}: {}", s.what, s.why);
+    }
+    Ok(())
+}
+
+async fn backup(cfg: &Config, to: &std::path::Path, json: bool) -> Result<()> {
+    let t = std::time::Instant::now();
+    let m = socialweb_broker::backup::backup(&backup_layout(cfg), to, VERSION).await?;
+    print_manifest(&m, "backed up", json)?;
+    if !json {
+        println!("in {:.1?} to {}", t.elapsed(), to.display());
+    }
+    Ok(())
+}
+
+fn restore(cfg: &Config, from: &std::path::Path, json: bool) -> Result<()> {
+    let m = socialweb_broker::backup::restore(&backup_layout(cfg), from)?;
+    print_manifest(&m, "restored", json)?;
+    if !json {
+        println!(
+            "into {}; start the broker (`socialweb-broker run`): its clusters come back from here",
+            cfg.state_dir.display()
+        );
     }
     Ok(())
 }
