@@ -118,6 +118,26 @@ impl Spawned {
         Ok(child.wait_with_output()?)
     }
 
+    /// Asks the process to stop (SIGTERM) and waits up to `timeout` for it to exit; kills it
+    /// and fails if it does not. The handle stays, empty.
+    pub fn stop(&mut self, timeout: Duration) -> Result<()> {
+        let Some(mut child) = self.child.take() else {
+            bail!("{} was never started", self.what);
+        };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + timeout;
+        while child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("{} did not stop within {timeout:?} of SIGTERM", self.what);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
     /// Kills the process (SIGKILL) and reaps it; the handle stays, empty.
     pub fn kill_now(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -271,6 +271,18 @@ impl<'w> Broker<'w> {
         self.providers[i].proc.kill_now();
     }
 
+    /// Stops the broker as systemd would (SIGTERM): its control planes stop with it, the
+    /// provider and the nodes keep running.
+    pub fn stop_broker(&mut self) -> Result<()> {
+        self.broker.stop(Duration::from_secs(90))
+    }
+
+    /// `socialweb-broker <sub> --config <the broker's> [args]`, as the operator runs it
+    /// on the broker's host (`backup`, `restore`), its stdout.
+    pub fn operator(&self, sub: &str, args: &[&str]) -> Result<String> {
+        operator_command(sub, &self.config, args)
+    }
+
     /// Runs the broker with other failpoints from now on (after a crash).
     pub fn set_failpoints(&mut self, fp: Option<&str>) {
         self.opts.broker_failpoints = fp.map(str::to_string);
