@@ -560,6 +560,9 @@ const VERSION: &str = concat!(
 fn print_manifest(m: &socialweb_broker::backup::Manifest, verb: &str, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(m)?);
+        for s in &m.skipped {
+            eprintln!("warning: not in the backup: {}: {}", s.what, s.why);
+        }
         return Ok(());
     }
     println!(
