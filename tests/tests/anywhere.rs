@@ -320,22 +320,8 @@ fn nodes_of_two_providers_behind_nat_join_and_serve_through_the_brokers_endpoint
     );
 
     // One node at each provider, each seen from the provider's own view.
-    let auth = b.provider_curl_args();
-    for p in &b.providers {
-        let leases = format!("{}/v1/leases", p.url);
-        let mut args: Vec<&str> = vec!["-sf", "--max-time", "5"];
-        args.extend(auth.iter().map(String::as_str));
-        args.push(&leases);
-        let out = b.host.exec("curl", &args).unwrap();
-        let v: Value = serde_json::from_str(&out).unwrap();
-        let live = v["leases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|l| l["state"] == "running")
-            .count();
-        assert_eq!(live, 1, "provider {} runs one node: {v}", p.index);
-    }
+    let live = running_leases(&b);
+    assert_eq!(live, [1, 1], "each provider runs one node");
     let pods = u.json(&b, &["get", "pods", "-l", "app=web"]);
     let ip_of = |name: &str| -> String {
         pods["items"]
