@@ -35,9 +35,21 @@ pub fn read_key(path: &Path) -> Result<SigningKey> {
 }
 
 /// Writes a new key to `path` (mode 0600, refusing to overwrite one), returns its did:key.
+/// Missing directories on the way are made owner-only (`~/.config/socialweb` on a new
+/// machine).
 pub fn write_key(path: &Path, key: &SigningKey) -> Result<String> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(dir) = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("--out: making {}", dir.display()))?;
+    }
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
