@@ -23,6 +23,7 @@ pub mod postgres;
 pub mod probe;
 pub mod process;
 pub mod quickstart;
+pub mod release;
 pub mod resolver;
 pub mod root;
 pub mod scale_trace;

@@ -75,6 +75,12 @@ pub struct BrokerOptions {
     /// The shapes every provider rents, `(vCPUs, MiB, price a hour in millionths)`; empty:
     /// the `[node]` size at price 0.
     pub shapes: Vec<(u32, u64, u64)>,
+    /// The `socialweb-broker` the daemon and the operator's commands run (another version's,
+    /// for the upgrade test); default: this build's. Providers run this build's.
+    pub broker_bin: Option<PathBuf>,
+    /// The node software namespace nodes run (`socialweb-agent`, `socialweb-cni`), another
+    /// version's; default: this build's.
+    pub node_bins: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for BrokerOptions {
@@ -105,6 +111,8 @@ impl Default for BrokerOptions {
             nofile: None,
             clusters: ClusterDefaults::default(),
             shapes: Vec::new(),
+            broker_bin: None,
+            node_bins: None,
         }
     }
 }
@@ -130,7 +138,11 @@ impl NodeSoftware {
         Ok(NodeSoftware {
             kube: bins.dir.clone(),
             kine: crate::k8s::kine()?,
-            agent: workspace_bin("socialweb-agent"),
+            agent: opts
+                .node_bins
+                .as_ref()
+                .map(|(agent, _)| agent.clone())
+                .unwrap_or_else(|| workspace_bin("socialweb-agent")),
             cni: cni.to_path_buf(),
             // A node image brings its own seeds (busybox among the suite image's).
             seeds: if opts.image.is_some() {

@@ -117,6 +117,11 @@ impl<'w> Broker<'w> {
         let dir = TempDir::new("broker")?;
         let d = dir.path();
         let cni = crate::k8s::cni_bin_dir()?;
+        if let Some((_, plugin)) = &opts.node_bins {
+            let link = cni.path().join("socialweb-cni");
+            std::fs::remove_file(&link)?;
+            std::os::unix::fs::symlink(plugin, &link)?;
+        }
         let sw = NodeSoftware::new(&opts, d, cni.path())?;
         let prefix = prefix("");
         // The broker's key towards providers, as its operator gets it (`market-pin`, made on
@@ -198,8 +203,11 @@ impl<'w> Broker<'w> {
         config: &std::path::Path,
         failpoints: Option<&str>,
     ) -> Command {
-        let mut cmd =
-            ns.command_keeping_mounts(&workspace_bin("socialweb-broker").to_string_lossy());
+        let bin = match sub {
+            "run" => self.broker_bin(),
+            _ => workspace_bin("socialweb-broker"),
+        };
+        let mut cmd = ns.command_keeping_mounts(&bin.to_string_lossy());
         cmd.arg(sub).arg("--config").arg(config).env(
             "SOCIALWEB_LOG",
             "info,socialweb_broker=debug,iroh=warn,sqlx=warn,kube=warn",
@@ -305,9 +313,18 @@ impl<'w> Broker<'w> {
         self.broker.is_running()
     }
 
+    /// The `socialweb-broker` the daemon and the operator's commands run
+    /// ([`BrokerOptions::broker_bin`]).
+    pub fn broker_bin(&self) -> PathBuf {
+        self.opts
+            .broker_bin
+            .clone()
+            .unwrap_or_else(|| workspace_bin("socialweb-broker"))
+    }
+
     /// `socialweb-broker <args> --ctl-socket ...` (an operator command), stdout.
     pub fn cli(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new(workspace_bin("socialweb-broker"))
+        let out = Command::new(self.broker_bin())
             .args(args)
             .arg("--ctl-socket")
             .arg(&self.socket)
