@@ -28,6 +28,7 @@ pub mod resolver;
 pub mod root;
 pub mod scale_trace;
 pub mod stats;
+pub mod ticker;
 pub mod tmp;
 pub mod topology;
 pub mod user;

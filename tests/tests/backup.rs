@@ -9,23 +9,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use testbed::broker::{Broker, BrokerOptions};
-use testbed::k8s::wait_for;
+use testbed::ticker::Ticker;
 use testbed::tmp::TempDir;
 use testbed::user::User;
 use testbed::world::World;
 
 fn step(t: Instant, what: &str) {
     eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
-}
-
-fn state_of(b: &Broker<'_>, name: &str) -> Value {
-    let all = b.cli_json(&["cluster", "list"]).unwrap_or(Value::Null);
-    all.as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["name"] == name)
-        .map(|c| c["state"].clone())
-        .unwrap_or(Value::Null)
 }
 
 #[test]
@@ -52,26 +42,10 @@ fn a_backup_taken_while_serving_brings_the_cluster_back_into_an_empty_state_dire
     .unwrap();
     let admin = dir.path().join("admin.kubeconfig");
     std::fs::copy(b.kubeconfig("keep"), &admin).unwrap();
-    let manifest = dir.path().join("ticker.yaml");
-    std::fs::write(&manifest, TICKER).unwrap();
-    u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
-    u.ok(
-        &b,
-        &[
-            "wait",
-            "--for=condition=Ready",
-            "pod/ticker",
-            "--timeout=240s",
-        ],
-    );
-    let pod = u.json(&b, &["get", "pod", "ticker"]);
-    let (uid, node) = (
-        pod["metadata"]["uid"].as_str().unwrap().to_string(),
-        pod["spec"]["nodeName"].as_str().unwrap().to_string(),
-    );
+    let ticker = Ticker::start(&b, &u, dir.path());
     step(
         t,
-        &format!("a cluster with a ConfigMap, a Pod on node {node}"),
+        &format!("a cluster with a ConfigMap, a Pod on node {}", ticker.node),
     );
 
     // While it serves.
@@ -83,7 +57,7 @@ fn a_backup_taken_while_serving_brings_the_cluster_back_into_an_empty_state_dire
     )
     .unwrap();
     let took = t0.elapsed();
-    assert_eq!(state_of(&b, "keep"), "ready", "it served on");
+    assert_eq!(b.listed("keep")["state"], "ready", "it served on");
     let files: Vec<&str> = m["files"]
         .as_array()
         .unwrap()
@@ -133,10 +107,7 @@ fn a_backup_taken_while_serving_brings_the_cluster_back_into_an_empty_state_dire
     step(t, "stopped, state directory removed, restored");
 
     b.start_broker().unwrap();
-    wait_for("cluster keep ready", Duration::from_secs(120), || {
-        Ok((state_of(&b, "keep") == "ready").then_some(()))
-    })
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    b.wait_state("keep", "ready", Duration::from_secs(120));
     assert_eq!(
         std::fs::read(&admin).unwrap(),
         std::fs::read(b.kubeconfig("keep")).unwrap(),
@@ -163,51 +134,9 @@ fn a_backup_taken_while_serving_brings_the_cluster_back_into_an_empty_state_dire
 
     // The node was never told anything: it dials the restored broker's tunnel endpoint (the
     // same key, so the same endpoint id its identity names) and is Ready again.
-    wait_for(
-        "the node Ready again and exec working through the tunnel",
-        Duration::from_secs(120),
-        || {
-            let ready = b.ready_nodes("keep").unwrap_or_default().contains(&node);
-            let exec = u.exec(&b, "ticker", &["echo", "back"]);
-            Ok((ready && exec.status.success()).then_some(()))
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
-    let logs = b
-        .kubectl_as(&u.kubeconfig, &[], &["logs", "--tail=1", "ticker"])
-        .output()
-        .unwrap();
-    assert!(
-        testbed::user::text(&logs).starts_with("tick"),
-        "{}",
-        testbed::user::text(&logs)
-    );
-    let pod = u.json(&b, &["get", "pod", "ticker"]);
-    assert_eq!(pod["metadata"]["uid"], uid.as_str(), "the same Pod");
-    assert_eq!(
-        pod["status"]["containerStatuses"][0]["restartCount"], 0,
-        "never restarted"
-    );
-    assert_eq!(
-        b.live_leases().unwrap().len(),
-        1,
-        "the same one lease, no other rented"
-    );
+    ticker.assert_back(&b, &u, "keep");
     step(
         t,
         "the node reconnected by itself: Ready, the same Pod, logs and exec through the tunnel",
     );
 }
-
-/// A Pod that says it is alive every second.
-const TICKER: &str = r#"apiVersion: v1
-kind: Pod
-metadata: {name: ticker, namespace: default}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c
-    image: socialweb.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", "while true; do echo tick; sleep 1; done"]
-"#;

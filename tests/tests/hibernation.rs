@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use socialweb_broker::config::ClusterDefaults;
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
@@ -33,25 +32,6 @@ fn options(after: &str) -> BrokerOptions {
         },
         ..Default::default()
     }
-}
-
-/// Cluster `name` as `cluster list` has it.
-fn listed(b: &Broker<'_>, name: &str) -> Value {
-    let all = b.cli_json(&["cluster", "list"]).unwrap();
-    all.as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
-        .cloned()
-        .unwrap_or_else(|| panic!("no cluster {name} in {all}"))
-}
-
-fn wait_state(b: &Broker<'_>, name: &str, state: &str, within: Duration) -> Value {
-    wait_for(&format!("cluster {name} {state}"), within, || {
-        let c = listed(b, name);
-        Ok((c["state"] == state).then_some(c))
-    })
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()))
 }
 
 /// Every process whose command line names the cluster's directory (its components).
@@ -125,8 +105,8 @@ fn an_idle_cluster_hibernates_and_its_first_request_wakes_it() {
     let dir = TempDir::new("hibernation").unwrap();
     let u = User::new(&b, dir.path(), "ci");
     let cluster_dir = b.cluster_dir("ci");
-    let server = listed(&b, "ci")["server"].clone();
-    assert_eq!(listed(&b, "ci")["hibernate_after_secs"], 3);
+    let server = b.listed("ci")["server"].clone();
+    assert_eq!(b.listed("ci")["hibernate_after_secs"], 3);
     assert_eq!(
         processes_of(&cluster_dir).len(),
         4,
@@ -135,7 +115,7 @@ fn an_idle_cluster_hibernates_and_its_first_request_wakes_it() {
     step(t, "created");
 
     // Idle: its components exit, its ports stay, the store says since when.
-    let c = wait_state(&b, "ci", "hibernating", Duration::from_secs(60));
+    let c = b.wait_state("ci", "hibernating", Duration::from_secs(60));
     assert!(c["since"].as_i64().unwrap() > 0, "{c}");
     assert_eq!(c["server"], server, "its ports stay leased");
     assert_eq!(
@@ -159,13 +139,13 @@ fn an_idle_cluster_hibernates_and_its_first_request_wakes_it() {
         &format!("kubectl get pods woke it in {:?}: {pods:?}", t0.elapsed()),
     );
     // Answered once the apiserver was; ready once the rest is up too.
-    wait_state(&b, "ci", "ready", Duration::from_secs(60));
+    b.wait_state("ci", "ready", Duration::from_secs(60));
     assert_eq!(logged(&b, WOKEN), 1);
     assert_eq!(processes_of(&cluster_dir).len(), 4);
 
     // Asleep again; a watch and ten requests arrive together: one wake, every answer, and
     // the held watch gets its events.
-    wait_state(&b, "ci", "hibernating", Duration::from_secs(60));
+    b.wait_state("ci", "hibernating", Duration::from_secs(60));
     let mut watch = b
         .kubectl_as(
             &u.kubeconfig,
@@ -208,10 +188,10 @@ fn an_idle_cluster_hibernates_and_its_first_request_wakes_it() {
 
     // An open watch is a connection at the front: the cluster stays awake.
     std::thread::sleep(Duration::from_secs(8));
-    assert_eq!(listed(&b, "ci")["state"], "ready", "a watch is open");
+    assert_eq!(b.listed("ci")["state"], "ready", "a watch is open");
     let _ = watch.kill();
     let _ = watch.wait();
-    wait_state(&b, "ci", "hibernating", Duration::from_secs(60));
+    b.wait_state("ci", "hibernating", Duration::from_secs(60));
     step(t, "hibernating once the watch closed");
 
     // A CronJob keeps it awake (docs/hibernation.md says why) until it is suspended.
@@ -228,11 +208,7 @@ fn an_idle_cluster_hibernates_and_its_first_request_wakes_it() {
         ],
     );
     std::thread::sleep(Duration::from_secs(12));
-    assert_eq!(
-        listed(&b, "ci")["state"],
-        "ready",
-        "a CronJob keeps it awake"
-    );
+    assert_eq!(b.listed("ci")["state"], "ready", "a CronJob keeps it awake");
     assert!(
         logged(&b, "CronJob(s) not suspended: default/nightly") >= 1,
         "the log says why"
@@ -247,7 +223,7 @@ fn an_idle_cluster_hibernates_and_its_first_request_wakes_it() {
             r#"{"spec":{"suspend":true}}"#,
         ],
     );
-    wait_state(&b, "ci", "hibernating", Duration::from_secs(60));
+    b.wait_state("ci", "hibernating", Duration::from_secs(60));
     step(t, "a suspended CronJob lets it hibernate");
 
     // The request that wakes it creates a Pod: a node is rented as usual; once the Pod is
@@ -269,13 +245,13 @@ fn an_idle_cluster_hibernates_and_its_first_request_wakes_it() {
         "a Pod created by the waking request runs on a rented node",
     );
     std::thread::sleep(Duration::from_secs(5));
-    assert_eq!(listed(&b, "ci")["state"], "ready", "a node keeps it awake");
+    assert_eq!(b.listed("ci")["state"], "ready", "a node keeps it awake");
     u.ok(&b, &["delete", "pod", "after-wake", "--wait=true"]);
     wait_for("zero live leases", Duration::from_secs(90), || {
         Ok(b.live_leases()?.is_empty().then_some(()))
     })
     .unwrap();
-    wait_state(&b, "ci", "hibernating", Duration::from_secs(60));
+    b.wait_state("ci", "hibernating", Duration::from_secs(60));
     step(t, "back to zero, and hibernating");
 
     // The operator wakes it by name (its admin kubeconfig does not pass the front).
@@ -302,7 +278,7 @@ fn a_broker_killed_during_a_wake_is_followed_by_one_that_finishes_it() {
     let dir = TempDir::new("hibernation-crash").unwrap();
     let u = User::new(&b, dir.path(), "crash");
     let cluster_dir = b.cluster_dir("crash");
-    wait_state(&b, "crash", "hibernating", Duration::from_secs(60));
+    b.wait_state("crash", "hibernating", Duration::from_secs(60));
     // A setting of its own: never again, once woken.
     let set = b
         .cli_json(&["cluster", "set", "crash", "--hibernate-after", "0"])
@@ -329,7 +305,7 @@ fn a_broker_killed_during_a_wake_is_followed_by_one_that_finishes_it() {
 
     b.set_failpoints(None);
     b.start_broker().unwrap();
-    let c = wait_state(&b, "crash", "ready", Duration::from_secs(90));
+    let c = b.wait_state("crash", "ready", Duration::from_secs(90));
     assert_eq!(c["hibernate_after_secs"], 0);
     let procs = processes_of(&cluster_dir);
     assert_eq!(procs.len(), 4, "each component once, not twice: {procs:?}");
@@ -339,7 +315,7 @@ fn a_broker_killed_during_a_wake_is_followed_by_one_that_finishes_it() {
 
     // hibernate_after 0: it stays awake.
     std::thread::sleep(Duration::from_secs(8));
-    assert_eq!(listed(&b, "crash")["state"], "ready");
+    assert_eq!(b.listed("crash")["state"], "ready");
     let bad = b
         .cli(&["cluster", "set", "crash", "--hibernate-after", "10ms"])
         .unwrap_err();
@@ -349,7 +325,7 @@ fn a_broker_killed_during_a_wake_is_followed_by_one_that_finishes_it() {
     );
     b.cli(&["cluster", "set", "crash", "--hibernate-after", "default"])
         .unwrap();
-    wait_state(&b, "crash", "hibernating", Duration::from_secs(60));
+    b.wait_state("crash", "hibernating", Duration::from_secs(60));
     step(t, "back to the broker's hibernate_after, and hibernating");
 
     // A broker that stops while the cluster hibernates is followed by one that keeps it so;
@@ -358,7 +334,7 @@ fn a_broker_killed_during_a_wake_is_followed_by_one_that_finishes_it() {
     b.kill_broker();
     b.set_failpoints(Some("broker::wake=1*return"));
     b.start_broker().unwrap();
-    wait_state(&b, "crash", "hibernating", Duration::from_secs(30));
+    b.wait_state("crash", "hibernating", Duration::from_secs(30));
     assert_eq!(processes_of(&cluster_dir), Vec::<u32>::new());
     let o = b
         .kubectl_as(
@@ -373,7 +349,7 @@ fn a_broker_killed_during_a_wake_is_followed_by_one_that_finishes_it() {
     assert!(said.contains("503 Service Unavailable"), "{said}");
     assert!(said.contains("Retry-After"), "{said}");
     assert!(logged(&b, "waking: failpoint broker::wake") >= 1);
-    wait_state(&b, "crash", "ready", Duration::from_secs(60));
+    b.wait_state("crash", "ready", Duration::from_secs(60));
     step(
         t,
         "a failed wake: 503 with Retry-After, and the retry woke it",
@@ -402,7 +378,7 @@ fn a_cluster_on_etcd_keeps_its_objects_through_hibernation() {
         .unwrap();
     step(t, "created on etcd");
 
-    wait_state(&b, "kv", "hibernating", Duration::from_secs(60));
+    b.wait_state("kv", "hibernating", Duration::from_secs(60));
     assert_eq!(processes_of(&cluster_dir), Vec::<u32>::new());
     let woke = b
         .cli_json(&["cluster", "wake", "kv", "--wait", "60s"])

@@ -149,7 +149,7 @@ fn the_quickstart_installs_a_broker_and_two_providers_and_a_users_job_runs_on_a_
         m
     };
     let broker = fresh(&world.operator, "broker");
-    let providers: Vec<Provider> = world
+    let mut providers: Vec<Provider> = world
         .providers
         .iter()
         .zip(["east", "west"])
@@ -161,7 +161,6 @@ fn the_quickstart_installs_a_broker_and_two_providers_and_a_users_job_runs_on_a_
             ]),
         })
         .collect();
-    let mut providers = providers;
     let user = fresh(&world.internet, "user");
     step(
         t,

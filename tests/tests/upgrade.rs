@@ -13,33 +13,15 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use testbed::broker::{Broker, BrokerOptions};
-use testbed::k8s::wait_for;
 use testbed::release::{PREVIOUS_COMMIT, PREVIOUS_VERSION, previous};
+use testbed::ticker::Ticker;
 use testbed::tmp::TempDir;
 use testbed::user::{User, text};
 use testbed::world::World;
 
 fn step(t: Instant, what: &str) {
     eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
-}
-
-fn listed(b: &Broker<'_>, name: &str) -> Value {
-    let all = b.cli_json(&["cluster", "list"]).unwrap_or(Value::Null);
-    all.as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["name"] == name)
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
-fn wait_state(b: &Broker<'_>, name: &str, state: &str, within: Duration) {
-    wait_for(&format!("cluster {name} {state}"), within, || {
-        Ok((listed(b, name)["state"] == state).then_some(()))
-    })
-    .unwrap_or_else(|e| panic!("{e:#}: {}\n{}", listed(b, name), b.diagnostics()));
 }
 
 /// Whether a process runs `program`.
@@ -50,19 +32,6 @@ fn runs(program: &std::path::Path) -> bool {
         .flatten()
         .any(|e| std::fs::read_link(e.path().join("exe")).is_ok_and(|exe| exe == program))
 }
-
-/// A Pod that says it is alive every second.
-const TICKER: &str = r#"apiVersion: v1
-kind: Pod
-metadata: {name: ticker, namespace: default}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c
-    image: socialweb.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", "while true; do echo tick; sleep 1; done"]
-"#;
 
 #[test]
 fn this_broker_takes_over_the_previous_releases_state_with_clusters_awake_hibernated_and_with_nodes()
@@ -104,21 +73,7 @@ fn this_broker_takes_over_the_previous_releases_state_with_clusters_awake_hibern
     }
     // Awake, with a node.
     let work = User::new(&b, &dir.path().join("work"), "work");
-    let manifest = dir.path().join("ticker.yaml");
-    std::fs::write(&manifest, TICKER).unwrap();
-    work.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
-    work.ok(
-        &b,
-        &[
-            "wait",
-            "--for=condition=Ready",
-            "pod/ticker",
-            "--timeout=240s",
-        ],
-    );
-    let pod = work.json(&b, &["get", "pod", "ticker"]);
-    let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
-    let node = pod["spec"]["nodeName"].as_str().unwrap().to_string();
+    let ticker = Ticker::start(&b, &work, dir.path());
     let admin = std::fs::read(b.kubeconfig("work")).unwrap();
     // Hibernated, with an object its user will ask for.
     let sleepy = User::new(&b, &dir.path().join("sleepy"), "sleepy");
@@ -133,11 +88,12 @@ fn this_broker_takes_over_the_previous_releases_state_with_clusters_awake_hibern
         &["create", "configmap", "kept", "--from-literal=k=v"],
     )
     .unwrap();
-    wait_state(&b, "sleepy", "hibernating", Duration::from_secs(90));
+    b.wait_state("sleepy", "hibernating", Duration::from_secs(90));
     step(
         t,
         &format!(
-            "v{PREVIOUS_VERSION}: work (node {node}, a Pod), sleepy (hibernating), idle (awake)"
+            "v{PREVIOUS_VERSION}: work (node {}, a Pod), sleepy (hibernating), idle (awake)",
+            ticker.node
         ),
     );
 
@@ -145,9 +101,9 @@ fn this_broker_takes_over_the_previous_releases_state_with_clusters_awake_hibern
     b.stop_broker().unwrap();
     b.opts.broker_bin = None;
     b.start_broker().unwrap();
-    wait_state(&b, "work", "ready", Duration::from_secs(120));
-    wait_state(&b, "idle", "ready", Duration::from_secs(120));
-    assert_eq!(listed(&b, "sleepy")["state"], "hibernating", "asleep still");
+    b.wait_state("work", "ready", Duration::from_secs(120));
+    b.wait_state("idle", "ready", Duration::from_secs(120));
+    assert_eq!(b.listed("sleepy")["state"], "hibernating", "asleep still");
     step(t, "this build took over: every cluster in its state");
 
     assert_eq!(
@@ -162,28 +118,7 @@ fn this_broker_takes_over_the_previous_releases_state_with_clusters_awake_hibern
         )
         .unwrap();
     assert_eq!(kept, "v");
-    wait_for(
-        "the node Ready again and exec working through the tunnel",
-        Duration::from_secs(120),
-        || {
-            let ready = b.ready_nodes("work").unwrap_or_default().contains(&node);
-            let exec = work.exec(&b, "ticker", &["echo", "back"]);
-            Ok((ready && exec.status.success()).then_some(()))
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
-    let pod = work.json(&b, &["get", "pod", "ticker"]);
-    assert_eq!(pod["metadata"]["uid"], uid.as_str(), "the same Pod");
-    assert_eq!(
-        pod["status"]["containerStatuses"][0]["restartCount"], 0,
-        "never restarted"
-    );
-    let logs = b
-        .kubectl_as(&work.kubeconfig, &[], &["logs", "--tail=1", "ticker"])
-        .output()
-        .unwrap();
-    assert!(text(&logs).starts_with("tick"), "{}", text(&logs));
-    assert_eq!(b.live_leases().unwrap().len(), 1, "the same one lease");
+    ticker.assert_back(&b, &work, "work");
     assert!(
         runs(&old.agent),
         "the node's agent is the previous release's ({})",
@@ -202,6 +137,6 @@ fn this_broker_takes_over_the_previous_releases_state_with_clusters_awake_hibern
     );
     assert_eq!(got, "v");
     // (The store says `starting` until the wake's bookkeeping is done, after the answer.)
-    wait_state(&b, "sleepy", "ready", Duration::from_secs(30));
+    b.wait_state("sleepy", "ready", Duration::from_secs(30));
     step(t, "the hibernated cluster woke at its user's request");
 }

@@ -96,6 +96,28 @@ impl Broker<'_> {
         }
     }
 
+    /// Cluster `name` as `cluster list --json` has it; `null` when it is not listed or the
+    /// broker does not answer.
+    pub fn listed(&self, name: &str) -> Value {
+        let all = self.cli_json(&["cluster", "list"]).unwrap_or(Value::Null);
+        all.as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["name"] == name)
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
+    /// Waits until cluster `name` is listed in `state`, and returns it as listed; panics
+    /// with the diagnostics past `within`.
+    pub fn wait_state(&self, name: &str, state: &str, within: Duration) -> Value {
+        wait_for(&format!("cluster {name} {state}"), within, || {
+            let c = self.listed(name);
+            Ok((c["state"] == state).then_some(c))
+        })
+        .unwrap_or_else(|e| panic!("{e:#}: {}\n{}", self.listed(name), self.diagnostics()))
+    }
+
     /// A cluster's directory, as the broker says (each cluster of a name has its own), or
     /// `<clusters>/<name>`, which does not exist, when there is none.
     pub fn cluster_dir(&self, cluster: &str) -> PathBuf {
