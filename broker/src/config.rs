@@ -6,7 +6,7 @@
 //! Each subsystem gets its own section (or a value built from the few it needs, in
 //! `daemon`), never the whole [`Config`].
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -33,6 +33,12 @@ fn err(source: &str, problem: impl Into<String>) -> ConfigError {
     }
 }
 
+/// Whether a node elsewhere can reach `a`: not unspecified, loopback, link-local (it needs
+/// a zone) or multicast.
+fn reachable_v6(a: Ipv6Addr) -> bool {
+    !(a.is_unspecified() || a.is_loopback() || a.is_unicast_link_local() || a.is_multicast())
+}
+
 /// Everything the daemon is told.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -51,6 +57,15 @@ pub struct Config {
     /// the tunnel endpoint and the relay, the front's default URL and serving certificate
     /// carry it. Default: `service_addr`.
     pub advertise_addr: Option<Ipv4Addr>,
+    /// The host's IPv6 address, where it has one: the tunnel endpoint listens on it beside
+    /// `service_addr`, identities name it too (a node tries both families and keeps the path
+    /// that answers), and the front's self-made certificate carries it. Put on `lo` when no
+    /// interface has it. Default: none (IPv4 only). The relay stays on `service_addr`: it is
+    /// one server at one URL.
+    pub service_addr_v6: Option<Ipv6Addr>,
+    /// The IPv6 address nodes are told, when it is not `service_addr_v6` (a prefix
+    /// translated on the way in). Default: `service_addr_v6`.
+    pub advertise_addr_v6: Option<Ipv6Addr>,
     /// The Kubernetes we ship: a directory with `kube` and `pause`.
     pub kube_dir: PathBuf,
     /// The owner-only control socket the `cluster` commands use.
@@ -395,7 +410,8 @@ pub struct Metrics {
 #[serde(deny_unknown_fields, default)]
 pub struct Front {
     /// Where it listens. It is the only way in from outside, so all addresses by default;
-    /// every request is authenticated (a client certificate, or a service-auth token).
+    /// every request is authenticated (a client certificate, or a service-auth token). With
+    /// `service_addr_v6` set, `0.0.0.0` means all addresses of both families (`[::]`).
     pub listen: SocketAddr,
     /// The URL users reach it at; kubeconfigs carry `<public_url>/clusters/<mount path>`.
     /// Default: `https://<service_addr>:<listen port>`.
@@ -601,6 +617,8 @@ impl Default for Config {
             state_dir: "/var/lib/socialweb-broker".into(),
             service_addr: Ipv4Addr::new(10, 255, 255, 1),
             advertise_addr: None,
+            service_addr_v6: None,
+            advertise_addr_v6: None,
             kube_dir: "/usr/lib/socialweb/kubernetes".into(),
             ctl_socket: "/run/socialweb-broker/broker.sock".into(),
             store: Store::default(),
@@ -1156,6 +1174,11 @@ impl Config {
                 ));
             }
         }
+        self.validate_service_addrs(o)
+    }
+
+    /// The addresses nodes are told the broker is at, both families.
+    fn validate_service_addrs(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
         if IpAddr::V4(self.service_addr).is_unspecified() {
             return Err(err(
                 &o("service_addr"),
@@ -1168,6 +1191,28 @@ impl Config {
             return Err(err(
                 &o("advertise_addr"),
                 format!("{a} is not an address nodes can reach"),
+            ));
+        }
+        for (key, a) in [
+            ("service_addr_v6", self.service_addr_v6),
+            ("advertise_addr_v6", self.advertise_addr_v6),
+        ] {
+            if let Some(a) = a
+                && !reachable_v6(a)
+            {
+                return Err(err(
+                    &o(key),
+                    format!(
+                        "{a} is not an address nodes can reach (unspecified, loopback, \
+                         link-local or multicast)"
+                    ),
+                ));
+            }
+        }
+        if self.advertise_addr_v6.is_some() && self.service_addr_v6.is_none() {
+            return Err(err(
+                &o("advertise_addr_v6"),
+                "is set without service_addr_v6, the address it is forwarded to",
             ));
         }
         Ok(())
@@ -1286,6 +1331,17 @@ impl Config {
         Ok(())
     }
 
+    /// Where the front binds: `front.listen`, except that all IPv4 addresses become all
+    /// addresses of both families when the host has `service_addr_v6`.
+    pub fn front_bind(&self) -> SocketAddr {
+        match self.front.listen {
+            SocketAddr::V4(a) if a.ip().is_unspecified() && self.service_addr_v6.is_some() => {
+                SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), a.port())
+            }
+            a => a,
+        }
+    }
+
     /// The URL kubeconfigs name the front by.
     pub fn front_url(&self) -> String {
         self.front.public_url.clone().unwrap_or_else(|| {
@@ -1300,6 +1356,12 @@ impl Config {
     /// Where nodes and users are told the broker is: `advertise_addr`, else `service_addr`.
     pub fn advertised_addr(&self) -> Ipv4Addr {
         self.advertise_addr.unwrap_or(self.service_addr)
+    }
+
+    /// The IPv6 address nodes are told, if the host has one: `advertise_addr_v6`, else
+    /// `service_addr_v6`.
+    pub fn advertised_addr_v6(&self) -> Option<Ipv6Addr> {
+        self.advertise_addr_v6.or(self.service_addr_v6)
     }
 
     /// The DID service-auth tokens must be addressed to.
@@ -1720,6 +1782,39 @@ mod tests {
         assert_eq!(
             Config::load(Some(&f), |_| None).unwrap_err().source_name,
             "scale.max_nodes"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn ipv6_addresses_must_be_reachable_and_make_the_front_listen_on_both_families() {
+        let dir = std::env::temp_dir().join(format!("sw-cfg6-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("broker.toml");
+        let load = |text: &str| {
+            std::fs::write(&f, text).unwrap();
+            Config::load(Some(&f), |_| None)
+        };
+        let c = load("service_addr_v6 = \"2001:db8::1\"\n").unwrap();
+        assert_eq!(c.advertised_addr_v6(), Some("2001:db8::1".parse().unwrap()));
+        assert_eq!(c.front_bind(), "[::]:8443".parse().unwrap());
+        let c = load("service_addr_v6 = \"2001:db8::1\"\n[front]\nlisten = \"192.0.2.1:443\"\n");
+        assert_eq!(c.unwrap().front_bind(), "192.0.2.1:443".parse().unwrap());
+        assert_eq!(
+            Config::default().front_bind(),
+            "0.0.0.0:8443".parse().unwrap()
+        );
+        for bad in ["::", "::1", "fe80::1", "ff02::1"] {
+            let e = load(&format!("service_addr_v6 = \"{bad}\"\n")).unwrap_err();
+            assert_eq!(e.source_name, "service_addr_v6", "{bad}: {e}");
+            assert!(e.problem.contains(bad), "{e}");
+        }
+        let e = load("advertise_addr_v6 = \"2001:db8::9\"\n").unwrap_err();
+        assert_eq!(e.source_name, "advertise_addr_v6", "{e}");
+        let c = load("service_addr_v6 = \"fd00::1\"\nadvertise_addr_v6 = \"2001:db8::9\"\n");
+        assert_eq!(
+            c.unwrap().advertised_addr_v6(),
+            Some("2001:db8::9".parse().unwrap())
         );
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -412,8 +412,8 @@ fn front_check(metrics: &Metrics, bound: SocketAddr) {
     );
 }
 
-/// The front's serving certificate names: the host of its public URL, the service address,
-/// loopback, and the configured extra names.
+/// The front's serving certificate names: the host of its public URL, the service addresses
+/// (both families), loopback, and the configured extra names.
 fn front_names(cfg: &Config) -> Vec<String> {
     let mut names: Vec<String> = url::Url::parse(&cfg.front_url())
         .ok()
@@ -425,6 +425,8 @@ fn front_names(cfg: &Config) -> Vec<String> {
             "127.0.0.1".into(),
             "localhost".into(),
         ])
+        .chain(cfg.service_addr_v6.iter().map(|a| a.to_string()))
+        .chain(cfg.advertised_addr_v6().map(|a| a.to_string()))
         .chain(cfg.front.names.iter().cloned())
         .collect();
     names.sort();
@@ -487,10 +489,10 @@ fn provision_settings(
         relay_ca,
         tunnel: socialweb_wire::BrokerEndpoint {
             endpoint: *tunnels.id().as_bytes(),
-            addrs: vec![SocketAddr::new(
-                IpAddr::V4(cfg.advertised_addr()),
-                cfg.tunnel.port,
-            )],
+            addrs: std::iter::once(IpAddr::V4(cfg.advertised_addr()))
+                .chain(cfg.advertised_addr_v6().map(IpAddr::V6))
+                .map(|a| SocketAddr::new(a, cfg.tunnel.port))
+                .collect(),
         },
         upstream_resolvers: cfg
             .clusters
@@ -564,6 +566,10 @@ impl Daemon {
         let stop = CancellationToken::new();
         crate::host::ensure_service_addr(cfg.service_addr)
             .with_context(|| format!("putting the service address {} on lo", cfg.service_addr))?;
+        if let Some(v6) = cfg.service_addr_v6 {
+            crate::host::ensure_service_addr_v6(v6)
+                .with_context(|| format!("putting service_addr_v6 {v6} on lo"))?;
+        }
         let (market, provider) = market(&cfg, &stop).await?;
         let metrics = Metrics::default();
         let metrics_addr = metrics.serve(cfg.metrics.listen, stop.clone()).await?;
@@ -575,6 +581,9 @@ impl Daemon {
         let tunnels = Tunnels::start(
             &TunnelSettings {
                 bind: SocketAddr::new(IpAddr::V4(cfg.service_addr), cfg.tunnel.port),
+                bind_v6: cfg
+                    .service_addr_v6
+                    .map(|a| SocketAddr::new(IpAddr::V6(a), cfg.tunnel.port)),
                 relay_url: local_relay_url,
                 relay_ca: tls.ca_der()?,
                 key_file: cfg.state_dir.join("tunnel.key"),
@@ -666,7 +675,7 @@ impl Daemon {
         spawn_sweeps(gateway.clone(), stop.clone());
         let api = crate::api::router(gateway);
         let bound = crate::front::serve(
-            cfg.front.listen,
+            cfg.front_bind(),
             server_tls,
             front_limits(cfg),
             front,

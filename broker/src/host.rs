@@ -1,7 +1,7 @@
 //! The operator host's own network set-up: the service address tenant apiservers and the
 //! relay listen on.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -16,6 +16,19 @@ pub fn ensure_service_addr(addr: Ipv4Addr) -> Result<()> {
         return Ok(());
     }
     ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"])
+}
+
+/// Puts `addr`/128 on `lo` unless some interface has it (a cloud puts a host's IPv6
+/// address on its interface; an address routed to the host is on none).
+pub fn ensure_service_addr_v6(addr: Ipv6Addr) -> Result<()> {
+    let out = Command::new("ip")
+        .args(["-6", "-o", "addr", "show"])
+        .output()
+        .context("running ip (iproute2)")?;
+    if String::from_utf8_lossy(&out.stdout).contains(&format!(" {addr}/")) {
+        return Ok(());
+    }
+    ip(&["-6", "addr", "add", &format!("{addr}/128"), "dev", "lo"])
 }
 
 fn ip(args: &[&str]) -> Result<()> {

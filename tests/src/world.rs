@@ -10,10 +10,13 @@
 //!        203.0.113.254/24 ───┘   192.0.2.53 (DNS)  └── 198.51.100.254/24 (a bridge)
 //! ```
 //!
-//! Documentation prefixes (RFC 5737) throughout, so no address here is anyone's on a real
-//! network.
+//! [`World::dual_stack`] adds IPv6 beside it: `2001:db8:203::1` for the operator, `::fe` the
+//! router, and `2001:db8:198::/64` on the providers' bridge.
+//!
+//! Documentation prefixes (RFC 5737, RFC 3849) throughout, so no address here is anyone's on
+//! a real network.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Context, Result};
 
@@ -26,6 +29,9 @@ pub const OPERATOR_ADDR: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
 /// The operator's host's own address behind a 1:1 NAT ([`World::behind_one_to_one_nat`]):
 /// the only one on its interface; the internet maps [`OPERATOR_ADDR`] to it.
 pub const OPERATOR_PRIVATE_ADDR: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
+/// The operator's host's IPv6 address in a dual-stack world ([`World::dual_stack`]), on its
+/// interface as clouds give one (RFC 3849's documentation prefix).
+pub const OPERATOR_ADDR_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x203, 0, 0, 0, 0, 1);
 /// The internet's resolver (dnsmasq, answering `example.test`).
 pub const RESOLVER_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 53);
 /// Where users' own servers are on the internet (a did:web document host): the resolver
@@ -45,6 +51,11 @@ pub fn provider_addr(i: u8) -> Ipv4Addr {
     Ipv4Addr::new(198, 51, 100, 10 + i)
 }
 
+/// Provider machine `i`'s IPv6 address in a dual-stack world.
+pub fn provider_addr_v6(i: u8) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 0xdb8, 0x198, 0, 0, 0, 0, 10 + u16::from(i))
+}
+
 /// A provider machine.
 #[derive(Debug)]
 pub struct ProviderMachine {
@@ -62,6 +73,8 @@ pub struct World {
     /// The address the operator's host has on its interface: [`OPERATOR_ADDR`], or
     /// [`OPERATOR_PRIVATE_ADDR`] behind a 1:1 NAT.
     pub operator_addr: Ipv4Addr,
+    /// [`OPERATOR_ADDR_V6`] in a dual-stack world.
+    pub operator_addr_v6: Option<Ipv6Addr>,
     _resolver: Spawned,
     pub internet: Netns,
 }
@@ -69,7 +82,14 @@ pub struct World {
 impl World {
     /// The internet, the operator's host, and `providers` provider machines.
     pub fn new(providers: u8) -> Result<World> {
-        World::build(providers, false)
+        World::build(providers, false, false)
+    }
+
+    /// The same world with IPv6 beside IPv4 on the internet: the operator's host has
+    /// [`OPERATOR_ADDR_V6`] on its interface, each provider machine [`provider_addr_v6`],
+    /// and every one an IPv6 default route (so the providers' nodes are dual-stack).
+    pub fn dual_stack(providers: u8) -> Result<World> {
+        World::build(providers, false, true)
     }
 
     /// The same world with the operator's host behind a cloud's 1:1 NAT (an elastic or
@@ -77,10 +97,10 @@ impl World {
     /// [`OPERATOR_ADDR`] to it both ways (destination in, source out). Nothing reaches the
     /// private address except through the mapping, as from outside a cloud.
     pub fn behind_one_to_one_nat(providers: u8) -> Result<World> {
-        World::build(providers, true)
+        World::build(providers, true, false)
     }
 
-    fn build(providers: u8, nat: bool) -> Result<World> {
+    fn build(providers: u8, nat: bool, v6: bool) -> Result<World> {
         let internet = Netns::new("internet")?;
         link::sysctl(&internet, "net.ipv4.ip_forward", "1")?;
         link::addr(&internet, "lo", &format!("{RESOLVER_ADDR}/32"))?;
@@ -127,6 +147,9 @@ impl World {
             link::route(&ns, "default", Some("198.51.100.254"), None)?;
             machines.push(ProviderMachine { ns, index, addr });
         }
+        if v6 {
+            World::add_v6(&internet, &operator, &machines)?;
+        }
         let resolver = crate::resolver::dnsmasq(
             &internet,
             RESOLVER_ADDR,
@@ -144,6 +167,7 @@ impl World {
             providers: machines,
             operator,
             operator_addr,
+            operator_addr_v6: v6.then_some(OPERATOR_ADDR_V6),
             _resolver: resolver,
             internet,
         };
@@ -158,6 +182,27 @@ impl World {
             world.set_nat(p, nat, GUEST_SUBNET)?;
         }
         Ok(world)
+    }
+}
+
+impl World {
+    /// IPv6 on the internet's links: `2001:db8:203::/64` to the operator's host,
+    /// `2001:db8:198::/64` on the providers' bridge, the router `::fe` on each. No duplicate
+    /// address detection: the links are ours, and a tentative address cannot be bound.
+    fn add_v6(internet: &Netns, operator: &Netns, machines: &[ProviderMachine]) -> Result<()> {
+        link::sysctl(internet, "net.ipv6.conf.all.forwarding", "1")?;
+        let addr = |ns: &Netns, dev: &str, a: String| {
+            ns.ip(&["-6", "addr", "add", &a, "dev", dev, "nodad"])
+        };
+        addr(internet, "op", "2001:db8:203::fe/64".into())?;
+        addr(operator, "eth0", format!("{OPERATOR_ADDR_V6}/64"))?;
+        operator.ip(&["-6", "route", "add", "default", "via", "2001:db8:203::fe"])?;
+        addr(internet, "pv", "2001:db8:198::fe/64".into())?;
+        for m in machines {
+            addr(&m.ns, "eth0", format!("{}/64", provider_addr_v6(m.index)))?;
+            m.ns.ip(&["-6", "route", "add", "default", "via", "2001:db8:198::fe"])?;
+        }
+        Ok(())
     }
 }
 

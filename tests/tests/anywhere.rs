@@ -11,11 +11,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use testbed::broker::{Broker, BrokerOptions};
+use testbed::broker::{Broker, BrokerOptions, FRONT_PORT};
 use testbed::k8s::wait_for;
 use testbed::tmp::TempDir;
 use testbed::user::{User, text};
-use testbed::world::{OPERATOR_ADDR, OPERATOR_PRIVATE_ADDR, World};
+use testbed::world::{OPERATOR_ADDR, OPERATOR_ADDR_V6, OPERATOR_PRIVATE_ADDR, World};
 
 fn step(t: Instant, what: &str) {
     eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
@@ -154,22 +154,7 @@ fn behind_a_one_to_one_nat_the_broker_listens_on_its_own_address_and_nodes_join_
         "users are told the public address: {kubeconfig}"
     );
     let manifest = dir.path().join("pod.yaml");
-    std::fs::write(
-        &manifest,
-        r#"apiVersion: v1
-kind: Pod
-metadata: {name: behind, namespace: default}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c
-    image: socialweb.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", "i=0; while true; do i=$((i+1)); echo tick $i; sleep 1; done"]
-    resources: {requests: {cpu: 100m, memory: 32Mi}}
-"#,
-    )
-    .unwrap();
+    std::fs::write(&manifest, TICKER).unwrap();
     u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
     u.ok(
         &b,
@@ -194,6 +179,110 @@ spec:
     assert_eq!(nodes["items"].as_array().unwrap().len(), 1, "{nodes}");
     step(t, "logs and exec through the node's tunnel");
 }
+
+/// The provider machine's counters of what its guests send to the operator's host: IPv4
+/// to any port dropped (the guests' IPv4 path to the broker cut, as for a provider whose
+/// only way there is IPv6), IPv6 to the tunnel endpoint counted.
+const CUT_V4_COUNT_V6: &str = "table inet cut {
+  chain forward {
+    type filter hook forward priority -10; policy accept;
+    iifname \"swh*\" ip daddr 203.0.113.1 counter drop
+    iifname \"swh*\" ip6 daddr 2001:db8:203::1 udp dport 7443 counter
+  }
+}
+";
+
+/// The packets a rule of [`CUT_V4_COUNT_V6`] counted, by a word of the rule.
+fn counted(b: &Broker<'_>, rule: &str) -> u64 {
+    let out = b.world.providers[0]
+        .ns
+        .exec("nft", &["list", "table", "inet", "cut"])
+        .unwrap();
+    let line = out.lines().find(|l| l.contains(rule)).unwrap();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "packets").unwrap();
+    words[at + 1].parse().unwrap()
+}
+
+#[test]
+fn on_a_dual_stack_host_nodes_join_over_ipv6_and_users_reach_the_front_on_it() {
+    let t = Instant::now();
+    let world = World::dual_stack(1).unwrap();
+    world.providers[0]
+        .ns
+        .exec_with_stdin("nft", &["-f", "-"], CUT_V4_COUNT_V6.as_bytes())
+        .unwrap();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            providers: 1,
+            provider_capacity: 1,
+            max_nodes: 1,
+            hold: Duration::from_secs(600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let dir = TempDir::new("dual-stack").unwrap();
+    let u = User::new(&b, dir.path(), "six");
+    let manifest = dir.path().join("pod.yaml");
+    std::fs::write(&manifest, TICKER).unwrap();
+    u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
+    u.ok(
+        &b,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/behind",
+            "--timeout=240s",
+        ],
+    );
+    step(t, "a node whose only way to the broker is IPv6 joined");
+    // logs and exec come from the apiserver through the node's tunnel, which can only be
+    // IPv6: every IPv4 packet from the provider's guests to the operator's host is dropped.
+    let logs = u.ok(&b, &["logs", "behind"]);
+    assert!(logs.contains("tick"), "{logs}");
+    let o = u.exec(&b, "behind", &["echo", "through the tunnel"]);
+    assert!(text(&o).contains("through the tunnel"), "{}", text(&o));
+    let (v4, v6) = (counted(&b, "ip daddr"), counted(&b, "ip6 daddr"));
+    assert!(v6 > 0, "no IPv6 packet reached the tunnel endpoint");
+    assert!(v4 > 0, "the node never tried IPv4: the cut proves nothing");
+    step(
+        t,
+        &format!("logs and exec through the tunnel over IPv6 ({v6} packets; {v4} IPv4 dropped)"),
+    );
+    // A user on IPv6: the same kubeconfig's cluster, at the host's IPv6 address, which the
+    // front's self-made certificate names.
+    let kubeconfig = std::fs::read_to_string(&u.kubeconfig).unwrap();
+    let path = kubeconfig
+        .split_once("/clusters/")
+        .and_then(|(_, rest)| rest.split(['"', '\'', '\n', ' ']).next())
+        .unwrap_or_else(|| panic!("no front URL in the kubeconfig: {kubeconfig}"));
+    let over_v6 = format!("--server=https://[{OPERATOR_ADDR_V6}]:{FRONT_PORT}/clusters/{path}");
+    let o = b
+        .kubectl_as(
+            &u.kubeconfig,
+            &[],
+            &[&over_v6, "get", "pod", "behind", "-o", "name"],
+        )
+        .output()
+        .unwrap();
+    assert_eq!(text(&o).trim(), "pod/behind", "{}", text(&o));
+    step(t, "kubectl through the front at its IPv6 address");
+}
+
+const TICKER: &str = r#"apiVersion: v1
+kind: Pod
+metadata: {name: behind, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: socialweb.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "i=0; while true; do i=$((i+1)); echo tick $i; sleep 1; done"]
+    resources: {requests: {cpu: 100m, memory: 32Mi}}
+"#;
 
 /// Each provider's running leases, as the provider itself lists them (the broker's key).
 fn running_leases(b: &Broker<'_>) -> Vec<usize> {

@@ -89,6 +89,7 @@ pub async fn mesh(cx: &Ctx) -> Mesh {
                     secret_key: id.mesh_secret_key.0,
                     relay_url: id.relay_url.clone(),
                     bind: section.listen,
+                    bind_v6: None,
                     pod_mtu: section.mtu,
                     tuning: section.tuning,
                     relay_ca: relay_ca(id)?,

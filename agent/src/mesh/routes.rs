@@ -46,3 +46,12 @@ pub async fn default_source_v4(h: &Handle) -> Result<std::net::Ipv4Addr> {
         .await
         .context("finding the address to bind; give --mesh-listen <address:port>")
 }
+
+/// The global IPv6 address of the IPv6 default route's interface, on a dual-stack machine:
+/// the mesh binds it beside the IPv4 one (peers and the broker's tunnel endpoint are tried
+/// on both families), for the same reason it binds no unspecified address.
+pub async fn default_source_v6(h: &Handle) -> Result<Option<std::net::Ipv6Addr>> {
+    route::default_source_v6(h)
+        .await
+        .context("finding the IPv6 address to bind")
+}

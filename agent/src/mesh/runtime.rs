@@ -3,7 +3,7 @@
 //! two data paths between the TUN device and the connections.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -220,6 +220,11 @@ impl Mesh {
             let ip = routes::default_source_v4(&nl).await?;
             cfg.endpoint.bind.set_ip(ip.into());
             info!(addr = %cfg.endpoint.bind, "mesh binds the default route's address");
+            if let Some(v6) = routes::default_source_v6(&nl).await? {
+                let v6 = SocketAddr::new(v6.into(), cfg.endpoint.bind.port());
+                info!(addr = %v6, "and the IPv6 default route's");
+                cfg.endpoint.bind_v6 = Some(v6);
+            }
         }
         let endpoint = transport::bind(&cfg.endpoint).await?;
         info!(endpoint = %endpoint.id(), tun = %cfg.tun_name, mtu = cfg.mtu, "mesh endpoint up");

@@ -23,6 +23,8 @@ pub struct EndpointConfig {
     /// UDP address to bind for direct paths; a specific address (the endpoint offers peers
     /// exactly this one).
     pub bind: SocketAddr,
+    /// The IPv6 address bound beside it, on a dual-stack machine.
+    pub bind_v6: Option<SocketAddr>,
     /// The pod MTU: the smallest path MTU QUIC may assume is pinned to carry it.
     pub pod_mtu: u16,
     pub tuning: Tuning,
@@ -272,7 +274,7 @@ pub async fn bind(cfg: &EndpointConfig) -> Result<Endpoint> {
     if cfg.tuning.cipher == Cipher::Aes128 {
         builder = builder.crypto_provider(Arc::new(aes128_only()));
     }
-    builder
+    builder = builder
         .secret_key(SecretKey::from_bytes(&cfg.secret_key))
         // The mesh's ALPN is the only one it accepts; it dials the broker's tunnel with
         // socialweb_wire::tunnel::ALPN (crate::tunnel).
@@ -284,7 +286,13 @@ pub async fn bind(cfg: &EndpointConfig) -> Result<Endpoint> {
         // One socket on one address: see routes::default_source_v4 for why not 0.0.0.0.
         .clear_ip_transports()
         .bind_addr(cfg.bind)
-        .with_context(|| format!("mesh listen address {}", cfg.bind))?
+        .with_context(|| format!("mesh listen address {}", cfg.bind))?;
+    if let Some(v6) = cfg.bind_v6 {
+        builder = builder
+            .bind_addr(v6)
+            .with_context(|| format!("mesh listen address {v6}"))?;
+    }
+    builder
         .bind()
         .await
         .with_context(|| format!("binding the mesh endpoint to {} (--mesh-listen)", cfg.bind))

@@ -12,8 +12,14 @@
 //!   eth0 10.0.2.15/24 ──── lan 10.0.2.2/24 │ wan <a>.<b>.<i>.2 ──── swh<i> <a>.<b>.<i>.1
 //!                          masquerade out of `wan`; new inbound on `wan` dropped
 //! ```
+//!
+//! On a machine with an IPv6 default route the node is dual-stack, NAT'd the same way
+//! (as slirp and pasta give guests IPv6 behind the host's address): `fd0a:2::15/64`
+//! behind `fd0a:2::2`, the uplink `fd0b:<i>::2/64` to the machine's `fd0b:<i>::1`, and
+//! the machine masquerades `fd0b::/16` out of its uplink. A node then reaches IPv6-only
+//! and dual-stack endpoints (the broker's `service_addr_v6`) with no NAT64 in between.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -28,6 +34,12 @@ pub const HOST_LINK: &str = "swh";
 /// Every guest's own address, and its gateway's (slirp's defaults).
 pub const GUEST_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
 pub const GUEST_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
+
+/// The same on a dual-stack machine (unique local addresses: never routed beyond it).
+pub const GUEST_ADDR_V6: Ipv6Addr = Ipv6Addr::new(0xfd0a, 2, 0, 0, 0, 0, 0, 0x15);
+pub const GUEST_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfd0a, 2, 0, 0, 0, 0, 0, 2);
+/// The /16 the guests' IPv6 uplinks (`fd0b:<i>::/64`) are numbered from.
+pub const UPLINKS_V6: Ipv6Addr = Ipv6Addr::new(0xfd0b, 0, 0, 0, 0, 0, 0, 0);
 
 /// A node's network.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,8 +102,8 @@ fn in_netns(ns: &str, program: &str, args: &[&str], input: Option<&str>) -> Resu
     Ok(())
 }
 
-/// The gateway's NAT: masquerade out of `wan`, and nothing new in from it.
-const GATEWAY_NFT: &str = "table ip socialweb-nat {
+/// The gateway's NAT, both families: masquerade out of `wan`, and nothing new in from it.
+const GATEWAY_NFT: &str = "table inet socialweb-nat {
   chain postrouting { type nat hook postrouting priority srcnat; policy accept; oifname \"wan\" masquerade; }
   chain forward { type filter hook forward priority filter; policy accept; iifname \"wan\" ct state new drop; }
   chain input { type filter hook input priority filter; policy accept; iifname \"wan\" ct state new drop; }
@@ -164,7 +176,55 @@ impl NodeNet {
         for s in steps {
             ip(s)?;
         }
-        in_netns(g, "sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"], None)
+        in_netns(g, "sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"], None)?;
+        if machine_has_v6() {
+            self.build_v6()?;
+        }
+        Ok(())
+    }
+
+    /// The node's IPv6 side (module docs). Addresses without duplicate detection: the
+    /// links are point-to-point and ours, and an address still tentative when the agent
+    /// starts would not be bound.
+    fn build_v6(&self) -> Result<()> {
+        let (g, n, h) = (
+            self.gateway.as_str(),
+            self.netns.as_str(),
+            self.host_link.as_str(),
+        );
+        let [u, ..] = UPLINKS_V6.segments();
+        let slot = self.host_addr.octets()[2] as u16;
+        let host = Ipv6Addr::new(u, slot, 0, 0, 0, 0, 0, 1);
+        let wan = Ipv6Addr::new(u, slot, 0, 0, 0, 0, 0, 2);
+        let (host, wan, hg) = (format!("{host}/64"), format!("{wan}/64"), host.to_string());
+        let (guest_gw, guest) = (
+            format!("{GUEST_GATEWAY_V6}/64"),
+            format!("{GUEST_ADDR_V6}/64"),
+        );
+        let gw = GUEST_GATEWAY_V6.to_string();
+        let steps: [&[&str]; 6] = [
+            &["-6", "addr", "add", &host, "dev", h, "nodad"],
+            &["-n", g, "-6", "addr", "add", &wan, "dev", "wan", "nodad"],
+            &[
+                "-n", g, "-6", "route", "add", "default", "via", &hg, "dev", "wan",
+            ],
+            &[
+                "-n", g, "-6", "addr", "add", &guest_gw, "dev", "lan", "nodad",
+            ],
+            &["-n", n, "-6", "addr", "add", &guest, "dev", "eth0", "nodad"],
+            &[
+                "-n", n, "-6", "route", "add", "default", "via", &gw, "dev", "eth0",
+            ],
+        ];
+        for s in steps {
+            ip(s).context("the node's IPv6")?;
+        }
+        in_netns(
+            g,
+            "sysctl",
+            &["-q", "-w", "net.ipv6.conf.all.forwarding=1"],
+            None,
+        )
     }
 
     /// The gateway's namespace, its uplink and its NAT table.
@@ -226,7 +286,40 @@ pub fn machine_nat(prefix: &str, subnet: Ipv4Addr) -> Result<()> {
     let rules = format!(
         "table ip {table} {{}}\ndelete table ip {table}\ntable ip {table} {{\n  chain postrouting {{ type nat hook postrouting priority srcnat; policy accept; ip saddr {subnet}/16 oifname != \"{links}*\" masquerade; }}\n}}\n"
     );
-    nft_apply(&rules, "the guests' NAT")
+    nft_apply(&rules, "the guests' NAT")?;
+    if machine_has_v6() {
+        machine_nat_v6(&table)?;
+    }
+    Ok(())
+}
+
+/// Whether this machine has an IPv6 default route: its namespace nodes are then dual-stack.
+pub fn machine_has_v6() -> bool {
+    Command::new("ip")
+        .args(["-6", "route", "show", "default"])
+        .output()
+        .is_ok_and(|o| o.status.success() && !o.stdout.trim_ascii().is_empty())
+}
+
+/// The IPv6 side of [`machine_nat`]: forwarding on, and the guests' IPv6 uplinks
+/// masqueraded out of every other interface. Forwarding makes the kernel ignore router
+/// advertisements on interfaces that took them (`accept_ra` 1), which would cost a machine
+/// configured by SLAAC its own default route: those are set to 2 (take them anyway) first.
+fn machine_nat_v6(table: &str) -> Result<()> {
+    let conf = std::path::Path::new("/proc/sys/net/ipv6/conf");
+    for e in std::fs::read_dir(conf).context("reading /proc/sys/net/ipv6/conf")? {
+        let ra = e?.path().join("accept_ra");
+        if std::fs::read_to_string(&ra).is_ok_and(|v| v.trim() == "1") {
+            std::fs::write(&ra, "2").with_context(|| format!("setting {}", ra.display()))?;
+        }
+    }
+    std::fs::write("/proc/sys/net/ipv6/conf/all/forwarding", "1")
+        .context("enabling IPv6 forwarding on the provider's machine")?;
+    let links = HOST_LINK;
+    let rules = format!(
+        "table ip6 {table} {{}}\ndelete table ip6 {table}\ntable ip6 {table} {{\n  chain postrouting {{ type nat hook postrouting priority srcnat; policy accept; ip6 saddr {UPLINKS_V6}/16 oifname != \"{links}*\" masquerade; }}\n}}\n"
+    );
+    nft_apply(&rules, "the guests' IPv6 NAT")
 }
 
 /// Applies an nftables ruleset in this network namespace (`nft -f -`, one transaction);

@@ -38,20 +38,6 @@ fn nz(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN)
 }
 
-/// The key of a source address: an IPv6 address by its /64.
-fn source_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let s = v6.segments();
-                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-            }
-        },
-        v4 => v4,
-    }
-}
-
 fn check<K: std::hash::Hash + Eq + Clone>(
     l: &DefaultKeyedRateLimiter<K>,
     key: &K,
@@ -76,7 +62,7 @@ impl Rates {
     pub fn source(&self, ip: IpAddr) -> Result<(), Exceeded> {
         check(
             &self.source,
-            &source_key(ip),
+            &crate::front::listener::source_key(ip),
             "requests from this address (access.requests_per_minute_per_source)",
         )
     }

@@ -126,6 +126,22 @@ impl Drop for Slot {
     }
 }
 
+/// The key of a source address, for the limits per source: an IPv4-mapped address as the
+/// IPv4 one (the front binds `[::]` on a host with IPv6), an IPv6 address by its /64 (one
+/// host's share of a network).
+pub fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+        v4 => v4,
+    }
+}
+
 impl Counts {
     /// A slot for a connection from `source`, or why there is none. At `max_connections`
     /// the connection idle longest (handshaking, or no request in flight) is shed for it:
@@ -375,7 +391,7 @@ pub async fn accept_loop<F, Fut>(
             },
             _ = stop.cancelled() => return,
         };
-        let slot = match counts.admit(peer.ip(), &limits) {
+        let slot = match counts.admit(source_key(peer.ip()), &limits) {
             Ok(s) => s,
             Err(why) => {
                 debug!(%peer, "connection refused: {why}");
@@ -412,6 +428,17 @@ mod tests {
                 min_bytes_per_sec: 1,
             },
         }
+    }
+
+    #[test]
+    fn a_source_is_an_ipv4_address_or_an_ipv6_slash_64() {
+        let key = |s: &str| source_key(s.parse().unwrap()).to_string();
+        assert_eq!(key("192.0.2.1"), "192.0.2.1");
+        // What a [::] listener sees of an IPv4 client is that client.
+        assert_eq!(key("::ffff:192.0.2.1"), "192.0.2.1");
+        assert_eq!(key("2001:db8:1:2:aaaa::1"), "2001:db8:1:2::");
+        assert_eq!(key("2001:db8:1:2:bbbb::9"), key("2001:db8:1:2:aaaa::1"));
+        assert_ne!(key("2001:db8:1:3::1"), key("2001:db8:1:2::1"));
     }
 
     #[test]

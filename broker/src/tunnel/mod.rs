@@ -37,6 +37,8 @@ const DIAL_WITHIN: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct TunnelSettings {
     pub bind: SocketAddr,
+    /// The IPv6 socket beside it, where the host has `service_addr_v6`.
+    pub bind_v6: Option<SocketAddr>,
     pub relay_url: url::Url,
     /// The relay's CA (DER), when it is the broker's own.
     pub relay_ca: Option<Vec<u8>>,
@@ -102,12 +104,17 @@ impl Tunnels {
             .clear_ip_transports()
             .bind_addr(s.bind)
             .with_context(|| format!("tunnel.port: {}", s.bind))?;
+        if let Some(v6) = s.bind_v6 {
+            b = b
+                .bind_addr(v6)
+                .with_context(|| format!("tunnel.port: {v6}"))?;
+        }
         if let Some(ca) = &s.relay_ca {
             let root = rustls::pki_types::CertificateDer::from(ca.clone());
             b = b.ca_tls_config(CaTlsConfig::embedded().with_extra_roots([root]));
         }
         let endpoint = b.bind().await.context("binding the tunnel endpoint")?;
-        info!(endpoint = %endpoint.id(), bind = %s.bind, "tunnel endpoint up");
+        info!(endpoint = %endpoint.id(), bind = %s.bind, bind_v6 = ?s.bind_v6, "tunnel endpoint up");
         let t = Tunnels {
             inner: Arc::new(Inner {
                 endpoint,

@@ -117,3 +117,51 @@ pub async fn default_source_v4(h: &Handle) -> Result<Ipv4Addr, Error> {
         })
         .ok_or_else(|| Error::Missing("the default route's interface has no IPv4 address".into()))
 }
+
+/// The global IPv6 address of the interface the main table's IPv6 default route leaves
+/// through, if there is such a route (a dual-stack machine); `None` on an IPv4-only one.
+/// Link-local and tentative addresses are not offered: a peer elsewhere cannot use them.
+pub async fn default_source_v6(h: &Handle) -> Result<Option<Ipv6Addr>, Error> {
+    let routes: Vec<RouteMessage> = h
+        .route()
+        .get(RouteMessageBuilder::<Ipv6Addr>::new().build())
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| Error::kernel("listing IPv6 routes", e))?;
+    let Some(oif) = routes
+        .iter()
+        .filter(|r| r.header.destination_prefix_length == 0 && r.header.table == 254)
+        .find_map(|r| {
+            r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Oif(i) => Some(*i),
+                _ => None,
+            })
+        })
+    else {
+        return Ok(None);
+    };
+    let addrs: Vec<_> = h
+        .address()
+        .get()
+        .set_link_index_filter(oif)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| Error::kernel("listing addresses", e))?;
+    Ok(addrs
+        .iter()
+        .filter(|m| m.header.scope == netlink_packet_route::address::AddressScope::Universe)
+        .filter(|m| {
+            !m.attributes.iter().any(|a| {
+                matches!(a, AddressAttribute::Flags(f)
+                    if f.contains(netlink_packet_route::address::AddressFlags::Tentative))
+            })
+        })
+        .find_map(|m| {
+            m.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(IpAddr::V6(ip)) => Some(*ip),
+                _ => None,
+            })
+        }))
+}

@@ -226,10 +226,12 @@ impl NodeSoftware {
         dir: &Path,
         prefix: &str,
         bind: std::net::Ipv4Addr,
+        bind_v6: Option<std::net::Ipv6Addr>,
         providers: Vec<ProviderRef>,
     ) -> Config {
         let mut c = self.base(opts, &dir.join("state"));
         c.service_addr = bind;
+        c.service_addr_v6 = bind_v6;
         c.advertise_addr = (bind != OPERATOR_ADDR).then_some(OPERATOR_ADDR);
         c.ctl_socket = dir.join("broker.sock");
         c.store.url = opts.store_url.clone();

@@ -128,7 +128,10 @@ impl<'w> Broker<'w> {
         // first use) before any provider machine can list it.
         let config = d.join("broker.toml");
         let bind = world.operator_addr;
-        write_config(&config, &sw.broker(&opts, d, &prefix, bind, Vec::new()))?;
+        write_config(
+            &config,
+            &sw.broker(&opts, d, &prefix, bind, world.operator_addr_v6, Vec::new()),
+        )?;
         let broker_pin = operator_command("market-pin", &config, &[])?;
         let mut providers = Vec::new();
         for m in world.providers.iter().take(usize::from(opts.providers)) {
@@ -156,7 +159,10 @@ impl<'w> Broker<'w> {
                 pin: Some(p.pin.clone()),
             })
             .collect();
-        write_config(&config, &sw.broker(&opts, d, &prefix, bind, market))?;
+        write_config(
+            &config,
+            &sw.broker(&opts, d, &prefix, bind, world.operator_addr_v6, market),
+        )?;
         let paths = paths_of(&config)?;
         let mut b = Broker {
             broker: Spawned::none("broker"),
