@@ -156,6 +156,9 @@ enum Kind {
     Ignore,
     /// An etcd data directory: skipped, with a warning.
     Etcd,
+    /// A cluster's note that its objects are in PostgreSQL (`control_plane::postgres::MARKER`): copied,
+    /// and the database named as not in the backup.
+    PostgresMarker,
     Dir,
 }
 
@@ -184,6 +187,11 @@ fn kind(layout: &Layout, path: &Path, meta: &std::fs::Metadata) -> Kind {
     ];
     if not_state.iter().any(|s| name.ends_with(s)) {
         return Kind::Ignore;
+    }
+    if name == crate::control_plane::postgres::MARKER
+        && path.parent().and_then(Path::parent) == Some(layout.clusters.as_path())
+    {
+        return Kind::PostgresMarker;
     }
     let kine_db = name == "state.db"
         && path.parent().and_then(Path::file_name) == Some("kine".as_ref())
@@ -236,6 +244,18 @@ fn walk(
                       snapshot save)"
                     .into(),
             }),
+            Kind::PostgresMarker => {
+                let db = std::fs::read_to_string(&path).unwrap_or_default();
+                skipped.push(Skipped {
+                    what: format!("cluster {}: its objects", cluster_name(dir)),
+                    why: format!(
+                        "they are in PostgreSQL, database {}: pg_dump's (or the server's own \
+                         backups); its PKI and kubeconfigs are in this backup",
+                        db.trim()
+                    ),
+                });
+                out.push((path, Kind::File));
+            }
             k => out.push((path, k)),
         }
     }

@@ -39,7 +39,8 @@ pub enum Command {
         /// `clusters.hibernate_after`). The operator's to give.
         #[serde(default)]
         hibernate_after_secs: Option<u64>,
-        /// `etcd` or `kine` (`None`: the broker's `clusters.datastore`). The operator's.
+        /// `etcd`, `kine` or `postgres` (`None`: the broker's `clusters.datastore`). The
+        /// operator's.
         #[serde(default)]
         datastore: Option<String>,
     },

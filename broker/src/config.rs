@@ -542,9 +542,16 @@ pub struct ClusterDefaults {
     #[serde(with = "humantime_serde_compat")]
     #[schemars(with = "HumanDuration")]
     pub hibernate_after: Duration,
-    /// What keeps a new cluster's objects: `etcd`, or `kine` (SQLite through the etcd API,
-    /// as k3s does); `cluster create --datastore` chooses for one cluster.
+    /// What keeps a new cluster's objects: `etcd`, `kine` (SQLite through the etcd API, as
+    /// k3s does, in the cluster's directory), or `postgres` (kine over a database of the
+    /// cluster's own on `postgres_url`'s server, created with the cluster and dropped with
+    /// it); `cluster create --datastore` chooses for one cluster.
     pub datastore: DatastoreKind,
+    /// The PostgreSQL server `postgres` clusters' databases are made on
+    /// (`postgres://user[:password]@host[:port]/database`; the role needs `CREATEDB`, and the
+    /// database named is where it connects to create them). Default: `store.url` when the
+    /// store is PostgreSQL.
+    pub postgres_url: Option<String>,
     /// The `kine` binary (image-builder/kine/build.sh builds it).
     pub kine_binary: PathBuf,
     /// `GOGC` of every control-plane component: the garbage a Go heap may hold beyond its
@@ -591,6 +598,9 @@ impl ClusterDefaults {
 pub enum DatastoreKind {
     Etcd,
     Kine,
+    // kine over a database of the cluster's own on `clusters.postgres_url`'s server. (A
+    // plain comment: a doc comment would make the schema's values a oneOf.)
+    Postgres,
 }
 
 impl DatastoreKind {
@@ -598,6 +608,7 @@ impl DatastoreKind {
         match self {
             DatastoreKind::Etcd => "etcd",
             DatastoreKind::Kine => "kine",
+            DatastoreKind::Postgres => "postgres",
         }
     }
 
@@ -606,8 +617,14 @@ impl DatastoreKind {
         match s {
             "etcd" => Ok(DatastoreKind::Etcd),
             "kine" => Ok(DatastoreKind::Kine),
-            other => Err(format!("{other:?} is neither etcd nor kine")),
+            "postgres" => Ok(DatastoreKind::Postgres),
+            other => Err(format!("{other:?} is none of etcd, kine, postgres")),
         }
+    }
+
+    /// Whether kine runs it (and `clusters.kine_binary` must be there).
+    pub fn uses_kine(self) -> bool {
+        matches!(self, DatastoreKind::Kine | DatastoreKind::Postgres)
     }
 }
 
@@ -738,6 +755,7 @@ impl Default for ClusterDefaults {
             isolate_operators_clusters: true,
             hibernate_after: Duration::from_secs(600),
             datastore: DatastoreKind::Kine,
+            postgres_url: None,
             kine_binary: "/usr/lib/socialweb/kine/kine".into(),
             gogc: 50,
             memory_max_mib: 2048,
@@ -1272,6 +1290,22 @@ impl Config {
         if u32::from(self.clusters.port_base) + u32::from(self.clusters.port_count) > 65535 {
             return Err(err("clusters.port_count", "the port range runs past 65535"));
         }
+        if let Some(u) = &self.clusters.postgres_url
+            && !url::Url::parse(u).is_ok_and(|u| matches!(u.scheme(), "postgres" | "postgresql"))
+        {
+            return Err(err(
+                &o("clusters.postgres_url"),
+                "is not a postgres://user@host/database URL",
+            ));
+        }
+        if self.clusters.datastore == DatastoreKind::Postgres
+            && self.clusters_postgres_url().is_none()
+        {
+            return Err(err(
+                &o("clusters.datastore"),
+                "is postgres, and neither clusters.postgres_url nor a PostgreSQL store.url says which server",
+            ));
+        }
         Ok(())
     }
 
@@ -1340,6 +1374,17 @@ impl Config {
             }
             a => a,
         }
+    }
+
+    /// The server `postgres` clusters' databases are made on: `clusters.postgres_url`, else
+    /// the store's URL when the store is PostgreSQL.
+    pub fn clusters_postgres_url(&self) -> Option<String> {
+        self.clusters.postgres_url.clone().or_else(|| {
+            self.store
+                .url
+                .clone()
+                .filter(|u| u.starts_with("postgres://") || u.starts_with("postgresql://"))
+        })
     }
 
     /// The URL kubeconfigs name the front by.
@@ -1560,7 +1605,10 @@ mod tests {
             key("clusters.datastore").default_toml.as_deref(),
             Some("\"kine\"")
         );
-        assert_eq!(key("clusters.datastore").values, ["etcd", "kine"]);
+        assert_eq!(
+            key("clusters.datastore").values,
+            ["etcd", "kine", "postgres"]
+        );
         assert_eq!(key("clusters.gogc").default_toml.as_deref(), Some("50"));
         assert_eq!(key("scale.hold").default_toml.as_deref(), Some("\"2m\""));
         assert!(

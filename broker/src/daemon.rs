@@ -106,12 +106,11 @@ fn check_kube_dir(cfg: &Config) -> Result<()> {
         }
     }
     // Checked at the start, not at the first create: the default datastore must be there.
-    if cfg.clusters.datastore == crate::config::DatastoreKind::Kine
-        && !cfg.clusters.kine_binary.is_file()
-    {
+    if cfg.clusters.datastore.uses_kine() && !cfg.clusters.kine_binary.is_file() {
         bail!(
-            "clusters.kine_binary: {} is not a file, and clusters.datastore is kine (image-builder/kine/build.sh builds it; or set clusters.datastore = \"etcd\")",
-            cfg.clusters.kine_binary.display()
+            "clusters.kine_binary: {} is not a file, and clusters.datastore is {} (image-builder/kine/build.sh builds it; or set clusters.datastore = \"etcd\")",
+            cfg.clusters.kine_binary.display(),
+            cfg.clusters.datastore.as_str()
         );
     }
     Ok(())
@@ -522,8 +521,8 @@ fn front_limits(cfg: &Config) -> crate::front::listener::Limits {
     }
 }
 
-fn cluster_settings(cfg: &Config) -> ClusterSettings {
-    ClusterSettings {
+fn cluster_settings(cfg: &Config) -> Result<ClusterSettings> {
+    Ok(ClusterSettings {
         dir: clusters_dir(cfg),
         kube: cfg.kube_dir.join("kube"),
         port_base: cfg.clusters.port_base,
@@ -535,6 +534,10 @@ fn cluster_settings(cfg: &Config) -> ClusterSettings {
         hibernate_after: cfg.clusters.hibernate_after,
         datastore: cfg.clusters.datastore,
         kine_binary: cfg.clusters.kine_binary.clone(),
+        postgres: cfg
+            .clusters_postgres_url()
+            .map(|u| crate::control_plane::postgres::Server::new(&u))
+            .transpose()?,
         gogc: cfg.clusters.gogc,
         budget: cfg.clusters.budget(),
         datastore_quota: cfg.clusters.datastore_quota(),
@@ -546,7 +549,7 @@ fn cluster_settings(cfg: &Config) -> ClusterSettings {
             node: cfg.node,
             max_hold: cfg.scale.max_consolidate_after,
         },
-    }
+    })
 }
 
 impl Daemon {
@@ -639,7 +642,7 @@ impl Daemon {
             },
         ));
         let clusters = Arc::new(Clusters::new(
-            cluster_settings(cfg),
+            cluster_settings(cfg)?,
             store.clone(),
             provisioner.clone(),
             front.clone(),

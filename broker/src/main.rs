@@ -295,9 +295,10 @@ enum ClusterCommand {
         /// it, the broker's `clusters.hibernate_after` (docs/hibernation.md).
         #[arg(long, value_parser = parse_idle_time)]
         hibernate_after: Option<Duration>,
-        /// What keeps its objects: `etcd`, or `kine` (SQLite through the etcd API); without
-        /// it, the broker's `clusters.datastore`.
-        #[arg(long, value_parser = ["etcd", "kine"])]
+        /// What keeps its objects: `etcd`, `kine` (SQLite through the etcd API, in its
+        /// directory) or `postgres` (kine over a database of its own on
+        /// `clusters.postgres_url`'s server); without it, the broker's `clusters.datastore`.
+        #[arg(long, value_parser = ["etcd", "kine", "postgres"])]
         datastore: Option<String>,
     },
     /// Every cluster, its state and node count.

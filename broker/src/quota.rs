@@ -7,7 +7,10 @@
 //!
 //! What counts is the pages SQLite has in use (pages less the free list): deleting and
 //! compacting makes room, and the file never grows much past the quota because SQLite
-//! reuses free pages before it grows.
+//! reuses free pages before it grows. A cluster on PostgreSQL counts its database's size
+//! on the server (`pg_database_size`): rows deleted and compacted are reused once vacuumed,
+//! but the files do not shrink, so such a cluster stays full until its database is
+//! `VACUUM FULL`ed (docs/operations.md).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -69,8 +72,11 @@ pub async fn publish(client: &kube::Client, full: bool, quota: Option<u64>) -> R
 #[derive(Debug, Clone)]
 pub struct Watch {
     pub cluster: String,
-    /// kine's database; `None`: the datastore keeps its own quota (etcd).
+    /// kine's SQLite database; `None`: the datastore keeps its own quota (etcd), or it is
+    /// in PostgreSQL.
     pub kine_db: Option<PathBuf>,
+    /// The server and database, for a cluster on PostgreSQL.
+    pub postgres: Option<(crate::control_plane::postgres::Server, String)>,
     pub quota: Option<u64>,
 }
 
@@ -101,6 +107,13 @@ impl Watch {
     ) {
         let cluster = &self.cluster;
         let now = match (&self.kine_db, self.quota) {
+            (None, Some(quota)) if self.postgres.is_some() => {
+                let (server, db) = self.postgres.as_ref().expect("matched");
+                match server.size(db).await {
+                    Ok(used) => full(used, quota),
+                    Err(e) => return warn!(%cluster, "measuring the datastore: {e:#}"),
+                }
+            }
             (Some(db), Some(quota)) => {
                 if conn.is_none() {
                     match open(db).await {

@@ -1,6 +1,7 @@
 //! The broker's store against both backends it supports, with the same queries: SQLite (a
 //! file) and a real PostgreSQL server started by the test. Then the daemon itself on
-//! PostgreSQL: a cluster created, listed and deleted.
+//! PostgreSQL: a cluster created, listed and deleted; and a cluster whose objects are in a
+//! PostgreSQL database of its own (`--datastore postgres`).
 
 use std::time::{Duration, SystemTime};
 
@@ -344,4 +345,94 @@ fn the_daemon_runs_on_postgresql() {
         b.cli_json(&["cluster", "list"]).unwrap(),
         serde_json::json!([])
     );
+}
+
+#[test]
+fn a_cluster_on_postgresql_keeps_its_objects_in_a_database_of_its_own() {
+    let world = testbed::world::World::new(0).unwrap();
+    let ns = &world.operator;
+    let pg = Postgres::start(ns).unwrap();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            clusters: socialweb_broker::config::ClusterDefaults {
+                postgres_url: Some(pg.url.clone()),
+                hibernate_after: Duration::from_secs(3),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let databases = || {
+        testbed::postgres::query(
+            ns,
+            "postgres",
+            "select datname from pg_database where datname like 'sw\\_%' order by 1",
+        )
+        .unwrap()
+    };
+    let c = b
+        .cli_json(&["cluster", "create", "objs", "--datastore", "postgres"])
+        .unwrap();
+    assert_eq!(
+        (&c["state"], &c["datastore"]),
+        (&"ready".into(), &"postgres".into()),
+        "{c}\n{}",
+        b.diagnostics()
+    );
+    let dir = b.cluster_dir("objs");
+    let db = format!(
+        "sw_{}",
+        dir.file_name().unwrap().to_str().unwrap().replace('-', "_")
+    );
+    assert_eq!(databases(), db, "one database, the cluster's");
+    assert!(!dir.join("kine").exists(), "no SQLite beside it");
+    b.kubectl(
+        "objs",
+        &["create", "configmap", "kept", "--from-literal=k=v"],
+    )
+    .unwrap();
+    let rows = testbed::postgres::query(
+        ns,
+        &db,
+        "select count(*) from kine where name = '/registry/configmaps/default/kept'",
+    )
+    .unwrap();
+    assert_eq!(
+        rows, "1",
+        "the ConfigMap is a row of the cluster's database"
+    );
+    // Its control plane stops and starts again from the database alone.
+    b.wait_state("objs", "hibernating", Duration::from_secs(60));
+    let woke = b
+        .cli_json(&["cluster", "wake", "objs", "--wait", "60s"])
+        .unwrap();
+    assert_eq!(woke["state"], "ready", "{woke}");
+    let v = b
+        .kubectl(
+            "objs",
+            &["get", "configmap", "kept", "-o", "jsonpath={.data.k}"],
+        )
+        .unwrap();
+    assert_eq!(v, "v", "the object outlived the hibernation");
+    // A backup says what it does not hold.
+    let to = TempDir::new("pg-backup").unwrap();
+    let to = to.path().join("b");
+    let out = b
+        .operator("backup", &["--to", to.to_str().unwrap(), "--json"])
+        .unwrap();
+    assert!(
+        out.contains(&db),
+        "the backup names the database it leaves to pg_dump: {out}"
+    );
+    b.cli(&["cluster", "delete", "objs"]).unwrap();
+    assert_eq!(databases(), "", "the database went with the cluster");
+    // Without a server to put it on, a postgres cluster is refused, naming what to set.
+    drop(b);
+    let b = Broker::start(&world, BrokerOptions::default()).unwrap();
+    let e = b
+        .cli(&["cluster", "create", "nope", "--datastore", "postgres"])
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("clusters.postgres_url"), "{e:#}");
 }

@@ -249,6 +249,10 @@ impl Clusters {
         crate::quota::Watch {
             cluster: name.to_string(),
             kine_db: spec.kine_db(),
+            postgres: spec
+                .datastore
+                .postgres()
+                .and_then(|(s, db)| s.map(|s| (s.clone(), db.to_string()))),
             quota: spec.datastore_quota,
         }
         .start(client.clone(), period.clone())

@@ -55,6 +55,9 @@ pub struct ClusterSettings {
     /// `clusters.datastore`, and the kine binary.
     pub datastore: crate::config::DatastoreKind,
     pub kine_binary: PathBuf,
+    /// The server `postgres` clusters' databases are on (`clusters.postgres_url`, else a
+    /// PostgreSQL store's).
+    pub postgres: Option<crate::control_plane::postgres::Server>,
     /// `clusters.gogc`.
     pub gogc: u32,
     /// `clusters.memory_max_mib`, `pids_max`, `cpu_max`: each control plane's budget.
@@ -73,7 +76,7 @@ pub struct New<'a> {
     pub user: bool,
     /// Its own `hibernate_after` (`None`: the broker's).
     pub hibernate_after_secs: Option<u64>,
-    /// `etcd` or `kine` (`None`: `clusters.datastore`).
+    /// `etcd`, `kine` or `postgres` (`None`: `clusters.datastore`).
     pub datastore: Option<&'a str>,
 }
 
@@ -253,11 +256,19 @@ impl Clusters {
             Some(d) => DatastoreKind::parse(d)
                 .map_err(|e| ServiceError::Invalid(format!("datastore: {e}")))?,
         };
-        if datastore == DatastoreKind::Kine && !self.settings.kine_binary.is_file() {
+        if datastore.uses_kine() && !self.settings.kine_binary.is_file() {
             return Err(ServiceError::Invalid(format!(
-                "datastore: kine is not installed at {} (clusters.kine_binary)",
+                "datastore: {} needs kine, which is not installed at {} (clusters.kine_binary)",
+                datastore.as_str(),
                 self.settings.kine_binary.display()
             )));
+        }
+        if datastore == DatastoreKind::Postgres && self.settings.postgres.is_none() {
+            return Err(ServiceError::Invalid(
+                "datastore: postgres needs a server: set clusters.postgres_url (or use a \
+                 PostgreSQL store.url)"
+                    .into(),
+            ));
         }
         let lock = self.lock(name).await;
         // Never a directory an earlier cluster of this name had: its CA keys are not this
@@ -407,6 +418,11 @@ impl Clusters {
                 Some("kine") => Datastore::Kine {
                     binary: self.settings.kine_binary.clone(),
                 },
+                Some("postgres") => Datastore::KinePostgres {
+                    binary: self.settings.kine_binary.clone(),
+                    server: self.settings.postgres.clone(),
+                    database: crate::control_plane::postgres::database_name(c.dir_name()),
+                },
                 _ => Datastore::Etcd,
             },
             gogc: self.settings.gogc,
@@ -479,6 +495,14 @@ impl Clusters {
         let Some(c) = self.store.cluster(name).await? else {
             return Ok(());
         };
+        if c.datastore.as_deref() == Some("postgres") {
+            let server = self.settings.postgres.as_ref().with_context(|| {
+                format!("cluster {name}'s database is in PostgreSQL, and clusters.postgres_url is not set")
+            })?;
+            server
+                .drop_database(&crate::control_plane::postgres::database_name(c.dir_name()))
+                .await?;
+        }
         let dir = self.dir_of(&c);
         if dir.exists() {
             std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;

@@ -151,9 +151,12 @@ fn broker(cfg: &Config, f: &mut Findings) {
             kine.display()
         );
         match cfg.clusters.datastore {
-            DatastoreKind::Kine => f.error(
+            DatastoreKind::Kine | DatastoreKind::Postgres => f.error(
                 "clusters.kine_binary",
-                format!("{problem}: {START}, as clusters.datastore is kine"),
+                format!(
+                    "{problem}: {START}, as clusters.datastore is {}",
+                    cfg.clusters.datastore.as_str()
+                ),
             ),
             DatastoreKind::Etcd => f.warning(
                 "clusters.kine_binary",

@@ -94,7 +94,17 @@ pub struct Spec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Datastore {
     Etcd,
-    Kine { binary: PathBuf },
+    Kine {
+        binary: PathBuf,
+    },
+    /// kine over the cluster's own database on a PostgreSQL server (`super::postgres`);
+    /// `server` is `None` when `clusters.postgres_url` is not set (the start then fails,
+    /// naming it).
+    KinePostgres {
+        binary: PathBuf,
+        server: Option<super::postgres::Server>,
+        database: String,
+    },
 }
 
 impl Datastore {
@@ -102,7 +112,17 @@ impl Datastore {
     pub fn component(&self) -> &'static str {
         match self {
             Datastore::Etcd => "etcd",
-            Datastore::Kine { .. } => "kine",
+            Datastore::Kine { .. } | Datastore::KinePostgres { .. } => "kine",
+        }
+    }
+
+    /// The PostgreSQL server and database, when the objects live there.
+    pub fn postgres(&self) -> Option<(Option<&super::postgres::Server>, &str)> {
+        match self {
+            Datastore::KinePostgres {
+                server, database, ..
+            } => Some((server.as_ref(), database.as_str())),
+            _ => None,
         }
     }
 }
@@ -174,6 +194,16 @@ impl Spec {
         self.dir.join("run").join(format!("{component}.pid"))
     }
 
+    /// The datastore's place in the cluster's directory: kine's (owner-only), or the note
+    /// naming its PostgreSQL database.
+    fn prepare_datastore(&self) -> Result<()> {
+        match &self.datastore {
+            Datastore::Kine { .. } => Ok(socialweb_proc::owner_only::dir(&self.dir.join("kine"))?),
+            Datastore::KinePostgres { database, .. } => super::postgres::mark(&self.dir, database),
+            Datastore::Etcd => Ok(()),
+        }
+    }
+
     /// Creates (or loads) the cluster's PKI and kubeconfigs.
     pub fn prepare(&self) -> Result<Files> {
         let pki = Pki::open_or_create(&self.pki_dir(), &format!("socialweb {} CA", self.cluster))?;
@@ -183,9 +213,7 @@ impl Spec {
             &super::serving_names(IpAddr::V4(Ipv4Addr::LOCALHOST)),
         )?;
         std::fs::create_dir_all(self.dir.join("run"))?;
-        if matches!(self.datastore, Datastore::Kine { .. }) {
-            socialweb_proc::owner_only::dir(&self.dir.join("kine"))?;
-        }
+        self.prepare_datastore()?;
         std::fs::write(
             self.egress_config(),
             super::egress_selector(&self.egress_socket()),
@@ -274,18 +302,50 @@ impl Spec {
             .then(|| self.dir.join("kine").join("state.db"))
     }
 
+    /// kine's `--endpoint`: SQLite in the cluster's directory, or its PostgreSQL database
+    /// (the password apart: [`Spec::kine_env`]).
+    fn kine_endpoint(&self) -> String {
+        match &self.datastore {
+            Datastore::KinePostgres {
+                server: Some(server),
+                database,
+                ..
+            } => server.kine_endpoint(database).0,
+            _ => {
+                let db = self.dir.join("kine").join("state.db");
+                // WAL: readers never wait for the writer; a busy timeout rather than errors.
+                format!(
+                    "sqlite://{}?_journal=WAL&cache=shared&_busy_timeout=30000",
+                    db.display()
+                )
+            }
+        }
+    }
+
+    /// What a component's environment has beyond `GOGC`: kine's PostgreSQL password.
+    fn kine_env(&self, component: &str) -> Vec<(&'static str, String)> {
+        match &self.datastore {
+            Datastore::KinePostgres {
+                server: Some(server),
+                database,
+                ..
+            } if component == "kine" => server
+                .kine_endpoint(database)
+                .1
+                .map(|p| ("PGPASSWORD", p))
+                .into_iter()
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     fn kine_args(&self, e: &EtcdFiles) -> Vec<OsString> {
-        let db = self.dir.join("kine").join("state.db");
         vec![
             OsString::from(format!(
                 "--listen-address=127.0.0.1:{}",
                 self.ports.etcd_client
             )),
-            // WAL: readers never wait for the writer; a busy timeout rather than errors.
-            OsString::from(format!(
-                "--endpoint=sqlite://{}?_journal=WAL&cache=shared&_busy_timeout=30000",
-                db.display()
-            )),
+            OsString::from(format!("--endpoint={}", self.kine_endpoint())),
             super::arg("server-cert-file", &e.server.cert),
             super::arg("server-key-file", &e.server.key),
             super::arg("trusted-ca-file", &e.ca),
@@ -297,7 +357,9 @@ impl Spec {
     /// The program a component runs, and the arguments before its flags.
     fn program(&self, component: &str) -> (PathBuf, Vec<OsString>) {
         match (&self.datastore, component) {
-            (Datastore::Kine { binary }, "kine") => (binary.clone(), Vec::new()),
+            (Datastore::Kine { binary } | Datastore::KinePostgres { binary, .. }, "kine") => {
+                (binary.clone(), Vec::new())
+            }
             _ => (self.kube.clone(), vec![OsString::from(component)]),
         }
     }
@@ -342,7 +404,7 @@ impl Spec {
         sched.push(arg("secure-port", &self.ports.scheduler.to_string()));
         let store = match self.datastore {
             Datastore::Etcd => self.etcd_args(&f.etcd),
-            Datastore::Kine { .. } => self.kine_args(&f.etcd),
+            Datastore::Kine { .. } | Datastore::KinePostgres { .. } => self.kine_args(&f.etcd),
         };
         vec![
             (self.datastore.component(), store),
@@ -606,7 +668,11 @@ impl Supervisor {
         match process::spawn(
             &program,
             &[before.as_slice(), args.as_slice()].concat(),
-            &[("GOGC", self.spec.gogc.to_string())],
+            &[
+                vec![("GOGC", self.spec.gogc.to_string())],
+                self.spec.kine_env(name),
+            ]
+            .concat(),
             &self.spec.log(name),
             &self.spec.pidfile(name),
         ) {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -49,6 +49,17 @@ pub async fn bring_up(
     stop: &CancellationToken,
 ) -> Result<Option<Up>> {
     let kube = spec.kube.clone();
+    if let Some((server, database)) = spec.datastore.postgres() {
+        let server = server.with_context(|| {
+            format!(
+                "cluster {} keeps its objects in PostgreSQL (database {database}), and \
+                 clusters.postgres_url is not set",
+                spec.cluster
+            )
+        })?;
+        progress.step("its database");
+        server.ensure(database).await?;
+    }
     let mut cp = Running::start(spec)?;
     progress.step("control plane starting");
     let mut api = cp.api_ready.clone();
