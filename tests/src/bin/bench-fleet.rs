@@ -189,11 +189,11 @@ async fn write(t: &Target, step: u64, name: &str, seq: u64) -> Result<(), String
 }
 
 /// A writer: its own ConfigMaps, cycled until `end`.
-async fn writer(t: Arc<Target>, id: usize, end: Instant, shared: Arc<Shared>) -> Round {
+async fn writer(t: Arc<Target>, id: String, end: Instant, shared: Arc<Shared>) -> Round {
     let mut r = Round::default();
     let mut step = 0u64;
     while Instant::now() < end {
-        let name = format!("w{id}-{}", step / 5);
+        let name = format!("{id}-{}", step / 5);
         let seq = step;
         let t0 = Instant::now();
         let res = write(&t, step, &name, seq).await;
@@ -209,8 +209,8 @@ async fn writer(t: Arc<Target>, id: usize, end: Instant, shared: Arc<Shared>) ->
             }
             Err(e) => {
                 r.write_errors += 1;
-                if r.first_errors.len() < 3 {
-                    r.first_errors.push(e);
+                if r.first_errors.is_empty() {
+                    r.first_errors.push(e.chars().take(200).collect());
                 }
                 // Start a fresh object: the failed one's state is unknown.
                 step = (step / 5 + 1) * 5;
@@ -281,7 +281,9 @@ async fn watcher(
 }
 
 /// One round of churn against `t`.
-async fn round(t: &Arc<Target>, watches: &reqwest::Client, args: &Args) -> Result<Round> {
+/// Round `n`'s writers name their ConfigMaps `r<n>w<writer>-<i>`: a round cut short leaves
+/// objects a later round must not try to create again.
+async fn round(t: &Arc<Target>, watches: &reqwest::Client, args: &Args, n: u8) -> Result<Round> {
     // Watch from now: the list's resource version.
     let list: Value = t
         .client
@@ -314,7 +316,12 @@ async fn round(t: &Arc<Target>, watches: &reqwest::Client, args: &Args) -> Resul
     }
     let mut writing = Vec::new();
     for id in 0..args.writers {
-        writing.push(tokio::spawn(writer(t.clone(), id, end, shared.clone())));
+        writing.push(tokio::spawn(writer(
+            t.clone(),
+            format!("r{n}w{id}"),
+            end,
+            shared.clone(),
+        )));
     }
     let mut total = Round::default();
     for w in writing {
@@ -338,7 +345,7 @@ async fn round(t: &Arc<Target>, watches: &reqwest::Client, args: &Args) -> Resul
     }
     let errors = shared.watch_errors.lock().expect("lock");
     total.watch_errors = errors.len();
-    total.first_errors.extend(errors.iter().take(3).cloned());
+    total.first_errors.extend(errors.iter().take(1).cloned());
     Ok(total)
 }
 
@@ -399,7 +406,7 @@ fn main() -> Result<()> {
     for r in 0..args.rounds {
         for (t, watches) in &targets {
             let got = host.run(|| -> Result<Round> {
-                tokio::runtime::Runtime::new()?.block_on(round(t, watches, &args))
+                tokio::runtime::Runtime::new()?.block_on(round(t, watches, &args, r))
             })??;
             let bytes = size(&b, host, t)?;
             let p99 =
