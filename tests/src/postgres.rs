@@ -16,10 +16,11 @@ use crate::tmp::TempDir;
 /// A running server with one database, `broker`.
 #[derive(Debug)]
 pub struct Postgres {
-    _server: Spawned,
+    server: Spawned,
     /// `postgres://postgres@127.0.0.1:5432/broker` (inside the namespace).
     pub url: String,
-    _dir: TempDir,
+    bin: PathBuf,
+    dir: TempDir,
 }
 
 fn bin_dir() -> Result<PathBuf> {
@@ -53,34 +54,69 @@ impl Postgres {
                 .arg(&data),
         )
         .context("initdb")?;
-        let mut cmd = ns.command("runuser");
-        cmd.args(["-u", "postgres", "--"])
-            .arg(bin.join("postgres"))
-            .arg("-D")
-            .arg(&data)
-            .args(["-h", "127.0.0.1", "-p", "5432", "-k"])
-            .arg(dir.path())
-            .args(["-c", "fsync=on"]);
-        let server = Spawned::start_logged(cmd, "postgres", &dir.path().join("postgres.log"))?;
-        wait_for(
-            "PostgreSQL to accept connections",
-            Duration::from_secs(30),
-            || {
-                let out = psql(ns, "select 1")?;
-                Ok(out.status.success().then_some(()))
-            },
-        )
-        .with_context(|| crate::k8s::tail_of(&dir.path().join("postgres.log"), 20))?;
+        let server = serve(ns, &bin, &dir)?;
         let out = psql(ns, "create database broker")?;
         if !out.status.success() {
             bail!("create database: {}", String::from_utf8_lossy(&out.stderr));
         }
         Ok(Postgres {
-            _server: server,
+            server,
             url: "postgres://postgres@127.0.0.1:5432/broker".into(),
-            _dir: dir,
+            bin,
+            dir,
         })
     }
+
+    /// Stops the server as an outage of the database does: a fast shutdown (SIGINT to the
+    /// postmaster, whose pid its `postmaster.pid` names: `runuser` would follow a SIGTERM
+    /// with a SIGKILL 2 s later, and a postmaster killed leaves its backends holding the
+    /// shared memory a new one needs).
+    pub fn stop(&mut self) -> Result<()> {
+        let pidfile = self.dir.path().join("data/postmaster.pid");
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .with_context(|| format!("reading {}", pidfile.display()))?
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .with_context(|| format!("no pid in {}", pidfile.display()))?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .context("signalling the postmaster")?;
+        std::mem::replace(&mut self.server, Spawned::none("postgres"))
+            .finish(Duration::from_secs(60))
+            .map(|_| ())
+    }
+
+    /// Starts the stopped server again on the same data.
+    pub fn start_again(&mut self, ns: &Netns) -> Result<()> {
+        self.server = serve(ns, &self.bin, &self.dir)?;
+        Ok(())
+    }
+}
+
+/// Runs the server on `dir`'s data until it accepts connections.
+fn serve(ns: &Netns, bin: &std::path::Path, dir: &TempDir) -> Result<Spawned> {
+    let mut cmd = ns.command("runuser");
+    cmd.args(["-u", "postgres", "--"])
+        .arg(bin.join("postgres"))
+        .arg("-D")
+        .arg(dir.path().join("data"))
+        .args(["-h", "127.0.0.1", "-p", "5432", "-k"])
+        .arg(dir.path())
+        .args(["-c", "fsync=on"]);
+    let server = Spawned::start_logged(cmd, "postgres", &dir.path().join("postgres.log"))?;
+    wait_for(
+        "PostgreSQL to accept connections",
+        Duration::from_secs(30),
+        || {
+            let out = psql(ns, "select 1")?;
+            Ok(out.status.success().then_some(()))
+        },
+    )
+    .with_context(|| crate::k8s::tail_of(&dir.path().join("postgres.log"), 20))?;
+    Ok(server)
 }
 
 /// The rows `sql` returns in database `db` of the server on the namespace's loopback, one

@@ -436,3 +436,71 @@ fn a_cluster_on_postgresql_keeps_its_objects_in_a_database_of_its_own() {
         .unwrap_err();
     assert!(format!("{e:#}").contains("clusters.postgres_url"), "{e:#}");
 }
+
+#[test]
+fn while_postgresql_is_down_its_clusters_refuse_writes_and_lose_nothing() {
+    let world = testbed::world::World::new(0).unwrap();
+    let ns = &world.operator;
+    let mut pg = Postgres::start(ns).unwrap();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            clusters: socialweb_broker::config::ClusterDefaults {
+                postgres_url: Some(pg.url.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for (name, datastore) in [("far", "postgres"), ("near", "kine")] {
+        let c = b
+            .cli_json(&["cluster", "create", name, "--datastore", datastore])
+            .unwrap();
+        assert_eq!(c["state"], "ready", "{c}\n{}", b.diagnostics());
+    }
+    let create = |cluster: &str, name: &str| {
+        b.kubectl(
+            cluster,
+            &[
+                "--request-timeout=10s",
+                "create",
+                "configmap",
+                name,
+                "--from-literal=k=v",
+            ],
+        )
+    };
+    create("far", "before").unwrap();
+    pg.stop().unwrap();
+    let down = std::time::Instant::now();
+    let e = create("far", "during").unwrap_err();
+    eprintln!("a write while PostgreSQL is down: {e:#}");
+    // The rest of the broker is not its database: the SQLite cluster takes writes.
+    create("near", "during").unwrap();
+    // An outage longer than a blip: kine's connections are gone, not just interrupted.
+    std::thread::sleep(Duration::from_secs(20).saturating_sub(down.elapsed()));
+    let e = create("far", "later").unwrap_err();
+    eprintln!("{:?} into the outage: {e:#}", down.elapsed());
+    pg.start_again(ns).unwrap();
+    eprintln!("PostgreSQL down for {:?}", down.elapsed());
+    let back = std::time::Instant::now();
+    testbed::k8s::wait_for(
+        "writes to the PostgreSQL cluster again",
+        Duration::from_secs(120),
+        || Ok(create("far", "after").ok().map(|_| ())),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    eprintln!(
+        "writes again {:?} after PostgreSQL was back",
+        back.elapsed()
+    );
+    let v = b
+        .kubectl(
+            "far",
+            &["get", "configmap", "before", "-o", "jsonpath={.data.k}"],
+        )
+        .unwrap();
+    assert_eq!(v, "v", "what was written before the outage is there");
+    b.wait_state("far", "ready", Duration::from_secs(60));
+}
