@@ -106,15 +106,12 @@ impl Watch {
         was: &mut Option<bool>,
     ) {
         let cluster = &self.cluster;
-        let now = match (&self.kine_db, self.quota) {
-            (None, Some(quota)) if self.postgres.is_some() => {
-                let (server, db) = self.postgres.as_ref().expect("matched");
-                match server.size(db).await {
-                    Ok(used) => full(used, quota),
-                    Err(e) => return warn!(%cluster, "measuring the datastore: {e:#}"),
-                }
-            }
-            (Some(db), Some(quota)) => {
+        let now = match (&self.kine_db, &self.postgres, self.quota) {
+            (_, Some((server, db)), Some(quota)) => match server.size(db).await {
+                Ok(used) => full(used, quota),
+                Err(e) => return warn!(%cluster, "measuring the datastore: {e:#}"),
+            },
+            (Some(db), None, Some(quota)) => {
                 if conn.is_none() {
                     match open(db).await {
                         Ok(c) => *conn = Some(c),

@@ -122,7 +122,25 @@ fn serve(ns: &Netns, bin: &std::path::Path, dir: &TempDir) -> Result<Spawned> {
 /// The rows `sql` returns in database `db` of the server on the namespace's loopback, one
 /// line each, columns apart by `|` (`psql -tA`).
 pub fn query(ns: &Netns, db: &str, sql: &str) -> Result<String> {
-    let out = ns.output(
+    let out = psql_in(ns, db, sql)?;
+    if !out.status.success() {
+        bail!(
+            "psql -d {db} -c {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// `psql -c <sql>` as the `postgres` user against the server on the namespace's loopback,
+/// in its `postgres` database.
+fn psql(ns: &Netns, sql: &str) -> Result<std::process::Output> {
+    psql_in(ns, "postgres", sql)
+}
+
+/// `psql -tA -c <sql>` in database `db`, stopping at the first error.
+fn psql_in(ns: &Netns, db: &str, sql: &str) -> Result<std::process::Output> {
+    ns.output(
         "runuser",
         &[
             "-u",
@@ -140,34 +158,6 @@ pub fn query(ns: &Netns, db: &str, sql: &str) -> Result<String> {
             "-tA",
             "-v",
             "ON_ERROR_STOP=1",
-            "-c",
-            sql,
-        ],
-    )?;
-    if !out.status.success() {
-        bail!(
-            "psql -d {db} -c {sql:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-/// `psql -c <sql>` as the `postgres` user against the server on the namespace's loopback.
-fn psql(ns: &Netns, sql: &str) -> Result<std::process::Output> {
-    ns.output(
-        "runuser",
-        &[
-            "-u",
-            "postgres",
-            "--",
-            "psql",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            "5432",
-            "-U",
-            "postgres",
             "-c",
             sql,
         ],

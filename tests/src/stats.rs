@@ -57,6 +57,11 @@ pub fn summary(v: &mut [f64]) -> Option<Summary> {
     Some(Summary { p50, min, max })
 }
 
+/// [`summary`] of a series a bench owns, or an error naming what had no samples.
+pub fn summary_of(what: &str, mut v: Vec<f64>) -> anyhow::Result<Summary> {
+    summary(&mut v).ok_or_else(|| anyhow::anyhow!("no samples of {what}"))
+}
+
 /// Prints `<name>_p50<unit>=`, `<name>_min<unit>=` and `<name>_max<unit>=` (`unit` such as
 /// `_ms`, or empty) with `decimals` digits, `none` each when there are no samples; returns
 /// the median.

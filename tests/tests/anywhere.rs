@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use testbed::broker::{Broker, BrokerOptions, FRONT_PORT};
 use testbed::k8s::wait_for;
+use testbed::ticker::Ticker;
 use testbed::tmp::TempDir;
 use testbed::user::{User, text};
 use testbed::world::{OPERATOR_ADDR, OPERATOR_ADDR_V6, OPERATOR_PRIVATE_ADDR, World};
@@ -122,13 +123,10 @@ fn up(world: &World) -> (Broker<'_>, TempDir, User) {
     (b, dir, u)
 }
 
-#[test]
-fn behind_a_one_to_one_nat_the_broker_listens_on_its_own_address_and_nodes_join_at_the_public_one()
-{
-    let t = Instant::now();
-    let world = World::behind_one_to_one_nat(1).unwrap();
-    let b = Broker::start(
-        &world,
+/// A broker renting one node, held, from the world's first provider machine.
+fn one_node(world: &World) -> Broker<'_> {
+    Broker::start(
+        world,
         BrokerOptions {
             providers: 1,
             provider_capacity: 1,
@@ -137,7 +135,15 @@ fn behind_a_one_to_one_nat_the_broker_listens_on_its_own_address_and_nodes_join_
             ..Default::default()
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn behind_a_one_to_one_nat_the_broker_listens_on_its_own_address_and_nodes_join_at_the_public_one()
+{
+    let t = Instant::now();
+    let world = World::behind_one_to_one_nat(1).unwrap();
+    let b = one_node(&world);
     // The public address is on no interface of the operator's host, and the broker put it
     // nowhere: the tunnel and the relay listen on the private one.
     let addrs = world.operator.ip(&["-4", "addr"]).unwrap();
@@ -153,27 +159,16 @@ fn behind_a_one_to_one_nat_the_broker_listens_on_its_own_address_and_nodes_join_
         kubeconfig.contains(&format!("https://{OPERATOR_ADDR}:")),
         "users are told the public address: {kubeconfig}"
     );
-    let manifest = dir.path().join("pod.yaml");
-    std::fs::write(&manifest, TICKER).unwrap();
-    u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
-    u.ok(
-        &b,
-        &[
-            "wait",
-            "--for=condition=Ready",
-            "pod/behind",
-            "--timeout=240s",
-        ],
-    );
+    Ticker::start(&b, &u, dir.path());
     step(
         t,
         "a node behind the provider's NAT joined the broker behind the 1:1 NAT",
     );
     // logs and exec come from the apiserver through the node's tunnel: the node reached the
     // tunnel endpoint at the public address (the private one is not routed to from outside).
-    let logs = u.ok(&b, &["logs", "behind"]);
+    let logs = u.ok(&b, &["logs", "ticker"]);
     assert!(logs.contains("tick"), "{logs}");
-    let o = u.exec(&b, "behind", &["echo", "through the tunnel"]);
+    let o = u.exec(&b, "ticker", &["echo", "through the tunnel"]);
     assert!(text(&o).contains("through the tunnel"), "{}", text(&o));
     let nodes = u.json(&b, &["get", "nodes"]);
     assert_eq!(nodes["items"].as_array().unwrap().len(), 1, "{nodes}");
@@ -212,37 +207,16 @@ fn on_a_dual_stack_host_nodes_join_over_ipv6_and_users_reach_the_front_on_it() {
         .ns
         .exec_with_stdin("nft", &["-f", "-"], CUT_V4_COUNT_V6.as_bytes())
         .unwrap();
-    let b = Broker::start(
-        &world,
-        BrokerOptions {
-            providers: 1,
-            provider_capacity: 1,
-            max_nodes: 1,
-            hold: Duration::from_secs(600),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let b = one_node(&world);
     let dir = TempDir::new("dual-stack").unwrap();
     let u = User::new(&b, dir.path(), "six");
-    let manifest = dir.path().join("pod.yaml");
-    std::fs::write(&manifest, TICKER).unwrap();
-    u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
-    u.ok(
-        &b,
-        &[
-            "wait",
-            "--for=condition=Ready",
-            "pod/behind",
-            "--timeout=240s",
-        ],
-    );
+    Ticker::start(&b, &u, dir.path());
     step(t, "a node whose only way to the broker is IPv6 joined");
     // logs and exec come from the apiserver through the node's tunnel, which can only be
     // IPv6: every IPv4 packet from the provider's guests to the operator's host is dropped.
-    let logs = u.ok(&b, &["logs", "behind"]);
+    let logs = u.ok(&b, &["logs", "ticker"]);
     assert!(logs.contains("tick"), "{logs}");
-    let o = u.exec(&b, "behind", &["echo", "through the tunnel"]);
+    let o = u.exec(&b, "ticker", &["echo", "through the tunnel"]);
     assert!(text(&o).contains("through the tunnel"), "{}", text(&o));
     let (v4, v6) = (counted(&b, "ip daddr"), counted(&b, "ip6 daddr"));
     assert!(v6 > 0, "no IPv6 packet reached the tunnel endpoint");
@@ -263,26 +237,13 @@ fn on_a_dual_stack_host_nodes_join_over_ipv6_and_users_reach_the_front_on_it() {
         .kubectl_as(
             &u.kubeconfig,
             &[],
-            &[&over_v6, "get", "pod", "behind", "-o", "name"],
+            &[&over_v6, "get", "pod", "ticker", "-o", "name"],
         )
         .output()
         .unwrap();
-    assert_eq!(text(&o).trim(), "pod/behind", "{}", text(&o));
+    assert_eq!(text(&o).trim(), "pod/ticker", "{}", text(&o));
     step(t, "kubectl through the front at its IPv6 address");
 }
-
-const TICKER: &str = r#"apiVersion: v1
-kind: Pod
-metadata: {name: behind, namespace: default}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c
-    image: socialweb.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", "i=0; while true; do i=$((i+1)); echo tick $i; sleep 1; done"]
-    resources: {requests: {cpu: 100m, memory: 32Mi}}
-"#;
 
 /// Each provider's running leases, as the provider itself lists them (the broker's key).
 fn running_leases(b: &Broker<'_>) -> Vec<usize> {

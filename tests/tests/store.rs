@@ -382,9 +382,8 @@ fn a_cluster_on_postgresql_keeps_its_objects_in_a_database_of_its_own() {
         b.diagnostics()
     );
     let dir = b.cluster_dir("objs");
-    let db = format!(
-        "sw_{}",
-        dir.file_name().unwrap().to_str().unwrap().replace('-', "_")
+    let db = socialweb_broker::control_plane::postgres::database_name(
+        dir.file_name().unwrap().to_str().unwrap(),
     );
     assert_eq!(databases(), db, "one database, the cluster's");
     assert!(!dir.join("kine").exists(), "no SQLite beside it");

@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures_util::TryStreamExt;
 use ipnet::IpNet;
-use netlink_packet_route::address::AddressAttribute;
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage, AddressScope};
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol};
 use rtnetlink::{Handle, RouteMessageBuilder};
 
@@ -86,10 +86,9 @@ pub async fn installed(h: &Handle) -> Result<Vec<IpNet>, Error> {
         .collect())
 }
 
-/// The IPv4 address of the interface the main table's default route leaves through.
-pub async fn default_source_v4(h: &Handle) -> Result<Ipv4Addr, Error> {
-    let oif = v4_routes(h)
-        .await?
+/// The output interface of the main table's default route among `routes`.
+fn default_oif(routes: &[RouteMessage]) -> Option<u32> {
+    routes
         .iter()
         .filter(|r| r.header.destination_prefix_length == 0 && r.header.table == 254)
         .find_map(|r| {
@@ -98,16 +97,25 @@ pub async fn default_source_v4(h: &Handle) -> Result<Ipv4Addr, Error> {
                 _ => None,
             })
         })
-        .ok_or_else(|| Error::Missing("no IPv4 default route".into()))?;
-    let addrs: Vec<_> = h
-        .address()
+}
+
+/// The addresses on interface `oif`.
+async fn addresses_of(h: &Handle, oif: u32) -> Result<Vec<AddressMessage>, Error> {
+    h.address()
         .get()
         .set_link_index_filter(oif)
         .execute()
         .try_collect()
         .await
-        .map_err(|e| Error::kernel("listing addresses", e))?;
-    addrs
+        .map_err(|e| Error::kernel("listing addresses", e))
+}
+
+/// The IPv4 address of the interface the main table's default route leaves through.
+pub async fn default_source_v4(h: &Handle) -> Result<Ipv4Addr, Error> {
+    let oif = default_oif(&v4_routes(h).await?)
+        .ok_or_else(|| Error::Missing("no IPv4 default route".into()))?;
+    addresses_of(h, oif)
+        .await?
         .iter()
         .find_map(|m| {
             m.attributes.iter().find_map(|a| match a {
@@ -129,34 +137,17 @@ pub async fn default_source_v6(h: &Handle) -> Result<Option<Ipv6Addr>, Error> {
         .try_collect()
         .await
         .map_err(|e| Error::kernel("listing IPv6 routes", e))?;
-    let Some(oif) = routes
-        .iter()
-        .filter(|r| r.header.destination_prefix_length == 0 && r.header.table == 254)
-        .find_map(|r| {
-            r.attributes.iter().find_map(|a| match a {
-                RouteAttribute::Oif(i) => Some(*i),
-                _ => None,
-            })
-        })
-    else {
+    let Some(oif) = default_oif(&routes) else {
         return Ok(None);
     };
-    let addrs: Vec<_> = h
-        .address()
-        .get()
-        .set_link_index_filter(oif)
-        .execute()
-        .try_collect()
-        .await
-        .map_err(|e| Error::kernel("listing addresses", e))?;
-    Ok(addrs
+    Ok(addresses_of(h, oif)
+        .await?
         .iter()
-        .filter(|m| m.header.scope == netlink_packet_route::address::AddressScope::Universe)
+        .filter(|m| m.header.scope == AddressScope::Universe)
         .filter(|m| {
-            !m.attributes.iter().any(|a| {
-                matches!(a, AddressAttribute::Flags(f)
-                    if f.contains(netlink_packet_route::address::AddressFlags::Tentative))
-            })
+            !m.attributes.iter().any(
+                |a| matches!(a, AddressAttribute::Flags(f) if f.contains(AddressFlags::Tentative)),
+            )
         })
         .find_map(|m| {
             m.attributes.iter().find_map(|a| match a {

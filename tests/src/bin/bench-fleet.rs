@@ -31,7 +31,7 @@ use clap::Parser;
 use serde_json::{Value, json};
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::postgres::Postgres;
-use testbed::stats::Summary;
+use testbed::stats::summary_of as summary;
 
 #[derive(Debug, Parser)]
 #[command(about = "kine on PostgreSQL against kine on SQLite and etcd, under the same churn")]
@@ -364,16 +364,15 @@ fn size(b: &Broker<'_>, ns: &testbed::Netns, t: &Target) -> Result<u64> {
     })
 }
 
-/// The PostgreSQL database of a cluster's directory (the name the broker gives it).
+/// The PostgreSQL database of a cluster's directory, named as the broker names it.
 fn database(dir: &Path) -> Result<String> {
-    Ok(std::fs::read_to_string(dir.join("postgres-database"))
-        .context("the cluster's postgres-database note")?
-        .trim()
-        .to_string())
-}
-
-fn summary(what: &str, mut v: Vec<f64>) -> Result<Summary> {
-    testbed::stats::summary(&mut v).with_context(|| format!("no samples of {what}"))
+    let name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .context("the cluster's directory name")?;
+    Ok(socialweb_broker::control_plane::postgres::database_name(
+        name,
+    ))
 }
 
 fn main() -> Result<()> {

@@ -29,7 +29,7 @@ use base64::Engine;
 use clap::Parser;
 use serde_json::Value;
 use testbed::broker::{Broker, BrokerOptions};
-use testbed::stats::Summary;
+use testbed::stats::{Summary, summary_of as summary};
 
 #[derive(Debug, Parser)]
 #[command(about = "GET /api/v1/namespaces straight to the apiserver and through the front")]
@@ -123,11 +123,6 @@ async fn round(side: &Side, secs: u64, concurrency: usize) -> Result<(f64, Vec<f
         all.extend(t.await??);
     }
     Ok((all.len() as f64 / secs as f64, all))
-}
-
-/// The median and spread of `v` (`testbed::stats`), or an error naming what had no samples.
-fn summary(what: &str, mut v: Vec<f64>) -> Result<Summary> {
-    testbed::stats::summary(&mut v).with_context(|| format!("no samples of {what}"))
 }
 
 fn main() -> Result<()> {
