@@ -252,7 +252,10 @@ impl Broker<'_> {
             .collect())
     }
 
-    /// Waits for a decision `action` with `target` nodes, returns its reason.
+    /// Waits for a decision `action` with `target` nodes, returns the reason of the first
+    /// one: the loop records a new decision when its reason changes (a node leased turns
+    /// "intent and no node" into "5 pods wait, 1 fit ..."), and callers assert on why the
+    /// target was first set, which a later poll must not replace.
     pub fn wait_decision(
         &self,
         cluster: &str,
@@ -267,7 +270,6 @@ impl Broker<'_> {
                 Ok(self
                     .decisions(cluster)?
                     .into_iter()
-                    .rev()
                     .find(|(a, t, _)| a == action && *t == target)
                     .map(|(_, _, r)| r))
             },
