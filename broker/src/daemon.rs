@@ -538,6 +538,13 @@ fn cluster_settings(cfg: &Config) -> Result<ClusterSettings> {
             .clusters_postgres_url()
             .map(|u| crate::control_plane::postgres::Server::new(&u))
             .transpose()?,
+        seal_key: cfg
+            .store
+            .key_file
+            .as_deref()
+            .map(crate::vault::SealKey::load)
+            .transpose()
+            .context("store.key_file")?,
         gogc: cfg.clusters.gogc,
         budget: cfg.clusters.budget(),
         datastore_quota: cfg.clusters.datastore_quota(),

@@ -120,6 +120,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Make a key for `store.key_file`: 32 random bytes as 64 hexadecimal characters,
+    /// written owner-only to FILE (which must not exist yet), and print its id, the name the
+    /// store records beside what it sealed. Every broker host sharing the store needs the
+    /// same file; keep a copy apart from the store's backups (either alone is not enough).
+    StoreKey {
+        file: PathBuf,
+        /// Print JSON ({"file": ..., "key_id": ...}).
+        #[arg(long)]
+        json: bool,
+    },
     /// Copy what this broker needs from its state directory into --to (empty or absent),
     /// while it serves: the store (an SQLite snapshot), every kine cluster's datastore (a
     /// snapshot), every cluster's PKI and kubeconfigs, the front's CA, the tunnel key, the
@@ -480,6 +490,7 @@ async fn dispatch(command: Command) -> Result<()> {
         }
         Command::Config { command } => config_command(command),
         Command::Paths { config, json } => print_paths(&load(&config)?, json),
+        Command::StoreKey { file, json } => store_key(&file, json),
         Command::Backup { config, to, json } => backup(&load(&config)?, &to, json).await,
         Command::Restore { config, from, json } => restore(&load(&config)?, &from, json),
         Command::Relay(a) => relay(a).await,
@@ -505,6 +516,38 @@ fn check_config(cfg: &Config, a: &ConfigArgs, provider: bool) -> Result<()> {
     let errors = found.iter().filter(|f| f.level == Level::Error).count();
     if errors > 0 {
         anyhow::bail!("check-config: {errors} error(s) above, each naming what would fail");
+    }
+    Ok(())
+}
+
+/// `store-key`: a new key, written owner-only where nothing is.
+fn store_key(file: &std::path::Path, json: bool) -> Result<()> {
+    use socialweb_broker::vault::SealKey;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let hex = SealKey::generate();
+    let id = SealKey::from_hex(&hex, "a new key")?.id().to_string();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+        .with_context(|| {
+            format!(
+                "creating {} (an existing key is never replaced)",
+                file.display()
+            )
+        })?;
+    f.write_all(format!("{hex}\n").as_bytes())?;
+    f.sync_all()?;
+    if json {
+        println!("{}", serde_json::json!({"file": file, "key_id": id}));
+    } else {
+        println!(
+            "wrote key {id} to {}; set store.key_file = {:?}",
+            file.display(),
+            file
+        );
     }
     Ok(())
 }

@@ -503,3 +503,145 @@ fn while_postgresql_is_down_its_clusters_refuse_writes_and_lose_nothing() {
     assert_eq!(v, "v", "what was written before the outage is there");
     b.wait_state("far", "ready", Duration::from_secs(60));
 }
+
+/// `socialweb-broker store-key FILE --json`: a new key, its id.
+fn store_key(file: &std::path::Path) -> String {
+    let out = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))
+        .args(["store-key", "--json"])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["key_id"].as_str().unwrap().to_string()
+}
+
+/// With `store.key_file`, a cluster's CAs live in the store, sealed: a broker whose disk
+/// lost every cluster directory serves its clusters again, and everything issued before
+/// (a user's kubeconfig, a ServiceAccount token, the CA nodes pin) is still good; with
+/// another key the store's rows do not open and the cluster says why.
+#[test]
+fn a_host_that_lost_its_disk_serves_its_clusters_from_postgresql_with_the_same_cas() {
+    let world = testbed::world::World::new(0).unwrap();
+    let ns = &world.operator;
+    let pg = Postgres::start(ns).unwrap();
+    let keys = TempDir::new("store-key").unwrap();
+    let key_file = keys.path().join("store.key");
+    let first_key = store_key(&key_file);
+    let mut b = Broker::start(
+        &world,
+        BrokerOptions {
+            store_url: Some(pg.url.clone()),
+            store_key_file: Some(key_file.clone()),
+            clusters: socialweb_broker::config::ClusterDefaults {
+                datastore: socialweb_broker::config::DatastoreKind::Postgres,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let user = keys.path().join("user.key");
+    let out = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))
+        .args(["api", "keygen", "--out"])
+        .arg(&user)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let created = b
+        .api(&user, &["create-cluster", "kept", "--wait", "150s"])
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    assert_eq!(created["state"], "ready", "{created}");
+    let kc = keys.path().join("kept.kubeconfig");
+    b.api(
+        &user,
+        &["kubeconfig", "kept", "--out", kc.to_str().unwrap()],
+    )
+    .unwrap();
+    let kubectl = |b: &Broker<'_>, args: &[&str]| {
+        let o = b.kubectl_as(&kc, &[], args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "kubectl {args:?}: {o:?}\n{}",
+            b.diagnostics()
+        );
+        String::from_utf8(o.stdout).unwrap()
+    };
+    kubectl(&b, &["create", "configmap", "kept", "--from-literal=k=v"]);
+    let token = b
+        .kubectl("kept", &["create", "token", "default", "--duration", "1h"])
+        .unwrap();
+    let dir = b.cluster_dir("kept");
+    let ca = std::fs::read(dir.join("pki/ca.crt")).unwrap();
+    let sealed = |sql: &str| testbed::postgres::query(ns, "broker", sql).unwrap();
+    assert_eq!(
+        sealed("select count(*) from sealed_files where cluster = 'kept'"),
+        socialweb_broker::vault::kept().len().to_string()
+    );
+    assert_eq!(
+        sealed(&format!(
+            "select count(*) from sealed_files where sealed like '%PRIVATE KEY%' \
+             or key_id <> '{first_key}'"
+        )),
+        "0",
+        "every row sealed under the key, none in the clear"
+    );
+
+    // The host loses every cluster directory; its store and key remain.
+    b.stop_broker().unwrap();
+    std::fs::remove_dir_all(&b.paths.clusters).unwrap();
+    b.start_broker().unwrap();
+    b.wait_state("kept", "ready", Duration::from_secs(120));
+    assert_eq!(
+        std::fs::read(b.cluster_dir("kept").join("pki/ca.crt")).unwrap(),
+        ca,
+        "the CA nodes pin is the same"
+    );
+    assert_eq!(
+        kubectl(
+            &b,
+            &["get", "configmap", "kept", "-o", "jsonpath={.data.k}"]
+        ),
+        "v",
+        "the user's kubeconfig still works, and the object is there"
+    );
+    let review = keys.path().join("review.json");
+    std::fs::write(
+        &review,
+        serde_json::json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token.trim()},
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let reviewed: serde_json::Value = serde_json::from_str(
+        &b.kubectl(
+            "kept",
+            &["create", "-o", "json", "-f", review.to_str().unwrap()],
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        reviewed["status"]["authenticated"], true,
+        "a ServiceAccount token issued before the loss is still valid: {reviewed}"
+    );
+
+    // Another key: the rows do not open, nothing is made in their place.
+    b.stop_broker().unwrap();
+    std::fs::remove_dir_all(&b.paths.clusters).unwrap();
+    std::fs::remove_file(&key_file).unwrap();
+    let second_key = store_key(&key_file);
+    b.start_broker().unwrap();
+    let failed = b.wait_state("kept", "failed", Duration::from_secs(60));
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("store.key_file")
+            && error.contains(&first_key)
+            && error.contains(&second_key),
+        "{failed}"
+    );
+    assert!(!b.cluster_dir("kept").join("pki/ca.key").exists());
+}

@@ -145,6 +145,38 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    /// Every file under `dir` named like a key or a CA, relative.
+    fn authority_files(dir: &std::path::Path) -> Vec<String> {
+        let mut found = Vec::new();
+        let mut todo = vec![dir.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    todo.push(p);
+                } else {
+                    found.push(p.strip_prefix(dir).unwrap().display().to_string());
+                }
+            }
+        }
+        found.sort();
+        found
+    }
+
+    /// What `crate::vault` keeps is every file the real makers make: a cluster's
+    /// authorities (the control plane's) and its users CA (this module's).
+    #[test]
+    fn the_vault_keeps_every_authority_a_cluster_makes() {
+        use crate::vault::tests::{scratch, spec};
+        let dir = scratch("made");
+        spec("c1", dir.join("c1")).ensure_authorities().unwrap();
+        users_ca(&dir.join("c1"), "c1").unwrap();
+        let mut kept = crate::vault::kept();
+        kept.sort();
+        assert_eq!(authority_files(&dir.join("c1")), kept);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn lifetimes_outside_60_s_to_24_h_are_refused_with_the_field_named() {
         assert_eq!(

@@ -145,6 +145,8 @@ impl Clusters {
             .cluster(name)
             .await?
             .ok_or_else(|| anyhow::anyhow!("no cluster {name:?} in the store"))?;
+        let spec = self.spec(&record, self.ports(name).await?);
+        self.keep_authorities(&spec).await?;
         self.front.mount(Mount {
             cluster: name.to_string(),
             account_hash: record
@@ -154,7 +156,6 @@ impl Clusters {
             users_ca: self.access.users_ca_der(&self.dir_of(&record))?,
             state: MountState::Starting,
         });
-        let spec = self.spec(&record, self.ports(name).await?);
         let mut asleep = record.state == ClusterPhase::Hibernating;
         if asleep {
             // A hibernating cluster runs nothing, whatever a crash left.
@@ -189,6 +190,21 @@ impl Clusters {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// The cluster's authorities made where missing and, with a vault (`store.key_file`),
+    /// the same as the store's: restored from it onto an empty disk, sealed into it when
+    /// made here. Before anything is served or signed.
+    async fn keep_authorities(&self, spec: &Spec) -> Result<()> {
+        let vault = self.vault();
+        if let Some(v) = &vault {
+            logged(&spec.cluster, v.sync(&spec.cluster, &spec.dir).await?);
+        }
+        spec.ensure_authorities()?;
+        if let Some(v) = &vault {
+            logged(&spec.cluster, v.sync(&spec.cluster, &spec.dir).await?);
+        }
+        Ok(())
     }
 
     /// Mounts and tells the cluster as hibernating (since `since`, or now).
@@ -486,4 +502,11 @@ async fn jobs_and_cron_jobs(client: &kube::Client) -> Result<(Vec<String>, Vec<S
         .map(|c| key(&c.metadata))
         .collect();
     Ok((unfinished, active))
+}
+
+/// Says what a vault sync changed, if anything.
+fn logged(cluster: &str, synced: crate::vault::Synced) {
+    if !(synced.restored.is_empty() && synced.sealed.is_empty()) {
+        info!(%cluster, restored = ?synced.restored, sealed = ?synced.sealed, "CA material kept in the store");
+    }
 }

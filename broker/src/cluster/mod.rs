@@ -58,6 +58,8 @@ pub struct ClusterSettings {
     /// The server `postgres` clusters' databases are on (`clusters.postgres_url`, else a
     /// PostgreSQL store's).
     pub postgres: Option<crate::control_plane::postgres::Server>,
+    /// `store.key_file`'s key: the clusters' CA material is kept in the store, sealed.
+    pub seal_key: Option<crate::vault::SealKey>,
     /// `clusters.gogc`.
     pub gogc: u32,
     /// `clusters.memory_max_mib`, `pids_max`, `cpu_max`: each control plane's budget.
@@ -405,6 +407,14 @@ impl Clusters {
                 task,
             },
         );
+    }
+
+    /// The vault, when the operator gave a key.
+    fn vault(&self) -> Option<crate::vault::Vault> {
+        self.settings
+            .seal_key
+            .clone()
+            .map(|k| crate::vault::Vault::new(self.store.clone(), k))
     }
 
     fn spec(&self, c: &socialweb_broker_core::Cluster, ports: Ports) -> Spec {

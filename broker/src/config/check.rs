@@ -164,6 +164,11 @@ fn broker(cfg: &Config, f: &mut Findings) {
             ),
         }
     }
+    if let Some(p) = &cfg.store.key_file
+        && let Err(e) = crate::vault::SealKey::load(p)
+    {
+        f.error("store.key_file", format!("{e}: {START}"));
+    }
     let front = &cfg.front;
     for (key, file) in [
         ("front.tls_cert", &front.tls_cert),

@@ -204,6 +204,23 @@ impl Spec {
         }
     }
 
+    /// Creates the cluster's authorities where it has none (its CA and service-account
+    /// key, the front-proxy CA, etcd's CA): what `vault` keeps, made before the first start
+    /// so that they can be sealed before anything is signed with them.
+    pub fn ensure_authorities(&self) -> Result<()> {
+        let pki = Pki::open_or_create(&self.pki_dir(), &format!("socialweb {} CA", self.cluster))?;
+        pki.key("sa")?;
+        Pki::open_or_create(
+            &self.pki_dir().join("front-proxy"),
+            &format!("socialweb {} front-proxy CA", self.cluster),
+        )?;
+        Pki::open_or_create(
+            &self.pki_dir().join("etcd"),
+            &format!("socialweb {} etcd CA", self.cluster),
+        )?;
+        Ok(())
+    }
+
     /// Creates (or loads) the cluster's PKI and kubeconfigs.
     pub fn prepare(&self) -> Result<Files> {
         let pki = Pki::open_or_create(&self.pki_dir(), &format!("socialweb {} CA", self.cluster))?;

@@ -13,6 +13,7 @@ use sqlx::{AnyPool, Row};
 
 mod access;
 mod accounts;
+mod sealed;
 
 pub use accounts::{Invite, Limit, NewCluster};
 
@@ -223,7 +224,13 @@ impl Store {
     pub async fn delete_cluster(&self, name: &str) -> Result<()> {
         let mut tx = self.pool.begin().await?;
         accounts::uncount(&mut tx, name).await?;
-        for table in ["ports", "provisions", "decisions", "certificates"] {
+        for table in [
+            "ports",
+            "provisions",
+            "decisions",
+            "certificates",
+            "sealed_files",
+        ] {
             sqlx::query(&format!("DELETE FROM {table} WHERE cluster = $1"))
                 .bind(name)
                 .execute(&mut *tx)

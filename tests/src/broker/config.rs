@@ -47,6 +47,8 @@ pub struct BrokerOptions {
     pub provider_failpoints: Option<String>,
     /// `sqlite` (default) or a `postgres://` URL.
     pub store_url: Option<String>,
+    /// `store.key_file`: the clusters' CA material sealed into the store.
+    pub store_key_file: Option<PathBuf>,
     pub request_timeout: Duration,
     pub node_vcpu: u32,
     pub node_mem_mib: u64,
@@ -95,6 +97,7 @@ impl Default for BrokerOptions {
             broker_failpoints: None,
             provider_failpoints: None,
             store_url: None,
+            store_key_file: None,
             request_timeout: Duration::from_secs(5),
             node_vcpu: 2,
             node_mem_mib: 2048,
@@ -235,6 +238,7 @@ impl NodeSoftware {
         c.advertise_addr = (bind != OPERATOR_ADDR).then_some(OPERATOR_ADDR);
         c.ctl_socket = dir.join("broker.sock");
         c.store.url = opts.store_url.clone();
+        c.store.key_file = opts.store_key_file.clone();
         c.scale.max_nodes = opts.max_nodes;
         c.scale.pods_per_node = opts.pods_per_node;
         c.scale.hold = opts.hold;

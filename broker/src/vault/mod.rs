@@ -1,0 +1,297 @@
+//! A cluster's CA material kept in the store, sealed under the operator's key
+//! (`store.key_file`), so that the store is its one home and a host's disk holds copies:
+//! a host with an empty disk, the store and the key serves the cluster with the same CAs,
+//! and the store without the key cannot sign for it. Without a key, the files stay where
+//! they are made and this does nothing (the single-host default).
+//!
+//! Only what cannot be made again is kept: each authority's certificate and key and the
+//! service-account signing key. Everything a CA signs for the control plane is issued again
+//! from it when missing.
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use anyhow::{Context, Result};
+use socialweb_broker_core::millis;
+
+use crate::store::Store;
+
+pub mod seal;
+
+pub use seal::SealKey;
+
+/// The directories (relative to a cluster's) holding an authority's `ca.crt` and `ca.key`:
+/// the cluster's CA and the service-account key beside it, the front-proxy CA, etcd's CA,
+/// the users CA (`control_plane::runner`, `access::certs`).
+pub const AUTHORITIES: &[&str] = &["pki", "pki/front-proxy", "pki/etcd", "users"];
+
+/// Every file kept, relative to a cluster's directory.
+pub fn kept() -> Vec<String> {
+    let mut files: Vec<String> = AUTHORITIES
+        .iter()
+        .flat_map(|d| [format!("{d}/ca.crt"), format!("{d}/ca.key")])
+        .collect();
+    files.extend(["pki/sa.key".to_string(), "pki/sa.pub".to_string()]);
+    files
+}
+
+/// What one sync did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Synced {
+    /// Files written from the store (missing or different on this disk).
+    pub restored: Vec<String>,
+    /// Files sealed into the store (made on this host, not there yet).
+    pub sealed: Vec<String>,
+}
+
+/// The store and the key.
+#[derive(Debug, Clone)]
+pub struct Vault {
+    store: Store,
+    key: SealKey,
+}
+
+impl Vault {
+    pub fn new(store: Store, key: SealKey) -> Vault {
+        Vault { store, key }
+    }
+
+    /// Makes cluster `cluster`'s files in `dir` and its rows in the store agree: a row wins
+    /// over a file (the store is the home; a file differing from it was made by a host that
+    /// lost a race or a disk that outlived the cluster), and a file without a row is sealed
+    /// in. Where a file changed, whatever its authority had signed on this disk is removed,
+    /// to be issued again from the CA the store holds.
+    pub async fn sync(&self, cluster: &str, dir: &Path) -> Result<Synced> {
+        let mut done = Synced::default();
+        for rel in kept() {
+            let path = dir.join(&rel);
+            let place = format!("{cluster}/{rel}");
+            let local = match std::fs::read(&path) {
+                Ok(b) => Some(b),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+            };
+            let row = match self.store.sealed_file(cluster, &rel).await? {
+                Some(row) => Some(row),
+                None => match &local {
+                    Some(bytes) => {
+                        let text = self.key.seal(&place, bytes);
+                        self.store
+                            .insert_sealed_file(
+                                cluster,
+                                &rel,
+                                self.key.id(),
+                                &text,
+                                millis(SystemTime::now()),
+                            )
+                            .await?;
+                        // Another host may have sealed its own first: read back which won.
+                        let row = self.store.sealed_file(cluster, &rel).await?;
+                        if row.as_ref().is_some_and(|(_, t)| *t == text) {
+                            done.sealed.push(rel.clone());
+                        }
+                        row
+                    }
+                    None => None,
+                },
+            };
+            let Some((key_id, text)) = row else { continue };
+            let plain = self.key.open(&place, &key_id, &text).with_context(|| {
+                format!("cluster {cluster}'s {rel} in the store (store.key_file)")
+            })?;
+            if local.as_deref() != Some(&plain[..]) {
+                write(&path, &plain)?;
+                done.restored.push(rel);
+            }
+        }
+        for rel in &done.restored {
+            let authority = Path::new(rel).parent().unwrap_or(Path::new(""));
+            forget_signed(&dir.join(authority))?;
+        }
+        Ok(done)
+    }
+}
+
+/// Writes a kept file: keys owner-only, in an owner-only directory.
+fn write(path: &Path, bytes: &[u8]) -> Result<()> {
+    let parent = path.parent().context("a kept file has a directory")?;
+    socialweb_proc::owner_only::dir(parent)
+        .with_context(|| format!("creating {}", parent.display()))?;
+    let mode = if path.extension().is_some_and(|e| e == "key") {
+        0o600
+    } else {
+        0o644
+    };
+    crate::control_plane::pki::write_private(path, bytes, mode)
+}
+
+/// Removes what an authority in `dir` signed (its certificates, their keys, kubeconfigs
+/// naming them), keeping the files the vault keeps; subdirectories are other authorities.
+fn forget_signed(dir: &Path) -> Result<()> {
+    let keep = ["ca.crt", "ca.key", "sa.key", "sa.pub"];
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in entries {
+        let e = e?;
+        let name = e.file_name();
+        if e.file_type()?.is_file() && !keep.iter().any(|k| name == *k) {
+            std::fs::remove_file(e.path())
+                .with_context(|| format!("removing {}", e.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::control_plane::runner::{Datastore, Ports, Spec};
+
+    pub(crate) fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("vault-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A cluster's spec, for `ensure_authorities` alone (nothing is started).
+    pub(crate) fn spec(cluster: &str, dir: PathBuf) -> Spec {
+        Spec {
+            cluster: cluster.to_string(),
+            dir,
+            kube: PathBuf::from("/nonexistent"),
+            ports: Ports {
+                api: 1,
+                etcd_client: 2,
+                etcd_peer: 3,
+                controller_manager: 4,
+                scheduler: 5,
+                guard: 6,
+            },
+            isolated: false,
+            datastore: Datastore::Etcd,
+            gogc: 100,
+            budget: Default::default(),
+            datastore_quota: None,
+            metrics: Default::default(),
+        }
+    }
+
+    /// A cluster directory as a host makes it: its authorities and a users CA
+    /// (`access::certs`'s tests check that `kept` names every file the real makers make).
+    fn made(cluster: &str, dir: PathBuf) {
+        spec(cluster, dir.clone()).ensure_authorities().unwrap();
+        crate::control_plane::pki::Pki::open_or_create(&dir.join("users"), "users").unwrap();
+    }
+
+    async fn store(dir: &Path) -> Store {
+        Store::open(&format!("sqlite://{}?mode=rwc", dir.join("b.db").display()))
+            .await
+            .unwrap()
+    }
+
+    fn key() -> SealKey {
+        SealKey::from_hex(&SealKey::generate(), "k").unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_host_with_an_empty_disk_gets_the_same_authorities_and_the_store_no_plain_key() {
+        let dir = scratch("empty");
+        let (store, key) = (store(&dir).await, key());
+        let vault = Vault::new(store.clone(), key.clone());
+        made("c1", dir.join("a"));
+        let first = vault.sync("c1", &dir.join("a")).await.unwrap();
+        assert_eq!(first.sealed.len(), kept().len());
+        assert!(first.restored.is_empty());
+        for rel in kept() {
+            let (id, text) = store.sealed_file("c1", &rel).await.unwrap().unwrap();
+            assert_eq!(id, key.id());
+            assert!(!text.contains("PRIVATE KEY") && !text.contains("CERTIFICATE"));
+        }
+        // Another host: nothing on its disk, the same store and key.
+        let second = vault.sync("c1", &dir.join("b")).await.unwrap();
+        assert_eq!(second.restored.len(), kept().len());
+        for rel in kept() {
+            assert_eq!(
+                std::fs::read(dir.join("a").join(&rel)).unwrap(),
+                std::fs::read(dir.join("b").join(&rel)).unwrap(),
+                "{rel}"
+            );
+        }
+        let mode = std::fs::metadata(dir.join("b/pki/ca.key"))
+            .unwrap()
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
+        // In step: a second sync changes nothing.
+        assert_eq!(
+            vault.sync("c1", &dir.join("b")).await.unwrap(),
+            Synced::default()
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_store_wins_over_a_ca_made_on_another_disk_and_what_it_signed_goes() {
+        let dir = scratch("race");
+        let vault = Vault::new(store(&dir).await, key());
+        made("c1", dir.join("a"));
+        vault.sync("c1", &dir.join("a")).await.unwrap();
+        // Host b made its own CA and signed with it before it synced (a lost race).
+        made("c1", dir.join("b"));
+        let own = crate::control_plane::pki::Pki::open_or_create(&dir.join("b/pki"), "x").unwrap();
+        own.server("apiserver", &["127.0.0.1".into()]).unwrap();
+        let synced = vault.sync("c1", &dir.join("b")).await.unwrap();
+        assert!(synced.sealed.is_empty(), "{synced:?}");
+        assert_eq!(synced.restored.len(), kept().len());
+        assert!(!dir.join("b/pki/apiserver.crt").exists());
+        assert_eq!(
+            std::fs::read(dir.join("a/pki/ca.key")).unwrap(),
+            std::fs::read(dir.join("b/pki/ca.key")).unwrap()
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_host_with_another_key_is_refused_naming_both_keys_and_keeps_its_files() {
+        let dir = scratch("other");
+        let store = store(&dir).await;
+        let (ours, theirs) = (key(), key());
+        made("c1", dir.join("a"));
+        Vault::new(store.clone(), ours.clone())
+            .sync("c1", &dir.join("a"))
+            .await
+            .unwrap();
+        let e = Vault::new(store.clone(), theirs.clone())
+            .sync("c1", &dir.join("b"))
+            .await
+            .unwrap_err();
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("store.key_file") && e.contains(ours.id()) && e.contains(theirs.id()),
+            "{e}"
+        );
+        assert!(!dir.join("b/pki/ca.key").exists());
+        // A row moved to another cluster does not open there.
+        let (id, text) = store
+            .sealed_file("c1", "pki/ca.key")
+            .await
+            .unwrap()
+            .unwrap();
+        store
+            .insert_sealed_file("c2", "pki/ca.key", &id, &text, 0)
+            .await
+            .unwrap();
+        let e = Vault::new(store, ours)
+            .sync("c2", &dir.join("c"))
+            .await
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("altered"), "{e:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
