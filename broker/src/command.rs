@@ -133,6 +133,11 @@ pub enum ClusterState {
     Failed {
         error: String,
     },
+    /// Another broker host of the fleet runs it (`fleet.enabled`); this one takes it over
+    /// if that host's lease expires.
+    Elsewhere {
+        host: String,
+    },
 }
 
 /// A cluster, as `cluster list` and `cluster create` answer.

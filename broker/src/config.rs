@@ -94,6 +94,38 @@ pub struct Config {
     pub front: Front,
     /// Who may have clusters, and how much of the broker a user may take (docs/security.md).
     pub access: Access,
+    /// Several broker hosts sharing one PostgreSQL store (docs/operations.md, "A fleet").
+    pub fleet: Fleet,
+}
+
+/// `[fleet]`: this host is one of several sharing the store. Each awake cluster is run by
+/// the one host holding its lease (a row of the store it renews); a host that sees the
+/// lease of a cluster that is not hibernating expire takes the cluster over and starts its
+/// control plane from PostgreSQL.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Fleet {
+    /// Run as one host of a fleet. Needs a PostgreSQL `store.url`, `store.key_file` (the same
+    /// key on every host) and `clusters.datastore = "postgres"`: nothing a cluster needs
+    /// may be on one host's disk.
+    pub enabled: bool,
+    /// How long a cluster's lease lasts unless renewed (at least 3 s). Its owner renews it
+    /// every fifth of this and stops the control plane when three tenths of it are left
+    /// unrenewed; another host takes the cluster over a fifth of it after the expiry. A
+    /// lost host's clusters are started elsewhere about 1.2 times this after its last
+    /// renewal, plus a control plane's start.
+    #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
+    pub lease_ttl: Duration,
+}
+
+impl Default for Fleet {
+    fn default() -> Fleet {
+        Fleet {
+            enabled: false,
+            lease_ttl: Duration::from_secs(10),
+        }
+    }
 }
 
 /// A duration as humans write it (`90s`, `2m`, `1h30m`): the schema of every duration here,
@@ -655,6 +687,7 @@ impl Default for Config {
             clusters: ClusterDefaults::default(),
             front: Front::default(),
             access: Access::default(),
+            fleet: Fleet::default(),
         }
     }
 }
@@ -1310,6 +1343,40 @@ impl Config {
             return Err(err(
                 &o("clusters.datastore"),
                 "is postgres, and neither clusters.postgres_url nor a PostgreSQL store.url says which server",
+            ));
+        }
+        self.validate_fleet(o)
+    }
+
+    /// A fleet keeps nothing a cluster needs on one host's disk.
+    fn validate_fleet(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
+        if !self.fleet.enabled {
+            return Ok(());
+        }
+        if self.fleet.lease_ttl < Duration::from_secs(3) {
+            return Err(err(&o("fleet.lease_ttl"), "must be at least 3s"));
+        }
+        if !self
+            .store
+            .url
+            .as_deref()
+            .is_some_and(|u| u.starts_with("postgres"))
+        {
+            return Err(err(
+                &o("fleet.enabled"),
+                "needs a PostgreSQL store.url: the hosts of a fleet share their store",
+            ));
+        }
+        if self.store.key_file.is_none() {
+            return Err(err(
+                &o("fleet.enabled"),
+                "needs store.key_file: the clusters' CAs must be in the store for another host to serve them",
+            ));
+        }
+        if self.clusters.datastore != DatastoreKind::Postgres {
+            return Err(err(
+                &o("fleet.enabled"),
+                "needs clusters.datastore = \"postgres\": a cluster's objects must be where every host reaches them",
             ));
         }
         Ok(())

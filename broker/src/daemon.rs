@@ -545,6 +545,10 @@ fn cluster_settings(cfg: &Config) -> Result<ClusterSettings> {
             .map(crate::vault::SealKey::load)
             .transpose()
             .context("store.key_file")?,
+        fleet: cfg
+            .fleet
+            .enabled
+            .then(|| socialweb_broker_core::ownership::Timing::new(cfg.fleet.lease_ttl)),
         gogc: cfg.clusters.gogc,
         budget: cfg.clusters.budget(),
         datastore_quota: cfg.clusters.datastore_quota(),

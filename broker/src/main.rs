@@ -975,6 +975,7 @@ fn state_word(s: &ClusterState) -> &'static str {
         ClusterState::Hibernating { .. } => "hibernating",
         ClusterState::Deleting => "deleting",
         ClusterState::Failed { .. } => "failed",
+        ClusterState::Elsewhere { .. } => "elsewhere",
     }
 }
 
@@ -983,6 +984,7 @@ fn print_created(x: &ClusterInfo) {
     match &x.state {
         ClusterState::Starting { detail } => println!("detail     {detail}"),
         ClusterState::Failed { error } => println!("error      {error}"),
+        ClusterState::Elsewhere { host } => println!("host       {host}"),
         ClusterState::Hibernating { since } => println!("since      {}", rfc3339(*since)),
         _ => {}
     }

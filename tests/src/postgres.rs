@@ -37,6 +37,13 @@ fn bin_dir() -> Result<PathBuf> {
 impl Postgres {
     /// Starts a server in `ns`, listening on 127.0.0.1:5432 there.
     pub fn start(ns: &Netns) -> Result<Postgres> {
+        Postgres::start_on(ns, None)
+    }
+
+    /// Starts a server in `ns` listening on 127.0.0.1:5432 and, with `public`, on that
+    /// address too, trusting every client there (a fleet's hosts reach it); `url` names
+    /// the public address then.
+    pub fn start_on(ns: &Netns, public: Option<std::net::Ipv4Addr>) -> Result<Postgres> {
         let bin = bin_dir()?;
         let dir = TempDir::new("pg")?;
         let data = dir.path().join("data");
@@ -54,6 +61,18 @@ impl Postgres {
                 .arg(&data),
         )
         .context("initdb")?;
+        if public.is_some() {
+            use std::io::Write;
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("pg_hba.conf"))?
+                .write_all(b"host all all 0.0.0.0/0 trust\n")?;
+        }
+        let listen = match public {
+            Some(a) => format!("127.0.0.1,{a}"),
+            None => "127.0.0.1".into(),
+        };
+        std::fs::write(dir.path().join("listen"), &listen)?;
         let server = serve(ns, &bin, &dir)?;
         let out = psql(ns, "create database broker")?;
         if !out.status.success() {
@@ -61,7 +80,10 @@ impl Postgres {
         }
         Ok(Postgres {
             server,
-            url: "postgres://postgres@127.0.0.1:5432/broker".into(),
+            url: format!(
+                "postgres://postgres@{}:5432/broker",
+                public.map_or("127.0.0.1".to_string(), |a| a.to_string())
+            ),
             bin,
             dir,
         })
@@ -103,7 +125,9 @@ fn serve(ns: &Netns, bin: &std::path::Path, dir: &TempDir) -> Result<Spawned> {
         .arg(bin.join("postgres"))
         .arg("-D")
         .arg(dir.path().join("data"))
-        .args(["-h", "127.0.0.1", "-p", "5432", "-k"])
+        .arg("-h")
+        .arg(std::fs::read_to_string(dir.path().join("listen"))?)
+        .args(["-p", "5432", "-k"])
         .arg(dir.path())
         .args(["-c", "fsync=on"]);
     let server = Spawned::start_logged(cmd, "postgres", &dir.path().join("postgres.log"))?;

@@ -56,6 +56,20 @@ pub fn provider_addr_v6(i: u8) -> Ipv6Addr {
     Ipv6Addr::new(0x2001, 0xdb8, 0x198, 0, 0, 0, 0, 10 + u16::from(i))
 }
 
+/// Broker host `i`'s address (1-based) in a fleet ([`World::fleet`]): RFC 2544's
+/// benchmarking range, the documentation ranges being taken.
+pub fn host_addr(i: u8) -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, 0, 10 + i)
+}
+
+/// Another broker host of the operator's, on the internet ([`World::fleet`]).
+#[derive(Debug)]
+pub struct HostMachine {
+    pub ns: Netns,
+    pub index: u8,
+    pub addr: Ipv4Addr,
+}
+
 /// A provider machine.
 #[derive(Debug)]
 pub struct ProviderMachine {
@@ -68,6 +82,7 @@ pub struct ProviderMachine {
 #[derive(Debug)]
 pub struct World {
     // Field order is drop order.
+    pub hosts: Vec<HostMachine>,
     pub providers: Vec<ProviderMachine>,
     pub operator: Netns,
     /// The address the operator's host has on its interface: [`OPERATOR_ADDR`], or
@@ -98,6 +113,25 @@ impl World {
     /// private address except through the mapping, as from outside a cloud.
     pub fn behind_one_to_one_nat(providers: u8) -> Result<World> {
         World::build(providers, true, false)
+    }
+
+    /// The same world with `hosts` more broker hosts of the operator's, each its own
+    /// namespace on a link of the internet's (`198.18.0.0/24`, [`host_addr`]): a fleet
+    /// sharing the operator's host's PostgreSQL.
+    pub fn fleet(hosts: u8, providers: u8) -> Result<World> {
+        let mut world = World::build(providers, false, false)?;
+        link::bridge(&world.internet, "hb", Some("198.18.0.254/24"))?;
+        for index in 1..=hosts {
+            let ns = Netns::new(&format!("host{index}"))?;
+            let port = format!("h{index}");
+            link::veth(&world.internet, &port, &ns, "eth0")?;
+            link::attach(&world.internet, &port, "hb")?;
+            let addr = host_addr(index);
+            link::addr(&ns, "eth0", &format!("{addr}/24"))?;
+            link::route(&ns, "default", Some("198.18.0.254"), None)?;
+            world.hosts.push(HostMachine { ns, index, addr });
+        }
+        Ok(world)
     }
 
     fn build(providers: u8, nat: bool, v6: bool) -> Result<World> {
@@ -164,6 +198,7 @@ impl World {
             ],
         )?;
         let world = World {
+            hosts: Vec::new(),
             providers: machines,
             operator,
             operator_addr,

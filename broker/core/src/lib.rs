@@ -22,6 +22,7 @@ pub mod egress;
 pub mod guard;
 pub mod hibernation;
 pub mod names;
+pub mod ownership;
 pub mod placement;
 pub mod provision;
 pub mod reconcile;

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::Clusters;
+use super::ownership::{Acquired, Lease};
 use crate::command::ClusterState;
 use crate::control_plane::runner::{Files, Spec, stop_leftovers};
 use crate::control_plane::up::{Progress, bring_up};
@@ -106,6 +107,19 @@ enum Ended {
     Stopped,
     /// Idle: the control plane is stopped and the store says it hibernates.
     Hibernated,
+    /// This host lost the cluster's lease (a fleet): its control plane was killed; another
+    /// host runs it, or this one will again once it may.
+    Lost,
+}
+
+/// How a hibernation ended.
+enum Slept {
+    /// A request at this host's front asked for it, at that time.
+    Woken(Instant),
+    /// Another host of the fleet woke it: this one waits to take it over if need be.
+    Elsewhere,
+    /// The broker stops.
+    Stopped,
 }
 
 impl Clusters {
@@ -166,13 +180,15 @@ impl Clusters {
             let mut woke = None;
             if asleep {
                 match self.sleep(name, state, &stop).await? {
-                    Some(t0) => woke = Some(t0),
-                    None => return Ok(()),
+                    Slept::Woken(t0) => woke = Some(t0),
+                    Slept::Elsewhere => {}
+                    Slept::Stopped => return Ok(()),
                 }
             }
-            match self.awake(&spec, state, &stop, woke).await {
+            match self.owned(&spec, state, &stop, woke).await {
                 Ok(Ended::Stopped) => return Ok(()),
                 Ok(Ended::Hibernated) => asleep = true,
+                Ok(Ended::Lost) => asleep = false,
                 // A failed wake leaves it hibernating; the next request tries again.
                 Err(e) if woke.is_some() => {
                     warn!(cluster = %name, "waking: {e:#}");
@@ -222,17 +238,20 @@ impl Clusters {
         name: &str,
         state: &watch::Sender<ClusterState>,
         stop: &CancellationToken,
-    ) -> Result<Option<Instant>> {
+    ) -> Result<Slept> {
         let metrics = self.provisioner.metrics();
         metrics.asleep(true);
         let signal = self.front.wake_signal(name);
         let asked = tokio::select! {
-            _ = signal.notified() => true,
-            _ = stop.cancelled() => false,
+            _ = signal.notified() => Some(true),
+            () = self.woken_elsewhere(name) => Some(false),
+            _ = stop.cancelled() => None,
         };
         metrics.asleep(false);
-        if !asked {
-            return Ok(None);
+        match asked {
+            None => return Ok(Slept::Stopped),
+            Some(false) => return Ok(Slept::Elsewhere),
+            Some(true) => {}
         }
         let t0 = Instant::now();
         info!(cluster = %name, "waking");
@@ -242,7 +261,74 @@ impl Clusters {
         let _ = state.send(ClusterState::Starting {
             detail: "waking".into(),
         });
-        Ok(Some(t0))
+        Ok(Slept::Woken(t0))
+    }
+
+    /// Returns when another host of the fleet has woken the cluster (the store no longer
+    /// says it hibernates); never outside a fleet.
+    async fn woken_elsewhere(&self, name: &str) {
+        let Some(own) = self.ownership() else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(own.timing.renew_every()).await;
+            if let Ok(Some(c)) = self.store.cluster(name).await
+                && c.state == ClusterPhase::Active
+            {
+                return;
+            }
+        }
+    }
+
+    /// One awake period on this host. In a fleet, it first waits for the cluster's lease
+    /// (the front and the state saying which host runs it meanwhile), keeps it renewed
+    /// while the control plane runs, and gives it up when the cluster hibernates or the
+    /// broker stops; a lost lease kills the control plane.
+    async fn owned(
+        self: &Arc<Self>,
+        spec: &Spec,
+        state: &watch::Sender<ClusterState>,
+        stop: &CancellationToken,
+        woke: Option<Instant>,
+    ) -> Result<Ended> {
+        let Some(own) = self.ownership() else {
+            return self.awake(spec, state, stop, woke, None).await;
+        };
+        let name = spec.cluster.as_str();
+        let waiting = |host: &str| self.elsewhere(name, state, host);
+        let lease = match own.acquire(name, woke.is_some(), waiting, stop).await? {
+            Acquired::Lease(l) => l,
+            Acquired::Hibernating => {
+                self.rest(name, state, None);
+                return Ok(Ended::Hibernated);
+            }
+            Acquired::Stopped => return Ok(Ended::Stopped),
+        };
+        self.front.set_state(name, MountState::Starting);
+        let ended = self.awake(spec, state, stop, woke, Some(&lease)).await;
+        if lease.lost() {
+            return Ok(Ended::Lost);
+        }
+        if matches!(ended, Ok(Ended::Stopped | Ended::Hibernated)) {
+            lease.release().await;
+        }
+        ended
+    }
+
+    /// Says that host `host` runs the cluster, once per change.
+    fn elsewhere(&self, name: &str, state: &watch::Sender<ClusterState>, host: &str) {
+        let now = ClusterState::Elsewhere {
+            host: host.to_string(),
+        };
+        if state.send_if_modified(|s| {
+            let changed = *s != now;
+            *s = now.clone();
+            changed
+        }) {
+            info!(cluster = %name, %host, "another host runs the cluster");
+            self.front
+                .set_state(name, MountState::Elsewhere(host.to_string()));
+        }
     }
 
     /// What the broker keeps up in the cluster for the period: nodes' certificates approved
@@ -275,21 +361,27 @@ impl Clusters {
         .await;
     }
 
-    /// One awake period: the control plane up, the driver run, until `stop` or idle.
+    /// One awake period: the control plane up, the driver run, until `stop`, idle, or the
+    /// lease (a fleet's) lost.
     async fn awake(
         self: &Arc<Self>,
         spec: &Spec,
         state: &watch::Sender<ClusterState>,
         stop: &CancellationToken,
         woke: Option<Instant>,
+        lease: Option<&Lease>,
     ) -> Result<Ended> {
         let name = spec.cluster.as_str();
+        // Everything of this period (guard, approver, watches, egress, driver) ends with it,
+        // and so does the lease's renewal; a lost lease ends the period.
+        let period = stop.child_token();
+        let _end = period.clone().drop_guard();
+        if let Some(l) = lease {
+            l.keep(period.clone());
+        }
         if woke.is_some() {
             wake_fail_point()?;
         }
-        // Everything of this period (guard, approver, watches, egress, driver) ends with it.
-        let period = stop.child_token();
-        let _end = period.clone().drop_guard();
         let extra = self.guarded(spec, &period).await?;
         let progress = Starting {
             state,
@@ -333,15 +425,26 @@ impl Clusters {
             period.clone(),
         ));
         let idle = tokio::select! {
-            _ = stop.cancelled() => false,
+            _ = period.cancelled() => false,
             () = self.until_idle(name, &up.client, &watches, &upstream) => true,
         };
         period.cancel();
+        if lease.is_some_and(Lease::lost) {
+            up.running.kill().await;
+            self.front.set_state(name, MountState::Starting);
+            let _ = driver.await;
+            return Ok(Ended::Lost);
+        }
         let _ = driver.await;
         up.running.stop().await;
         if !idle {
             return Ok(Ended::Stopped);
         }
+        self.hibernated(name, state).await
+    }
+
+    /// Records and tells that the cluster hibernates, its control plane stopped.
+    async fn hibernated(&self, name: &str, state: &watch::Sender<ClusterState>) -> Result<Ended> {
         let since = SystemTime::now();
         self.store.set_hibernating(name, Some(since)).await?;
         self.provisioner.metrics().hibernated();

@@ -2,7 +2,9 @@
 //! rules both front doors share (a valid name, a name not taken, a user's clusters counted
 //! against the per-DID limit), and every cluster's life while the broker runs ([`life`]).
 
+mod fleet;
 mod life;
+mod ownership;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -60,6 +62,9 @@ pub struct ClusterSettings {
     pub postgres: Option<crate::control_plane::postgres::Server>,
     /// `store.key_file`'s key: the clusters' CA material is kept in the store, sealed.
     pub seal_key: Option<crate::vault::SealKey>,
+    /// `fleet.enabled`: the lease times; awake clusters are run by the host holding their
+    /// lease (`ownership`).
+    pub fleet: Option<socialweb_broker_core::ownership::Timing>,
     /// `clusters.gogc`.
     pub gogc: u32,
     /// `clusters.memory_max_mib`, `pids_max`, `cpu_max`: each control plane's budget.
@@ -206,6 +211,7 @@ impl Clusters {
                 ClusterPhase::Active | ClusterPhase::Hibernating => self.spawn(&c.name),
             }
         }
+        tokio::spawn(self.clone().follow_store());
         Ok(())
     }
 
@@ -263,6 +269,13 @@ impl Clusters {
                 "datastore: {} needs kine, which is not installed at {} (clusters.kine_binary)",
                 datastore.as_str(),
                 self.settings.kine_binary.display()
+            )));
+        }
+        if self.settings.fleet.is_some() && datastore != DatastoreKind::Postgres {
+            return Err(ServiceError::Invalid(format!(
+                "datastore: {} keeps a cluster's objects on one host's disk; the hosts of a \
+                 fleet (fleet.enabled) keep them in PostgreSQL (postgres)",
+                datastore.as_str()
             )));
         }
         if datastore == DatastoreKind::Postgres && self.settings.postgres.is_none() {
@@ -407,6 +420,15 @@ impl Clusters {
                 task,
             },
         );
+    }
+
+    /// This host's part in a fleet, when it is one's.
+    fn ownership(&self) -> Option<ownership::Ownership> {
+        self.settings.fleet.map(|timing| ownership::Ownership {
+            store: self.store.clone(),
+            host: self.provisioner.broker_id().to_string(),
+            timing,
+        })
     }
 
     /// The vault, when the operator gave a key.

@@ -8,6 +8,8 @@
 use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -488,6 +490,8 @@ pub struct Running {
     /// Where the broker serves the apiserver's `cluster` egress.
     pub egress_socket: PathBuf,
     stop: CancellationToken,
+    /// Set by [`Running::kill`]: no grace for any component.
+    at_once: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -522,12 +526,13 @@ impl Running {
                     )?,
             )
         };
+        let at_once = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn(supervise(
             spec,
             files.clone(),
             cgroup,
             (tx, api_tx),
-            stop.clone(),
+            (stop.clone(), at_once.clone()),
         ));
         Ok(Running {
             health: rx,
@@ -535,6 +540,7 @@ impl Running {
             files,
             egress_socket,
             stop,
+            at_once,
             task,
         })
     }
@@ -558,6 +564,13 @@ impl Running {
     pub async fn stop(self) {
         self.stop.cancel();
         let _ = self.task.await;
+    }
+
+    /// Kills every component at once (SIGKILL, no grace): a host that lost the cluster's
+    /// lease must be down before another host may start it.
+    pub async fn kill(self) {
+        self.at_once.store(true, Ordering::SeqCst);
+        self.stop().await;
     }
 }
 
@@ -745,13 +758,13 @@ impl Supervisor {
     }
 
     /// Stops every component, the last started first.
-    async fn stop_all(&mut self) {
+    async fn stop_all(&mut self, grace: Duration) {
         for i in (0..self.components.len()).rev() {
             let name = self.components[i].0;
             if let Some(c) = self.children[i].take()
                 && let Some(pid) = c.pid()
             {
-                process::terminate(pid, Duration::from_secs(10)).await;
+                process::terminate(pid, grace).await;
                 let _ = std::fs::remove_file(self.spec.pidfile(name));
             }
         }
@@ -770,7 +783,7 @@ async fn supervise(
     files: Files,
     cgroup: Option<super::cgroup::Cgroup>,
     health: (watch::Sender<Health>, watch::Sender<bool>),
-    stop: CancellationToken,
+    (stop, at_once): (CancellationToken, Arc<AtomicBool>),
 ) {
     let mut s = Supervisor::new(spec, files, health);
     s.cgroup = cgroup;
@@ -791,7 +804,12 @@ async fn supervise(
             _ = stop.cancelled() => break,
         }
     }
-    s.stop_all().await;
+    let grace = if at_once.load(Ordering::SeqCst) {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(10)
+    };
+    s.stop_all(grace).await;
 }
 
 /// Stops what a previous broker left running of `spec`'s control plane (a cluster that

@@ -61,6 +61,9 @@ pub enum MountState {
     /// Its last wake failed, with why: the requests that waited for that wake are answered
     /// 503 with it; a later request tries again.
     WakeFailed(String),
+    /// Another broker host of the fleet runs it (named): requests wait as for a start, in
+    /// case this host takes it over, then are answered 503 naming that host.
+    Elsewhere(String),
 }
 
 /// What the front serves from: the mounted clusters, and the certificate records it reads

@@ -41,6 +41,7 @@ pub(super) async fn upstream(front: &Front, cluster: &str) -> Result<Upstream, R
     let deadline = tokio::time::Instant::now() + HOLD;
     // The mount a wake was asked from: a failure told by a later one is this wake's.
     let mut asked_at: Option<Arc<Mount>> = None;
+    let mut runs_on: Option<String> = None;
     loop {
         let Some(m) = front.get(cluster) else {
             return Err(status(
@@ -52,6 +53,7 @@ pub(super) async fn upstream(front: &Front, cluster: &str) -> Result<Upstream, R
         match &m.state {
             MountState::Up(up) => return Ok((**up).clone()),
             MountState::Starting => {}
+            MountState::Elsewhere(host) => runs_on = Some(host.clone()),
             MountState::WakeFailed(why)
                 if asked_at.as_ref().is_some_and(|a| !Arc::ptr_eq(a, &m)) =>
             {
@@ -71,10 +73,16 @@ pub(super) async fn upstream(front: &Front, cluster: &str) -> Result<Upstream, R
             .await
             .is_err()
         {
-            return Err(unavailable(&format!(
-                "cluster {cluster} is still starting after {}s; try again shortly",
-                HOLD.as_secs()
-            )));
+            return Err(unavailable(&match runs_on {
+                // Forwarding between the hosts of a fleet is not built yet (issue 40).
+                Some(host) => format!(
+                    "cluster {cluster} is run by broker host {host}; reach it through that host"
+                ),
+                None => format!(
+                    "cluster {cluster} is still starting after {}s; try again shortly",
+                    HOLD.as_secs()
+                ),
+            }));
         }
     }
 }

@@ -13,9 +13,11 @@ use sqlx::{AnyPool, Row};
 
 mod access;
 mod accounts;
+mod owners;
 mod sealed;
 
 pub use accounts::{Invite, Limit, NewCluster};
+pub use owners::Owner;
 
 /// A cluster of that name exists already.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -230,6 +232,7 @@ impl Store {
             "decisions",
             "certificates",
             "sealed_files",
+            "owners",
         ] {
             sqlx::query(&format!("DELETE FROM {table} WHERE cluster = $1"))
                 .bind(name)

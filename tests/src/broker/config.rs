@@ -15,7 +15,7 @@ use socialweb_provider::AccelChoice;
 
 use crate::cni::workspace_bin;
 use crate::k8s::{binaries, test_kubelet_patch};
-use crate::world::{OPERATOR_ADDR, RESOLVER_ADDR};
+use crate::world::{OPERATOR_ADDR, OPERATOR_PRIVATE_ADDR, RESOLVER_ADDR};
 
 /// The port the front (and the gateway API) listens on in the host namespace.
 pub const FRONT_PORT: u16 = 8443;
@@ -49,6 +49,11 @@ pub struct BrokerOptions {
     pub store_url: Option<String>,
     /// `store.key_file`: the clusters' CA material sealed into the store.
     pub store_key_file: Option<PathBuf>,
+    /// Run on the world's broker host `i` ([`crate::world::World::fleet`]) instead of the
+    /// operator's host.
+    pub on_host: Option<u8>,
+    /// `fleet.enabled` with this `fleet.lease_ttl`.
+    pub fleet_lease_ttl: Option<Duration>,
     pub request_timeout: Duration,
     pub node_vcpu: u32,
     pub node_mem_mib: u64,
@@ -98,6 +103,8 @@ impl Default for BrokerOptions {
             provider_failpoints: None,
             store_url: None,
             store_key_file: None,
+            on_host: None,
+            fleet_lease_ttl: None,
             request_timeout: Duration::from_secs(5),
             node_vcpu: 2,
             node_mem_mib: 2048,
@@ -235,10 +242,14 @@ impl NodeSoftware {
         let mut c = self.base(opts, &dir.join("state"));
         c.service_addr = bind;
         c.service_addr_v6 = bind_v6;
-        c.advertise_addr = (bind != OPERATOR_ADDR).then_some(OPERATOR_ADDR);
+        c.advertise_addr = (bind == OPERATOR_PRIVATE_ADDR).then_some(OPERATOR_ADDR);
         c.ctl_socket = dir.join("broker.sock");
         c.store.url = opts.store_url.clone();
         c.store.key_file = opts.store_key_file.clone();
+        if let Some(ttl) = opts.fleet_lease_ttl {
+            c.fleet.enabled = true;
+            c.fleet.lease_ttl = ttl;
+        }
         c.scale.max_nodes = opts.max_nodes;
         c.scale.pods_per_node = opts.pods_per_node;
         c.scale.hold = opts.hold;

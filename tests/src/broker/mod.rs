@@ -64,8 +64,10 @@ pub struct Broker<'w> {
     broker: Spawned,
     pub providers: Vec<ProviderProc>,
     pub world: &'w World,
-    /// The operator's host, where the broker runs.
+    /// The operator's host, where the broker runs (or a fleet's other host: `on_host`).
     pub host: &'w Netns,
+    /// Its address users and nodes reach: [`crate::world::OPERATOR_ADDR`], or the host's.
+    pub public_addr: std::net::Ipv4Addr,
     pub config: PathBuf,
     pub socket: PathBuf,
     pub state: PathBuf,
@@ -127,10 +129,21 @@ impl<'w> Broker<'w> {
         // The broker's key towards providers, as its operator gets it (`market-pin`, made on
         // first use) before any provider machine can list it.
         let config = d.join("broker.toml");
-        let bind = world.operator_addr;
+        let (host, bind, bind_v6, public_addr) = match opts.on_host {
+            None => (
+                &world.operator,
+                world.operator_addr,
+                world.operator_addr_v6,
+                crate::world::OPERATOR_ADDR,
+            ),
+            Some(i) => {
+                let h = &world.hosts[usize::from(i) - 1];
+                (&h.ns, h.addr, None, h.addr)
+            }
+        };
         write_config(
             &config,
-            &sw.broker(&opts, d, &prefix, bind, world.operator_addr_v6, Vec::new()),
+            &sw.broker(&opts, d, &prefix, bind, bind_v6, Vec::new()),
         )?;
         let broker_pin = operator_command("market-pin", &config, &[])?;
         let mut providers = Vec::new();
@@ -161,14 +174,15 @@ impl<'w> Broker<'w> {
             .collect();
         write_config(
             &config,
-            &sw.broker(&opts, d, &prefix, bind, world.operator_addr_v6, market),
+            &sw.broker(&opts, d, &prefix, bind, bind_v6, market),
         )?;
         let paths = paths_of(&config)?;
         let mut b = Broker {
             broker: Spawned::none("broker"),
             providers,
             world,
-            host: &world.operator,
+            host,
+            public_addr,
             config,
             socket: paths.ctl_socket.clone(),
             state: paths.state_dir.clone(),
@@ -305,6 +319,19 @@ impl<'w> Broker<'w> {
     /// SIGKILLs the broker (the provider and the nodes keep running).
     pub fn kill_broker(&mut self) {
         self.broker.kill_now();
+    }
+
+    /// Kills the broker's host as a power loss does: the broker and every process in its
+    /// namespace (its control planes) SIGKILLed, its link to the internet down.
+    pub fn kill_host(&mut self) -> Result<()> {
+        self.broker.kill_now();
+        for pid in self.host.pids() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        self.host.ip(&["link", "set", "eth0", "down"]).map(|_| ())
     }
 
     /// Waits for the broker process to end by itself (a failpoint killed it).

@@ -14,7 +14,6 @@ use socialweb_broker::daemon::Paths;
 use super::{Broker, FRONT_PORT};
 use crate::cni::workspace_bin;
 use crate::k8s::{binaries, wait_for};
-use crate::world::OPERATOR_ADDR;
 
 impl Broker<'_> {
     /// The broker's paths, then each provider machine's.
@@ -24,7 +23,7 @@ impl Broker<'_> {
 
     /// The gateway's URL (the front), as users reach it from the host namespace.
     pub fn front_url(&self) -> String {
-        format!("https://{OPERATOR_ADDR}:{FRONT_PORT}")
+        format!("https://{}:{FRONT_PORT}", self.public_addr)
     }
 
     /// The front's self-made CA (what kubeconfigs carry).

@@ -1,0 +1,178 @@
+//! A fleet's ownership of awake clusters (`fleet.enabled`), carried out: a host claims a
+//! cluster's lease before it starts the control plane, renews it while it runs, kills the
+//! control plane when it could not renew in time (fencing: it is down before anyone may
+//! take over), and releases the lease when the cluster hibernates or the host stops. The
+//! times are `socialweb_broker_core::ownership`'s; the lease is a row of the store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::SystemTime;
+
+use anyhow::Result;
+use socialweb_broker_core::ownership::{Claim, Timing};
+use socialweb_broker_core::{ClusterPhase, millis};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::store::Store;
+
+/// This host's part in a fleet.
+#[derive(Debug, Clone)]
+pub struct Ownership {
+    pub store: Store,
+    /// This host's broker id: what the lease rows name.
+    pub host: String,
+    pub timing: Timing,
+}
+
+/// What waiting for a lease came to.
+#[derive(Debug)]
+pub enum Acquired {
+    /// This host holds the cluster's lease.
+    Lease(Lease),
+    /// The cluster hibernates (or is being deleted) and no request asked this host to wake
+    /// it: no one runs it.
+    Hibernating,
+    /// The broker stops.
+    Stopped,
+}
+
+/// A lease this host holds.
+#[derive(Debug)]
+pub struct Lease {
+    pub fence: i64,
+    cluster: String,
+    own: Ownership,
+    /// When the winning claim's statement was sent: the row's expiry is at least that
+    /// plus the TTL.
+    claimed_at: Instant,
+    /// Set when the lease was lost: the control plane must be killed, not stopped.
+    lost: Arc<AtomicBool>,
+}
+
+fn now() -> i64 {
+    millis(SystemTime::now())
+}
+
+impl Ownership {
+    /// Waits until this host holds `cluster`'s lease. Without `woken` (a request at this
+    /// host's front), a hibernating cluster is left to sleep. `waiting` is told the holder
+    /// each time another host is seen holding it.
+    pub async fn acquire(
+        &self,
+        cluster: &str,
+        woken: bool,
+        waiting: impl Fn(&str),
+        stop: &CancellationToken,
+    ) -> Result<Acquired> {
+        loop {
+            if stop.is_cancelled() {
+                return Ok(Acquired::Stopped);
+            }
+            let held = self.store.owner(cluster).await?;
+            let theirs = held.as_ref().filter(|o| o.host != self.host);
+            let wait = match self.timing.claim(theirs.map(|o| o.expires_at), now()) {
+                Claim::Now if !woken && !self.active(cluster).await? => {
+                    return Ok(Acquired::Hibernating);
+                }
+                Claim::Now => {
+                    let sent = Instant::now();
+                    let t = now();
+                    let ttl = i64::try_from(self.timing.ttl.as_millis()).unwrap_or(i64::MAX);
+                    let got = self
+                        .store
+                        .claim_owner(cluster, &self.host, t + ttl, self.timing.expired_before(t))
+                        .await?;
+                    if got.host == self.host {
+                        info!(%cluster, fence = got.fence, took_over_from = ?theirs.map(|o| &o.host), "this host owns the cluster");
+                        return Ok(Acquired::Lease(Lease {
+                            fence: got.fence,
+                            cluster: cluster.to_string(),
+                            own: self.clone(),
+                            claimed_at: sent,
+                            lost: Arc::default(),
+                        }));
+                    }
+                    waiting(&got.host);
+                    self.timing.renew_every()
+                }
+                Claim::Wait(d) => {
+                    waiting(&theirs.expect("a wait is for a holder").host);
+                    d
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.cancelled() => return Ok(Acquired::Stopped),
+            }
+        }
+    }
+
+    /// Whether the store says the cluster should run (not hibernating, not being deleted,
+    /// not gone).
+    async fn active(&self, cluster: &str) -> Result<bool> {
+        Ok(self
+            .store
+            .cluster(cluster)
+            .await?
+            .is_some_and(|c| c.state == ClusterPhase::Active))
+    }
+}
+
+impl Lease {
+    /// Renews the lease until `period` ends. When it cannot (taken over, or no renewal
+    /// got through for `fence_after`), it marks the lease lost and cancels `period`, so
+    /// the control plane is killed before the lease may be taken over.
+    pub fn keep(&self, period: CancellationToken) {
+        let (own, cluster, fence, lost, mut last_ok) = (
+            self.own.clone(),
+            self.cluster.clone(),
+            self.fence,
+            self.lost.clone(),
+            self.claimed_at,
+        );
+        tokio::spawn(async move {
+            let t = own.timing;
+            let ttl = i64::try_from(t.ttl.as_millis()).unwrap_or(i64::MAX);
+            let why = loop {
+                let deadline = last_ok + t.fence_after();
+                tokio::select! {
+                    _ = tokio::time::sleep(t.renew_every()) => {}
+                    _ = tokio::time::sleep_until(deadline) => break "no renewal got through in time",
+                    _ = period.cancelled() => return,
+                }
+                let sent = Instant::now();
+                tokio::select! {
+                    r = own.store.renew_owner(&cluster, &own.host, fence, now() + ttl) => match r {
+                        Ok(true) => last_ok = sent,
+                        Ok(false) => break "another host holds it now, or it was released",
+                        Err(e) => warn!(%cluster, "renewing its lease: {e:#}"),
+                    },
+                    _ = tokio::time::sleep_until(deadline) => break "no renewal got through in time",
+                    _ = period.cancelled() => return,
+                }
+            };
+            warn!(%cluster, fence, "lost the cluster's lease ({why}): killing its control plane");
+            lost.store(true, Ordering::SeqCst);
+            period.cancel();
+        });
+    }
+
+    /// Whether the lease was lost.
+    pub fn lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Gives the lease up (the control plane is stopped): another host may claim it at once.
+    pub async fn release(self) {
+        if let Err(e) = self
+            .own
+            .store
+            .release_owner(&self.cluster, &self.own.host, self.fence)
+            .await
+        {
+            warn!(cluster = %self.cluster, "releasing its lease (it expires by itself): {e:#}");
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! A fleet of broker hosts on one PostgreSQL (issue 40; docs/operations.md, "A fleet"): two
+//! broker hosts, each its own namespace on the internet, sharing the operator's host's
+//! PostgreSQL as their store, the clusters' datastores and the clusters' sealed CAs. A
+//! cluster is run by the host holding its lease; the other follows it and takes it over
+//! when that host is cut off (fencing: the cut-off host's apiserver is dead before the
+//! other claims) or dies.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use socialweb_broker::config::{ClusterDefaults, DatastoreKind};
+use testbed::broker::{Broker, BrokerOptions};
+use testbed::postgres::Postgres;
+use testbed::tmp::TempDir;
+use testbed::world::{OPERATOR_ADDR, World};
+
+fn step(t: Instant, what: &str) {
+    eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
+}
+
+/// A new key for `store.key_file`.
+fn store_key(file: &Path) {
+    let out = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))
+        .arg("store-key")
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+fn broker_id(b: &Broker<'_>) -> String {
+    std::fs::read_to_string(b.state.join("broker-id"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// The cluster's lease row: holder and fence.
+fn owner(pg: &testbed::Netns, cluster: &str) -> String {
+    testbed::postgres::query(
+        pg,
+        "broker",
+        &format!("select host, fence from owners where cluster = '{cluster}'"),
+    )
+    .unwrap()
+}
+
+/// The pid a component's pidfile names (`<pid> <start time>`).
+fn pid_of(pidfile: &Path) -> u32 {
+    std::fs::read_to_string(pidfile)
+        .unwrap_or_else(|e| panic!("{}: {e}", pidfile.display()))
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{} names no pid", pidfile.display()))
+}
+
+/// Whether `pid` runs (a zombie does not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rfind(')')
+            .and_then(|i| s[i + 1..].split_whitespace().next())
+            .is_some_and(|state| state != "Z")
+    })
+}
+
+#[test]
+fn a_host_cut_off_or_killed_loses_its_clusters_to_another_and_never_runs_them_beside_it() {
+    let t = Instant::now();
+    let world = World::fleet(2, 0).unwrap();
+    let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR)).unwrap();
+    let keys = TempDir::new("fleet-key").unwrap();
+    let key = keys.path().join("store.key");
+    store_key(&key);
+    let opts = |host| BrokerOptions {
+        on_host: Some(host),
+        store_url: Some(pg.url.clone()),
+        store_key_file: Some(key.clone()),
+        fleet_lease_ttl: Some(Duration::from_secs(10)),
+        clusters: ClusterDefaults {
+            datastore: DatastoreKind::Postgres,
+            // Idle clusters stay awake: this is about who runs them.
+            hibernate_after: Duration::ZERO,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let a = Broker::start(&world, opts(1)).unwrap();
+    let mut b = Broker::start(&world, opts(2)).unwrap();
+    let (id_a, id_b) = (broker_id(&a), broker_id(&b));
+
+    let c = a.cli_json(&["cluster", "create", "shared"]).unwrap();
+    assert_eq!(c["state"], "ready", "{c}\n{}", a.diagnostics());
+    assert_eq!(owner(&world.operator, "shared"), format!("{id_a}|1"));
+    let e = a
+        .cli(&["cluster", "create", "local", "--datastore", "kine"])
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("fleet.enabled"), "{e:#}");
+    // The other host follows the cluster it did not create, and does not run it.
+    let seen = b.wait_state("shared", "elsewhere", Duration::from_secs(30));
+    assert_eq!(seen["host"], id_a.as_str(), "{seen}");
+    a.kubectl(
+        "shared",
+        &["create", "configmap", "one", "--from-literal=k=1"],
+    )
+    .unwrap();
+    step(t, "host 1 created and runs the cluster; host 2 follows it");
+
+    // Host 1 is cut off from PostgreSQL, and only from it: it must kill its control plane
+    // before host 2 may claim the cluster.
+    let apiserver = pid_of(&a.cluster_dir("shared").join("run/apiserver.pid"));
+    assert!(alive(apiserver), "host 1's apiserver runs");
+    a.host
+        .exec_with_stdin(
+            "nft",
+            &["-f", "-"],
+            format!(
+                "table ip cut {{ chain out {{ type filter hook output priority 0; \
+                 ip daddr {OPERATOR_ADDR} tcp dport 5432 drop; }}; }}\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let cut = Instant::now();
+    let mut dead_at = None;
+    let claimed = loop {
+        if dead_at.is_none() && !alive(apiserver) {
+            dead_at = Some(cut.elapsed());
+        }
+        if owner(&world.operator, "shared").starts_with(&id_b) {
+            break cut.elapsed();
+        }
+        assert!(
+            cut.elapsed() < Duration::from_secs(60),
+            "host 2 never claimed it"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let dead_at = dead_at.unwrap_or_else(|| panic!("host 1's apiserver still ran when host 2 claimed the cluster ({claimed:?} after the cut)\n{}", a.diagnostics()));
+    b.wait_state("shared", "ready", Duration::from_secs(120));
+    let served = cut.elapsed();
+    step(
+        t,
+        &format!(
+            "cut off: host 1's apiserver dead {:.1}s after the cut, host 2 claimed at {:.1}s, ready at {:.1}s",
+            dead_at.as_secs_f64(),
+            claimed.as_secs_f64(),
+            served.as_secs_f64()
+        ),
+    );
+    assert!(dead_at < claimed);
+    assert_eq!(
+        b.kubectl(
+            "shared",
+            &["get", "configmap", "one", "-o", "jsonpath={.data.k}"]
+        )
+        .unwrap(),
+        "1",
+        "host 2 serves what host 1 wrote"
+    );
+    b.kubectl(
+        "shared",
+        &["create", "configmap", "two", "--from-literal=k=2"],
+    )
+    .unwrap();
+    // Back in touch, host 1 follows the cluster host 2 now runs.
+    a.host
+        .exec("nft", &["delete", "table", "ip", "cut"])
+        .unwrap();
+    let seen = a.wait_state("shared", "elsewhere", Duration::from_secs(30));
+    assert_eq!(seen["host"], id_b.as_str(), "{seen}");
+    assert!(!alive(apiserver), "host 1 did not start it again");
+
+    // Host 2 dies: every process of it, and its link.
+    b.kill_host().unwrap();
+    let killed = Instant::now();
+    a.wait_state("shared", "ready", Duration::from_secs(120));
+    let back = killed.elapsed();
+    step(
+        t,
+        &format!(
+            "killed: host 1 serves the cluster again {:.1}s after host 2 died",
+            back.as_secs_f64()
+        ),
+    );
+    assert_eq!(
+        a.kubectl(
+            "shared",
+            &["get", "configmap", "two", "-o", "jsonpath={.data.k}"]
+        )
+        .unwrap(),
+        "2",
+        "host 1 serves what host 2 wrote"
+    );
+    assert!(owner(&world.operator, "shared").starts_with(&id_a));
+}
