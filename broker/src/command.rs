@@ -93,6 +93,12 @@ pub enum Command {
     RevokeInvite {
         id: String,
     },
+    /// Drains this fleet host (`undo`: undrains it): its clusters move to other hosts, and
+    /// it claims none (the operator's).
+    DrainHost {
+        #[serde(default)]
+        undo: bool,
+    },
 }
 
 impl Command {
@@ -112,6 +118,7 @@ impl Command {
             Command::CreateInvite { .. } => "create an invite",
             Command::ListInvites => "list invites",
             Command::RevokeInvite { .. } => "revoke an invite",
+            Command::DrainHost { .. } => "drain this host",
         }
     }
 }
@@ -199,7 +206,9 @@ pub enum Reply {
     Cluster(ClusterInfo),
     Clusters(Vec<ClusterInfo>),
     Detail(Box<ClusterDetail>),
-    Deleted { deleted: String },
+    Deleted {
+        deleted: String,
+    },
     Leases(Vec<Lease>),
     Kubeconfig(Box<IssuedKubeconfig>),
     Certificates(Vec<CertRecord>),
@@ -207,6 +216,11 @@ pub enum Reply {
     Invite(Box<IssuedInvite>),
     Invites(Vec<crate::store::Invite>),
     InviteRevoked(crate::store::Invite),
+    /// A drain or an undrain: the clusters this host gives up.
+    Drain {
+        drained: bool,
+        moving: Vec<String>,
+    },
 }
 
 /// Why a command was refused, by kind (each door maps kinds to its own statuses); the

@@ -95,6 +95,9 @@ pub struct Config {
     /// Who may have clusters, and how much of the broker a user may take (docs/security.md).
     pub access: Access,
     /// Several broker hosts sharing one PostgreSQL store (docs/operations.md, "A fleet").
+    // Left out of a written configuration while off: a previous release's broker reads
+    // the files this one writes (the upgrade test), and knows no `[fleet]`.
+    #[serde(skip_serializing_if = "Fleet::is_off")]
     pub fleet: Fleet,
 }
 
@@ -117,6 +120,13 @@ pub struct Fleet {
     #[serde(with = "humantime_serde_compat")]
     #[schemars(with = "HumanDuration")]
     pub lease_ttl: Duration,
+}
+
+impl Fleet {
+    /// Not a fleet, and nothing else set: what need not be written.
+    pub fn is_off(&self) -> bool {
+        !self.enabled && self.lease_ttl == Fleet::default().lease_ttl
+    }
 }
 
 impl Default for Fleet {

@@ -66,6 +66,16 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Drain this broker host of a fleet (`fleet.enabled`): each cluster it runs has its
+    /// control plane stopped and its lease released, for another host to start at once, and
+    /// this host claims none until `drain --undo`. Kept across restarts (`<state_dir>/drained`).
+    Drain {
+        /// Undrain it: it claims clusters again.
+        #[arg(long)]
+        undo: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// What the provider itself says this broker leases (the market's view, not the store's).
     Leases {
         #[command(flatten)]
@@ -495,6 +505,7 @@ async fn dispatch(command: Command) -> Result<()> {
         Command::Restore { config, from, json } => restore(&load(&config)?, &from, json),
         Command::Relay(a) => relay(a).await,
         Command::Leases { client } => leases(client).await,
+        Command::Drain { undo, client } => drain(undo, client).await,
         Command::Invite { command, client } => invite(command, client).await,
         Command::Cluster { command, client } => cluster(command, client).await,
         Command::Api { command, caller } => api(command, caller).await,
@@ -698,6 +709,33 @@ async fn relay(a: RelayArgs) -> Result<()> {
     };
     until_signal(CancellationToken::new()).await?;
     server.shutdown().await.context("stopping the relay")?;
+    Ok(())
+}
+
+async fn drain(undo: bool, client: ClientArgs) -> Result<()> {
+    let reply = ctl::call(
+        &client.ctl_socket,
+        &Request::DrainHost { undo },
+        Duration::from_secs(30),
+    )
+    .await?;
+    let Reply::Drain { drained, moving } = reply else {
+        anyhow::bail!("the broker answered {reply:?} to `drain`");
+    };
+    if client.json {
+        println!(
+            "{}",
+            serde_json::json!({"drained": drained, "moving": moving})
+        );
+    } else if drained {
+        println!(
+            "drained: {} cluster(s) move to other hosts: {}",
+            moving.len(),
+            moving.join(" ")
+        );
+    } else {
+        println!("undrained: this host claims clusters again");
+    }
     Ok(())
 }
 

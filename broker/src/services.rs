@@ -107,6 +107,10 @@ impl Services {
             Command::RevokeInvite { id } => {
                 Ok(Reply::InviteRevoked(self.policy.revoke_invite(&id).await?))
             }
+            Command::DrainHost { undo } => Ok(Reply::Drain {
+                drained: !undo,
+                moving: c.drain(undo).await?,
+            }),
             other => Err(ServiceError::Forbidden(format!(
                 "the operator cannot {}: that is a user's (the operator has each cluster's \
                  admin kubeconfig, which `cluster create` names)",
@@ -180,7 +184,8 @@ impl Services {
             | Command::Leases
             | Command::CreateInvite { .. }
             | Command::ListInvites
-            | Command::RevokeInvite { .. }) => Err(ServiceError::Forbidden(format!(
+            | Command::RevokeInvite { .. }
+            | Command::DrainHost { .. }) => Err(ServiceError::Forbidden(format!(
                 "only the operator can {}",
                 other.name()
             ))),

@@ -3,7 +3,7 @@
 //! PostgreSQL as their store, the clusters' datastores and the clusters' sealed CAs. A
 //! cluster is run by the host holding its lease; the other follows it and takes it over
 //! when that host is cut off (fencing: the cut-off host's apiserver is dead before the
-//! other claims) or dies.
+//! other claims), is drained by the operator, or dies.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -65,7 +65,7 @@ fn alive(pid: u32) -> bool {
 }
 
 #[test]
-fn a_host_cut_off_or_killed_loses_its_clusters_to_another_and_never_runs_them_beside_it() {
+fn a_host_cut_off_drained_or_killed_gives_its_clusters_to_another_and_never_runs_them_beside_it() {
     let t = Instant::now();
     let world = World::fleet(2, 0).unwrap();
     let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR)).unwrap();
@@ -85,8 +85,8 @@ fn a_host_cut_off_or_killed_loses_its_clusters_to_another_and_never_runs_them_be
         },
         ..Default::default()
     };
-    let a = Broker::start(&world, opts(1)).unwrap();
-    let mut b = Broker::start(&world, opts(2)).unwrap();
+    let mut a = Broker::start(&world, opts(1)).unwrap();
+    let b = Broker::start(&world, opts(2)).unwrap();
     let (id_a, id_b) = (broker_id(&a), broker_id(&b));
 
     let c = a.cli_json(&["cluster", "create", "shared"]).unwrap();
@@ -171,16 +171,19 @@ fn a_host_cut_off_or_killed_loses_its_clusters_to_another_and_never_runs_them_be
     assert_eq!(seen["host"], id_b.as_str(), "{seen}");
     assert!(!alive(apiserver), "host 1 did not start it again");
 
-    // Host 2 dies: every process of it, and its link.
-    b.kill_host().unwrap();
-    let killed = Instant::now();
+    // The operator drains host 2: the cluster moves to host 1 with what host 2 wrote.
+    let drained = b.cli_json(&["drain"]).unwrap();
+    assert_eq!(
+        drained,
+        serde_json::json!({"drained": true, "moving": ["shared"]})
+    );
+    let drain = Instant::now();
     a.wait_state("shared", "ready", Duration::from_secs(120));
-    let back = killed.elapsed();
     step(
         t,
         &format!(
-            "killed: host 1 serves the cluster again {:.1}s after host 2 died",
-            back.as_secs_f64()
+            "drained: host 1 serves the cluster {:.1}s after host 2 was drained",
+            drain.elapsed().as_secs_f64()
         ),
     );
     assert_eq!(
@@ -192,5 +195,38 @@ fn a_host_cut_off_or_killed_loses_its_clusters_to_another_and_never_runs_them_be
         "2",
         "host 1 serves what host 2 wrote"
     );
-    assert!(owner(&world.operator, "shared").starts_with(&id_a));
+    let seen = b.wait_state("shared", "elsewhere", Duration::from_secs(30));
+    assert_eq!(seen["host"], id_a.as_str(), "{seen}");
+    assert!(
+        b.state.join("drained").exists(),
+        "the drain outlives a restart"
+    );
+    a.kubectl(
+        "shared",
+        &["create", "configmap", "three", "--from-literal=k=3"],
+    )
+    .unwrap();
+    b.cli(&["drain", "--undo"]).unwrap();
+
+    // Host 1 dies: every process of it, and its link.
+    a.kill_host().unwrap();
+    let killed = Instant::now();
+    b.wait_state("shared", "ready", Duration::from_secs(120));
+    step(
+        t,
+        &format!(
+            "killed: host 2 serves the cluster again {:.1}s after host 1 died",
+            killed.elapsed().as_secs_f64()
+        ),
+    );
+    assert_eq!(
+        b.kubectl(
+            "shared",
+            &["get", "configmap", "three", "-o", "jsonpath={.data.k}"]
+        )
+        .unwrap(),
+        "3",
+        "host 2 serves what host 1 wrote"
+    );
+    assert!(owner(&world.operator, "shared").starts_with(&id_b));
 }

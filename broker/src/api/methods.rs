@@ -150,6 +150,7 @@ pub fn answer(g: &Gateway, did: &str, reply: Reply) -> Value {
         | Reply::Leases(_)
         | Reply::Invite(_)
         | Reply::Invites(_)
-        | Reply::InviteRevoked(_) => json!({}),
+        | Reply::InviteRevoked(_)
+        | Reply::Drain { .. } => json!({}),
     }
 }

@@ -1,6 +1,8 @@
 //! A fleet host follows the store: clusters another host creates get a life here too (which
 //! waits for their lease, and takes them over if their owner is lost), and the life of a
-//! cluster another host deletes ends here.
+//! cluster another host deletes ends here. And the operator drains a host: it gives its
+//! clusters up, one control plane stopped and its lease released at a time, and claims none
+//! until undrained.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -9,6 +11,7 @@ use socialweb_broker_core::ClusterPhase;
 use tracing::info;
 
 use super::Clusters;
+use crate::command::{ClusterState, ServiceError};
 
 impl Clusters {
     /// Follows the store until the broker stops; returns at once outside a fleet.
@@ -61,5 +64,49 @@ impl Clusters {
                 self.unlock_gone(name);
             }
         }
+    }
+}
+
+impl Clusters {
+    /// Drains this host (`undo`: undrains it), kept across restarts; the clusters it runs
+    /// now, which move to other hosts.
+    pub async fn drain(&self, undo: bool) -> Result<Vec<String>, ServiceError> {
+        if self.settings.fleet.is_none() {
+            return Err(ServiceError::Invalid(
+                "drain moves clusters to the other hosts of a fleet, and this broker is not one \
+                 (fleet.enabled)"
+                    .into(),
+            ));
+        }
+        let marker = &self.settings.drain_marker;
+        let written = if undo {
+            std::fs::remove_file(marker).or_else(|e| {
+                (e.kind() == std::io::ErrorKind::NotFound)
+                    .then_some(())
+                    .ok_or(e)
+            })
+        } else {
+            std::fs::write(marker, "drained by socialweb-broker drain\n")
+        };
+        written.map_err(|e| {
+            ServiceError::internal(anyhow::anyhow!("writing {}: {e}", marker.display()))
+        })?;
+        self.draining.send_replace(!undo);
+        info!(
+            drained = !undo,
+            "this host of the fleet is {}",
+            if undo { "undrained" } else { "drained" }
+        );
+        let running = self.running.lock().expect("lock");
+        Ok(running
+            .iter()
+            .filter(|(_, h)| !undo && !matches!(*h.state.borrow(), ClusterState::Elsewhere { .. }))
+            .map(|(n, _)| n.clone())
+            .collect())
+    }
+
+    /// Whether this host is drained now.
+    pub(super) fn drained(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.draining.subscribe()
     }
 }

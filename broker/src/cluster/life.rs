@@ -43,9 +43,15 @@ struct Starting<'a> {
     cluster: &'a str,
     /// When a wake began (`None`: not a wake).
     wake: Option<(Instant, &'a crate::metrics::Metrics)>,
+    /// The lease this host runs it under (a fleet's).
+    lease: Option<&'a Lease>,
 }
 
 impl Progress for Starting<'_> {
+    fn fenced(&self) -> bool {
+        self.lease.is_some_and(Lease::lost)
+    }
+
     fn step(&self, detail: &str) {
         let _ = self.state.send(ClusterState::Starting {
             detail: detail.to_string(),
@@ -110,6 +116,8 @@ enum Ended {
     /// This host lost the cluster's lease (a fleet): its control plane was killed; another
     /// host runs it, or this one will again once it may.
     Lost,
+    /// This host was drained: its control plane was stopped, for another host to take.
+    Moved,
 }
 
 /// How a hibernation ended.
@@ -171,9 +179,13 @@ impl Clusters {
             state: MountState::Starting,
         });
         let mut asleep = record.state == ClusterPhase::Hibernating;
-        if asleep {
-            // A hibernating cluster runs nothing, whatever a crash left.
+        if asleep || self.ownership().is_some() {
+            // A hibernating cluster runs nothing, whatever a crash left; nor does a fleet's
+            // cluster before this host holds its lease (another host may have taken it over
+            // while this broker was down: no leftover is adopted).
             stop_leftovers(&spec).await;
+        }
+        if asleep {
             self.rest(name, state, record.hibernating_since);
         }
         loop {
@@ -188,7 +200,7 @@ impl Clusters {
             match self.owned(&spec, state, &stop, woke).await {
                 Ok(Ended::Stopped) => return Ok(()),
                 Ok(Ended::Hibernated) => asleep = true,
-                Ok(Ended::Lost) => asleep = false,
+                Ok(Ended::Lost | Ended::Moved) => asleep = false,
                 // A failed wake leaves it hibernating; the next request tries again.
                 Err(e) if woke.is_some() => {
                     warn!(cluster = %name, "waking: {e:#}");
@@ -295,8 +307,12 @@ impl Clusters {
             return self.awake(spec, state, stop, woke, None).await;
         };
         let name = spec.cluster.as_str();
-        let waiting = |host: &str| self.elsewhere(name, state, host);
-        let lease = match own.acquire(name, woke.is_some(), waiting, stop).await? {
+        let waiting = |host: Option<&str>| self.elsewhere(name, state, host);
+        let drained = self.drained();
+        let lease = match own
+            .acquire(name, woke.is_some(), &drained, waiting, stop)
+            .await?
+        {
             Acquired::Lease(l) => l,
             Acquired::Hibernating => {
                 self.rest(name, state, None);
@@ -309,14 +325,16 @@ impl Clusters {
         if lease.lost() {
             return Ok(Ended::Lost);
         }
-        if matches!(ended, Ok(Ended::Stopped | Ended::Hibernated)) {
+        if matches!(ended, Ok(Ended::Stopped | Ended::Hibernated | Ended::Moved)) {
             lease.release().await;
         }
         ended
     }
 
-    /// Says that host `host` runs the cluster, once per change.
-    fn elsewhere(&self, name: &str, state: &watch::Sender<ClusterState>, host: &str) {
+    /// Says that host `host` runs the cluster (none: no host yet, and this one is
+    /// drained), once per change.
+    fn elsewhere(&self, name: &str, state: &watch::Sender<ClusterState>, host: Option<&str>) {
+        let host = host.unwrap_or("none yet: this host is drained");
         let now = ClusterState::Elsewhere {
             host: host.to_string(),
         };
@@ -388,6 +406,7 @@ impl Clusters {
             front: &self.front,
             cluster: name,
             wake: woke.map(|t| (t, self.provisioner.metrics())),
+            lease,
         };
         let Some(up) = bring_up(spec.clone(), &extra, &progress, &period).await? else {
             return Ok(Ended::Stopped);
@@ -424,23 +443,45 @@ impl Clusters {
             watches.clone(),
             period.clone(),
         ));
-        let idle = tokio::select! {
-            _ = period.cancelled() => false,
-            () = self.until_idle(name, &up.client, &watches, &upstream) => true,
+        let mut drained = self.drained();
+        let why = tokio::select! {
+            _ = period.cancelled() => Ended::Stopped,
+            _ = drained.wait_for(|d| *d), if lease.is_some() => Ended::Moved,
+            () = self.until_idle(name, &up.client, &watches, &upstream) => Ended::Hibernated,
         };
         period.cancel();
+        self.end_period(name, state, why, lease, up.running, driver)
+            .await
+    }
+
+    /// Ends an awake period for `why` (the period cancelled): a lost lease kills the control
+    /// plane at once; otherwise the driver ends, then the control plane stops with grace.
+    async fn end_period<T>(
+        &self,
+        name: &str,
+        state: &watch::Sender<ClusterState>,
+        why: Ended,
+        lease: Option<&Lease>,
+        running: crate::control_plane::runner::Running,
+        driver: tokio::task::JoinHandle<T>,
+    ) -> Result<Ended> {
         if lease.is_some_and(Lease::lost) {
-            up.running.kill().await;
+            running.kill().await;
             self.front.set_state(name, MountState::Starting);
             let _ = driver.await;
             return Ok(Ended::Lost);
         }
         let _ = driver.await;
-        up.running.stop().await;
-        if !idle {
-            return Ok(Ended::Stopped);
+        running.stop().await;
+        match why {
+            Ended::Hibernated => self.hibernated(name, state).await,
+            Ended::Moved => {
+                info!(cluster = %name, "this host is drained: the cluster goes to another host");
+                self.front.set_state(name, MountState::Starting);
+                Ok(Ended::Moved)
+            }
+            other => Ok(other),
         }
-        self.hibernated(name, state).await
     }
 
     /// Records and tells that the cluster hibernates, its control plane stopped.

@@ -65,6 +65,8 @@ pub struct ClusterSettings {
     /// `fleet.enabled`: the lease times; awake clusters are run by the host holding their
     /// lease (`ownership`).
     pub fleet: Option<socialweb_broker_core::ownership::Timing>,
+    /// The file saying this fleet host is drained (`<state_dir>/drained`).
+    pub drain_marker: PathBuf,
     /// `clusters.gogc`.
     pub gogc: u32,
     /// `clusters.memory_max_mib`, `pids_max`, `cpu_max`: each control plane's budget.
@@ -108,6 +110,9 @@ pub struct Clusters {
     /// One lock per cluster name: a create, a delete and a kubeconfig of one cluster run
     /// one at a time (docs/security.md).
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// This fleet host is drained (`socialweb-broker drain`): it gives its clusters up and
+    /// claims none. Kept across restarts by `ClusterSettings::drain_marker`.
+    draining: tokio::sync::watch::Sender<bool>,
     stop: CancellationToken,
 }
 
@@ -143,7 +148,6 @@ impl Clusters {
         stop: CancellationToken,
     ) -> Clusters {
         Clusters {
-            settings,
             store,
             provisioner,
             front,
@@ -151,6 +155,8 @@ impl Clusters {
             tunnels,
             running: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
+            draining: tokio::sync::watch::Sender::new(settings.drain_marker.exists()),
+            settings,
             stop,
         }
     }

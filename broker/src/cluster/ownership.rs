@@ -57,13 +57,14 @@ fn now() -> i64 {
 
 impl Ownership {
     /// Waits until this host holds `cluster`'s lease. Without `woken` (a request at this
-    /// host's front), a hibernating cluster is left to sleep. `waiting` is told the holder
-    /// each time another host is seen holding it.
+    /// host's front), a hibernating cluster is left to sleep; while `drained`, nothing is
+    /// claimed. `waiting` is told the holder (if any) each time this host waits.
     pub async fn acquire(
         &self,
         cluster: &str,
         woken: bool,
-        waiting: impl Fn(&str),
+        drained: &tokio::sync::watch::Receiver<bool>,
+        waiting: impl Fn(Option<&str>),
         stop: &CancellationToken,
     ) -> Result<Acquired> {
         loop {
@@ -73,6 +74,10 @@ impl Ownership {
             let held = self.store.owner(cluster).await?;
             let theirs = held.as_ref().filter(|o| o.host != self.host);
             let wait = match self.timing.claim(theirs.map(|o| o.expires_at), now()) {
+                _ if *drained.borrow() => {
+                    waiting(theirs.map(|o| o.host.as_str()));
+                    self.timing.renew_every()
+                }
                 Claim::Now if !woken && !self.active(cluster).await? => {
                     return Ok(Acquired::Hibernating);
                 }
@@ -94,11 +99,11 @@ impl Ownership {
                             lost: Arc::default(),
                         }));
                     }
-                    waiting(&got.host);
+                    waiting(Some(&got.host));
                     self.timing.renew_every()
                 }
                 Claim::Wait(d) => {
-                    waiting(&theirs.expect("a wait is for a holder").host);
+                    waiting(theirs.map(|o| o.host.as_str()));
                     d
                 }
             };

@@ -824,7 +824,7 @@ pub async fn stop_leftovers(spec: &Spec) {
     ] {
         let pidfile = spec.pidfile(name);
         if let Some((pid, _)) = process::adopt(&pidfile) {
-            warn!(cluster = %spec.cluster, component = name, pid, "stopping a leftover {name} of a hibernating cluster");
+            warn!(cluster = %spec.cluster, component = name, pid, "stopping a leftover {name} a previous broker left running");
             process::terminate(pid, Duration::from_secs(10)).await;
         }
         let _ = std::fs::remove_file(pidfile);

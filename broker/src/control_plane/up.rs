@@ -38,6 +38,20 @@ pub trait Progress: Sync {
     /// The apiserver answers (the other components may still be starting): requests held
     /// at the front can go on.
     fn apiserver_ready(&self, _files: &runner::Files) {}
+    /// Whether the bring-up was cut short because this host lost the cluster (a fleet's
+    /// lease): the components are then killed, not stopped with grace.
+    fn fenced(&self) -> bool {
+        false
+    }
+}
+
+/// Ends a bring-up cut short: a fenced one at once, any other with grace.
+async fn end(cp: Running, progress: &dyn Progress) {
+    if progress.fenced() {
+        cp.kill().await;
+    } else {
+        cp.stop().await;
+    }
 }
 
 /// Brings `spec`'s control plane up, applying the join configuration and `extra` manifests.
@@ -71,12 +85,12 @@ pub async fn bring_up(
                 anyhow::bail!("the apiserver was not ready after {READY_WITHIN:?}: {health:?}");
             }
         }
-        _ = stop.cancelled() => { cp.stop().await; return Ok(None); }
+        _ = stop.cancelled() => { end(cp, progress).await; return Ok(None); }
     }
     progress.apiserver_ready(&cp.files);
     tokio::select! {
         r = cp.ready(READY_WITHIN) => if let Err(e) = r { cp.stop().await; return Err(e); },
-        _ = stop.cancelled() => { cp.stop().await; return Ok(None); }
+        _ = stop.cancelled() => { end(cp, progress).await; return Ok(None); }
     }
     let files = cp.files.clone();
     // What nodes need to join, and what the agent and kube-proxy read (docs/join.md).
@@ -88,7 +102,7 @@ pub async fn bring_up(
     manifests.extend(extra.iter().cloned());
     for m in &manifests {
         if !apply_until_done(&kube, &files.admin_kubeconfig, m, stop).await {
-            cp.stop().await;
+            end(cp, progress).await;
             return Ok(None);
         }
     }
@@ -100,7 +114,7 @@ pub async fn bring_up(
         }
     };
     if !default_service_account(&client, progress, stop).await {
-        cp.stop().await;
+        end(cp, progress).await;
         return Ok(None);
     }
     Ok(Some(Up {

@@ -334,6 +334,24 @@ impl<'w> Broker<'w> {
         self.host.ip(&["link", "set", "eth0", "down"]).map(|_| ())
     }
 
+    /// Brings a host [`Broker::kill_host`] killed back: its link up, its default route
+    /// again (a link going down takes it), its broker started.
+    pub fn revive_host(&mut self) -> Result<()> {
+        self.host.ip(&["link", "set", "eth0", "up"])?;
+        let via = self
+            .public_addr
+            .octets()
+            .iter()
+            .take(3)
+            .map(u8::to_string)
+            .chain(["254".to_string()])
+            .collect::<Vec<_>>()
+            .join(".");
+        self.host
+            .ip(&["route", "replace", "default", "via", &via])?;
+        self.start_broker()
+    }
+
     /// Waits for the broker process to end by itself (a failpoint killed it).
     pub fn wait_broker_exit(&mut self, timeout: Duration) -> Result<()> {
         let broker = &mut self.broker;
