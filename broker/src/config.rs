@@ -120,12 +120,18 @@ pub struct Fleet {
     #[serde(with = "humantime_serde_compat")]
     #[schemars(with = "HumanDuration")]
     pub lease_ttl: Duration,
+    /// The most clusters this host runs awake at once. A host at it claims no other: a
+    /// cluster created or woken here is then taken by another host of the fleet, and a lost
+    /// host's clusters go to hosts below theirs. Hosts with fewer claims first (each claim of
+    /// a cluster no request asked of this host waits a tenth of a second per cluster it runs).
+    /// Unset: no limit.
+    pub max_awake: Option<u32>,
 }
 
 impl Fleet {
     /// Not a fleet, and nothing else set: what need not be written.
     pub fn is_off(&self) -> bool {
-        !self.enabled && self.lease_ttl == Fleet::default().lease_ttl
+        !self.enabled && self.lease_ttl == Fleet::default().lease_ttl && self.max_awake.is_none()
     }
 }
 
@@ -134,6 +140,7 @@ impl Default for Fleet {
         Fleet {
             enabled: false,
             lease_ttl: Duration::from_secs(10),
+            max_awake: None,
         }
     }
 }

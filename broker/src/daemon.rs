@@ -550,6 +550,7 @@ fn cluster_settings(cfg: &Config) -> Result<ClusterSettings> {
             .enabled
             .then(|| socialweb_broker_core::ownership::Timing::new(cfg.fleet.lease_ttl)),
         drain_marker: cfg.state_dir.join("drained"),
+        max_awake: cfg.fleet.max_awake,
         gogc: cfg.clusters.gogc,
         budget: cfg.clusters.budget(),
         datastore_quota: cfg.clusters.datastore_quota(),

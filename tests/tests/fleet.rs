@@ -64,18 +64,12 @@ fn alive(pid: u32) -> bool {
     })
 }
 
-#[test]
-fn a_host_cut_off_drained_or_killed_gives_its_clusters_to_another_and_never_runs_them_beside_it() {
-    let t = Instant::now();
-    let world = World::fleet(2, 0).unwrap();
-    let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR)).unwrap();
-    let keys = TempDir::new("fleet-key").unwrap();
-    let key = keys.path().join("store.key");
-    store_key(&key);
-    let opts = |host| BrokerOptions {
+/// Host `host`'s options in a fleet on `pg`'s store with the key in `key`.
+fn fleet_host(pg: &Postgres, key: &Path, host: u8) -> BrokerOptions {
+    BrokerOptions {
         on_host: Some(host),
         store_url: Some(pg.url.clone()),
-        store_key_file: Some(key.clone()),
+        store_key_file: Some(key.to_path_buf()),
         fleet_lease_ttl: Some(Duration::from_secs(10)),
         clusters: ClusterDefaults {
             datastore: DatastoreKind::Postgres,
@@ -84,7 +78,60 @@ fn a_host_cut_off_drained_or_killed_gives_its_clusters_to_another_and_never_runs
             ..Default::default()
         },
         ..Default::default()
-    };
+    }
+}
+
+/// `fleet.max_awake`: a host at its limit claims no more, and a cluster created there is
+/// run by another host.
+#[test]
+fn a_cluster_created_on_a_full_host_is_run_by_another() {
+    let t = Instant::now();
+    let world = World::fleet(2, 0).unwrap();
+    let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR)).unwrap();
+    let keys = TempDir::new("fleet-key").unwrap();
+    let key = keys.path().join("store.key");
+    store_key(&key);
+    let a = Broker::start(
+        &world,
+        BrokerOptions {
+            fleet_max_awake: Some(1),
+            ..fleet_host(&pg, &key, 1)
+        },
+    )
+    .unwrap();
+    let b = Broker::start(&world, fleet_host(&pg, &key, 2)).unwrap();
+    let one = a.cli_json(&["cluster", "create", "one"]).unwrap();
+    assert_eq!(one["state"], "ready", "{one}\n{}", a.diagnostics());
+    let two = a.cli_json(&["cluster", "create", "two"]).unwrap();
+    assert_eq!(two["state"], "elsewhere", "{two}");
+    assert!(
+        two["host"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("fleet.max_awake"),
+        "{two}"
+    );
+    b.wait_state("two", "ready", Duration::from_secs(120));
+    assert!(owner(&world.operator, "two").starts_with(&broker_id(&b)));
+    assert!(owner(&world.operator, "one").starts_with(&broker_id(&a)));
+    let seen = a.wait_state("two", "elsewhere", Duration::from_secs(30));
+    assert_eq!(seen["host"], broker_id(&b).as_str(), "{seen}");
+    b.kubectl("two", &["get", "--raw", "/readyz"]).unwrap();
+    step(
+        t,
+        "host 1 at fleet.max_awake = 1 runs one; two, created there, runs on host 2",
+    );
+}
+
+#[test]
+fn a_host_cut_off_drained_or_killed_gives_its_clusters_to_another_and_never_runs_them_beside_it() {
+    let t = Instant::now();
+    let world = World::fleet(2, 0).unwrap();
+    let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR)).unwrap();
+    let keys = TempDir::new("fleet-key").unwrap();
+    let key = keys.path().join("store.key");
+    store_key(&key);
+    let opts = |host| fleet_host(&pg, &key, host);
     let mut a = Broker::start(&world, opts(1)).unwrap();
     let b = Broker::start(&world, opts(2)).unwrap();
     let (id_a, id_b) = (broker_id(&a), broker_id(&b));

@@ -331,10 +331,11 @@ impl Clusters {
         ended
     }
 
-    /// Says that host `host` runs the cluster (none: no host yet, and this one is
-    /// drained), once per change.
+    /// Says that host `host` runs the cluster (none: no host yet, and this one takes no
+    /// more), once per change.
     fn elsewhere(&self, name: &str, state: &watch::Sender<ClusterState>, host: Option<&str>) {
-        let host = host.unwrap_or("none yet: this host is drained");
+        let host =
+            host.unwrap_or("none yet: this host takes no more (drained, or at fleet.max_awake)");
         let now = ClusterState::Elsewhere {
             host: host.to_string(),
         };

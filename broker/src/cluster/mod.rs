@@ -67,6 +67,8 @@ pub struct ClusterSettings {
     pub fleet: Option<socialweb_broker_core::ownership::Timing>,
     /// The file saying this fleet host is drained (`<state_dir>/drained`).
     pub drain_marker: PathBuf,
+    /// `fleet.max_awake`.
+    pub max_awake: Option<u32>,
     /// `clusters.gogc`.
     pub gogc: u32,
     /// `clusters.memory_max_mib`, `pids_max`, `cpu_max`: each control plane's budget.
@@ -113,6 +115,8 @@ pub struct Clusters {
     /// This fleet host is drained (`socialweb-broker drain`): it gives its clusters up and
     /// claims none. Kept across restarts by `ClusterSettings::drain_marker`.
     draining: tokio::sync::watch::Sender<bool>,
+    /// Held while a fleet host counts its leases and claims one (`ownership`).
+    claiming: Arc<tokio::sync::Mutex<()>>,
     stop: CancellationToken,
 }
 
@@ -156,6 +160,7 @@ impl Clusters {
             running: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             draining: tokio::sync::watch::Sender::new(settings.drain_marker.exists()),
+            claiming: Arc::default(),
             settings,
             stop,
         }
@@ -434,6 +439,8 @@ impl Clusters {
             store: self.store.clone(),
             host: self.provisioner.broker_id().to_string(),
             timing,
+            max_awake: self.settings.max_awake,
+            claiming: self.claiming.clone(),
         })
     }
 

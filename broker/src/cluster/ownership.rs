@@ -24,6 +24,11 @@ pub struct Ownership {
     /// This host's broker id: what the lease rows name.
     pub host: String,
     pub timing: Timing,
+    /// `fleet.max_awake`.
+    pub max_awake: Option<u32>,
+    /// Held while this host counts its leases and claims one: two of its clusters claiming
+    /// at once must not both pass the limit.
+    pub claiming: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// What waiting for a lease came to.
@@ -82,6 +87,19 @@ impl Ownership {
                     return Ok(Acquired::Hibernating);
                 }
                 Claim::Now => {
+                    if !woken && !self.first_to_claim(stop).await? {
+                        return Ok(Acquired::Stopped);
+                    }
+                    let claiming = self.claiming.lock().await;
+                    if self.full().await? {
+                        drop(claiming);
+                        waiting(theirs.map(|o| o.host.as_str()));
+                        tokio::select! {
+                            _ = tokio::time::sleep(self.timing.renew_every()) => {}
+                            _ = stop.cancelled() => return Ok(Acquired::Stopped),
+                        }
+                        continue;
+                    }
                     let sent = Instant::now();
                     let t = now();
                     let ttl = i64::try_from(self.timing.ttl.as_millis()).unwrap_or(i64::MAX);
@@ -89,6 +107,7 @@ impl Ownership {
                         .store
                         .claim_owner(cluster, &self.host, t + ttl, self.timing.expired_before(t))
                         .await?;
+                    drop(claiming);
                     if got.host == self.host {
                         info!(%cluster, fence = got.fence, took_over_from = ?theirs.map(|o| &o.host), "this host owns the cluster");
                         return Ok(Acquired::Lease(Lease {
@@ -111,6 +130,26 @@ impl Ownership {
                 _ = tokio::time::sleep(wait) => {}
                 _ = stop.cancelled() => return Ok(Acquired::Stopped),
             }
+        }
+    }
+
+    /// Whether this host runs `fleet.max_awake` clusters already.
+    async fn full(&self) -> Result<bool> {
+        let Some(max) = self.max_awake else {
+            return Ok(false);
+        };
+        Ok(self.store.owned_by(&self.host, now()).await? >= i64::from(max))
+    }
+
+    /// Lets hosts running fewer clusters claim first: waits a tenth of a second per cluster
+    /// this host runs (at most half a renewal period); `false` when stopped meanwhile.
+    async fn first_to_claim(&self, stop: &CancellationToken) -> Result<bool> {
+        let load = u32::try_from(self.store.owned_by(&self.host, now()).await?).unwrap_or(u32::MAX);
+        let wait =
+            (std::time::Duration::from_millis(100) * load).min(self.timing.renew_every() / 2);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => Ok(true),
+            _ = stop.cancelled() => Ok(false),
         }
     }
 

@@ -91,4 +91,16 @@ impl Store {
         })
         .transpose()
     }
+
+    /// How many leases `host` holds that have not expired at `now` (Unix ms).
+    pub async fn owned_by(&self, host: &str, now: i64) -> Result<i64> {
+        Ok(
+            sqlx::query("SELECT COUNT(*) AS n FROM owners WHERE host = $1 AND expires_at >= $2")
+                .bind(host)
+                .bind(now)
+                .fetch_one(&self.pool)
+                .await?
+                .try_get("n")?,
+        )
+    }
 }

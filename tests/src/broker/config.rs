@@ -54,6 +54,8 @@ pub struct BrokerOptions {
     pub on_host: Option<u8>,
     /// `fleet.enabled` with this `fleet.lease_ttl`.
     pub fleet_lease_ttl: Option<Duration>,
+    /// `fleet.max_awake`.
+    pub fleet_max_awake: Option<u32>,
     pub request_timeout: Duration,
     pub node_vcpu: u32,
     pub node_mem_mib: u64,
@@ -105,6 +107,7 @@ impl Default for BrokerOptions {
             store_key_file: None,
             on_host: None,
             fleet_lease_ttl: None,
+            fleet_max_awake: None,
             request_timeout: Duration::from_secs(5),
             node_vcpu: 2,
             node_mem_mib: 2048,
@@ -249,6 +252,7 @@ impl NodeSoftware {
         if let Some(ttl) = opts.fleet_lease_ttl {
             c.fleet.enabled = true;
             c.fleet.lease_ttl = ttl;
+            c.fleet.max_awake = opts.fleet_max_awake;
         }
         c.scale.max_nodes = opts.max_nodes;
         c.scale.pods_per_node = opts.pods_per_node;
