@@ -192,8 +192,26 @@ async fn exercise(url: &str) {
     );
     assert!(s.use_nonce("did:key:zDnae n1", 20).await.unwrap());
     s.delete_cluster("owned").await.unwrap();
+    leases(&s).await;
+    s.insert_sealed_file("demo", "pki/ca.key", "k1", "v1:first", 1)
+        .await
+        .unwrap();
+    s.insert_sealed_file("demo", "pki/ca.key", "k1", "v1:second", 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.sealed_file("demo", "pki/ca.key").await.unwrap(),
+        Some(("k1".into(), "v1:first".into())),
+        "the first sealing of a file stays"
+    );
     s.delete_cluster("demo").await.unwrap();
     assert!(s.cluster("demo").await.unwrap().is_none());
+    assert_eq!(s.sealed_files("demo").await.unwrap(), 0);
+    assert_eq!(
+        s.owner("demo").await.unwrap(),
+        None,
+        "its lease went with it"
+    );
     assert!(s.provisions(Some("demo")).await.unwrap().is_empty());
     assert!(s.ports("demo").await.unwrap().is_empty());
     assert!(
@@ -202,6 +220,41 @@ async fn exercise(url: &str) {
     );
     assert_eq!(s.clusters().await.unwrap().len(), 1);
     s.close().await;
+}
+
+/// A fleet's leases (`crate::cluster::ownership`'s rows), on cluster `demo`: a claim wins
+/// only over an expired lease or its own, bumps the fence, and a renewal or release by a
+/// host that lost the lease changes nothing.
+async fn leases(s: &Store) {
+    let a = s.claim_owner("demo", "a", 10_000, 0).await.unwrap();
+    assert_eq!((a.host.as_str(), a.fence, a.expires_at), ("a", 1, 10_000));
+    // b cannot take a lease that has not expired (by `expired_before`).
+    let held = s.claim_owner("demo", "b", 20_000, 9_000).await.unwrap();
+    assert_eq!((held.host.as_str(), held.fence), ("a", 1));
+    assert!(s.renew_owner("demo", "a", 1, 15_000).await.unwrap());
+    assert_eq!(s.owned_by("a", 12_000).await.unwrap(), 1);
+    // Expired: b takes it, the fence grows, a's renewal and release no longer match.
+    let b = s.claim_owner("demo", "b", 30_000, 16_000).await.unwrap();
+    assert_eq!((b.host.as_str(), b.fence), ("b", 2));
+    assert!(!s.renew_owner("demo", "a", 1, 40_000).await.unwrap());
+    s.release_owner("demo", "a", 1).await.unwrap();
+    assert_eq!(s.owner("demo").await.unwrap(), Some(b));
+    assert_eq!(s.owned_by("a", 0).await.unwrap(), 0);
+    // Its holder claims it again at once (a restarted broker), with a new fence.
+    let again = s.claim_owner("demo", "b", 31_000, 0).await.unwrap();
+    assert_eq!((again.host.as_str(), again.fence), ("b", 3));
+    s.release_owner("demo", "b", 3).await.unwrap();
+    assert_eq!(
+        s.owner("demo").await.unwrap().map(|o| o.expires_at),
+        Some(0)
+    );
+    assert_eq!(s.owned_by("b", 1).await.unwrap(), 0);
+    let c = s.claim_owner("demo", "c", 5, 1).await.unwrap();
+    assert_eq!(
+        (c.host.as_str(), c.fence),
+        ("c", 4),
+        "a released lease is anyone's, and its fence still grows"
+    );
 }
 
 /// The attack on the per-DID and global limits: many createCluster calls at once, on the

@@ -65,14 +65,17 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Gives up `host`'s lease of `cluster` (fence `fence`), if it still holds it.
+    /// Gives up `host`'s lease of `cluster` (fence `fence`), if it still holds it: expired
+    /// at once, the row kept so that the next claim's fence is still a new one.
     pub async fn release_owner(&self, cluster: &str, host: &str, fence: i64) -> Result<()> {
-        sqlx::query("DELETE FROM owners WHERE cluster = $1 AND host = $2 AND fence = $3")
-            .bind(cluster)
-            .bind(host)
-            .bind(fence)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "UPDATE owners SET expires_at = 0 WHERE cluster = $1 AND host = $2 AND fence = $3",
+        )
+        .bind(cluster)
+        .bind(host)
+        .bind(fence)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
