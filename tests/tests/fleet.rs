@@ -91,7 +91,7 @@ fn a_cluster_created_on_a_full_host_is_run_by_another() {
     let keys = TempDir::new("fleet-key").unwrap();
     let key = keys.path().join("store.key");
     store_key(&key);
-    let a = Broker::start(
+    let mut a = Broker::start(
         &world,
         BrokerOptions {
             fleet_max_awake: Some(1),
@@ -121,6 +121,28 @@ fn a_cluster_created_on_a_full_host_is_run_by_another() {
         t,
         "host 1 at fleet.max_awake = 1 runs one; two, created there, runs on host 2",
     );
+    // Host 1's broker crashes (the host stays up): no lease is renewed for its cluster, so
+    // nothing of it may run on there when host 2 takes it over.
+    let apiserver = pid_of(&a.cluster_dir("one").join("run/apiserver.pid"));
+    assert!(alive(apiserver));
+    a.kill_broker();
+    let crashed = Instant::now();
+    while alive(apiserver) {
+        assert!(
+            crashed.elapsed() < Duration::from_secs(5),
+            "host 1's apiserver outlived its broker by 5 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    step(
+        t,
+        &format!(
+            "host 1's broker killed: its apiserver died {} ms after it",
+            crashed.elapsed().as_millis()
+        ),
+    );
+    b.wait_state("one", "ready", Duration::from_secs(120));
+    step(t, "host 2 took one over");
 }
 
 #[test]

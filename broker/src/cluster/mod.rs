@@ -474,6 +474,7 @@ impl Clusters {
             budget: self.settings.budget,
             datastore_quota: self.settings.datastore_quota,
             metrics: self.provisioner.metrics().clone(),
+            tied: self.settings.fleet.is_some(),
         }
     }
 

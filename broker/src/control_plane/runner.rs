@@ -87,6 +87,9 @@ pub struct Spec {
     pub datastore_quota: Option<u64>,
     /// Where the supervisor counts the components it restarts.
     pub metrics: crate::metrics::Metrics,
+    /// Its components die with the broker (a fleet's: a broker that crashed renews no
+    /// lease, and another host may start the cluster; nothing of it may run on here).
+    pub tied: bool,
 }
 
 /// What keeps a cluster's objects (docs/hibernation.md says how they compare): etcd, or kine
@@ -375,12 +378,25 @@ impl Spec {
 
     /// The program a component runs, and the arguments before its flags.
     fn program(&self, component: &str) -> (PathBuf, Vec<OsString>) {
-        match (&self.datastore, component) {
+        let (program, before) = match (&self.datastore, component) {
             (Datastore::Kine { binary } | Datastore::KinePostgres { binary, .. }, "kine") => {
                 (binary.clone(), Vec::new())
             }
             _ => (self.kube.clone(), vec![OsString::from(component)]),
+        };
+        if !self.tied {
+            return (program, before);
         }
+        // util-linux's setpriv sets the parent-death signal and execs the component (the
+        // same pid, so the pidfile and adoption are unchanged): no unsafe pre_exec here.
+        let mut tied = vec![
+            OsString::from("--pdeathsig"),
+            OsString::from("KILL"),
+            OsString::from("--"),
+            program.into_os_string(),
+        ];
+        tied.extend(before);
+        (PathBuf::from("setpriv"), tied)
     }
 
     fn etcd_args(&self, e: &EtcdFiles) -> Vec<OsString> {

@@ -177,6 +177,7 @@ pub(crate) mod tests {
             budget: Default::default(),
             datastore_quota: None,
             metrics: Default::default(),
+            tied: false,
         }
     }
 
