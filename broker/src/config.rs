@@ -105,7 +105,7 @@ pub struct Config {
 /// the one host holding its lease (a row of the store it renews); a host that sees the
 /// lease of a cluster that is not hibernating expire takes the cluster over and starts its
 /// control plane from PostgreSQL.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Fleet {
     /// Run as one host of a fleet. Needs a PostgreSQL `store.url`, `store.key_file` (the same
@@ -126,12 +126,17 @@ pub struct Fleet {
     /// a cluster no request asked of this host waits a tenth of a second per cluster it runs).
     /// Unset: no limit.
     pub max_awake: Option<u32>,
+    /// The port of this host's link, on `service_addr` (told to the other hosts at
+    /// `advertise_addr`): where they carry the requests their fronts admit for the clusters
+    /// this host runs. Mutual TLS under the fleet's own CA, kept in the store like the
+    /// clusters' CAs; it admits the fleet's hosts and no one else.
+    pub link_port: u16,
 }
 
 impl Fleet {
     /// Not a fleet, and nothing else set: what need not be written.
     pub fn is_off(&self) -> bool {
-        !self.enabled && self.lease_ttl == Fleet::default().lease_ttl && self.max_awake.is_none()
+        *self == Fleet::default()
     }
 }
 
@@ -141,6 +146,7 @@ impl Default for Fleet {
             enabled: false,
             lease_ttl: Duration::from_secs(10),
             max_awake: None,
+            link_port: 6445,
         }
     }
 }
@@ -1373,6 +1379,12 @@ impl Config {
         if self.fleet.lease_ttl < Duration::from_secs(3) {
             return Err(err(&o("fleet.lease_ttl"), "must be at least 3s"));
         }
+        if self.fleet.link_port == 0 {
+            return Err(err(
+                &o("fleet.link_port"),
+                "must be a port: the other hosts reach this one's clusters through it",
+            ));
+        }
         if !self
             .store
             .url
@@ -1475,6 +1487,20 @@ impl Config {
                 .clone()
                 .filter(|u| u.starts_with("postgres://") || u.starts_with("postgresql://"))
         })
+    }
+
+    /// Where this host's fleet link listens (`fleet.link_port` on `service_addr`).
+    pub fn link_bind(&self) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(self.service_addr), self.fleet.link_port)
+    }
+
+    /// The URL other hosts of the fleet reach this host's link at.
+    pub fn link_url(&self) -> String {
+        format!(
+            "https://{}:{}",
+            self.advertised_addr(),
+            self.fleet.link_port
+        )
     }
 
     /// The URL kubeconfigs name the front by.

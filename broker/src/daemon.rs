@@ -592,6 +592,7 @@ impl Daemon {
         info!(%metrics_addr, broker = %id, "metrics at /metrics, /healthz, /readyz");
         let resumed = Arc::new(AtomicBool::new(false));
         health_checks(&metrics, &store, provider.as_ref(), resumed.clone());
+        crate::fleet_host::share_front_ca(&cfg, &store, &front_dir(&cfg)).await?;
         let tls = FrontTls::load(&cfg)?;
         let (relay_url, local_relay_url, allow) = relay(&cfg, &tls, &stop).await?;
         let tunnels = Tunnels::start(
@@ -612,11 +613,12 @@ impl Daemon {
             provision_settings(&cfg, relay_url, tls.ca_pem.clone(), &tunnels)?,
             store.clone(),
             observed(market, &metrics),
-            id,
+            id.clone(),
             metrics.clone(),
             on_change(&store, &metrics, allow, tunnels.clone()),
         ));
-        let services = Self::way_in(&cfg, &store, provisioner.clone(), tunnels, tls, &stop).await?;
+        let services =
+            Self::way_in(&cfg, &store, &id, provisioner.clone(), tunnels, tls, &stop).await?;
         sweep(&provisioner).await;
         services.clusters.resume().await?;
         resumed.store(true, Ordering::Relaxed);
@@ -633,6 +635,7 @@ impl Daemon {
     async fn way_in(
         cfg: &Config,
         store: &Store,
+        id: &str,
         provisioner: Arc<Provisioner>,
         tunnels: Tunnels,
         tls: FrontTls,
@@ -648,7 +651,7 @@ impl Daemon {
         ));
         let access = Arc::new(Access::new(
             store.clone(),
-            records,
+            records.clone(),
             FrontAddress {
                 public_url: cfg.front_url(),
                 ca_pem: tls.ca_pem,
@@ -694,12 +697,13 @@ impl Daemon {
             cfg.front_bind(),
             server_tls,
             front_limits(cfg),
-            front,
+            front.clone(),
             api,
             stop.clone(),
         )
         .await?;
         front_check(&metrics, bound);
+        crate::fleet_host::join(cfg, store, id, &front, records, front_limits(cfg), stop).await?;
         Ok(services)
     }
 

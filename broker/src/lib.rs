@@ -32,6 +32,7 @@ pub mod config;
 pub mod control_plane;
 pub mod ctl;
 pub mod daemon;
+pub mod fleet_host;
 pub mod front;
 pub mod guard;
 pub mod host;

@@ -5,7 +5,10 @@
 //! when that host is cut off (fencing: the cut-off host's apiserver is dead before the
 //! other claims), is drained by the operator, or dies.
 
-use std::path::Path;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use socialweb_broker::config::{ClusterDefaults, DatastoreKind};
@@ -298,4 +301,265 @@ fn a_host_cut_off_drained_or_killed_gives_its_clusters_to_another_and_never_runs
         "host 2 serves what host 1 wrote"
     );
     assert!(owner(&world.operator, "shared").starts_with(&id_b));
+}
+
+/// `socialweb-broker api keygen`: a user's key, and its DID.
+fn keygen(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    let out = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))
+        .args(["api", "keygen", "--out"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    path
+}
+
+/// A copy of the user's kubeconfig `kc` that names host `to`'s front instead of `from`'s.
+fn through(kc: &Path, from: &Broker<'_>, to: &Broker<'_>, name: &str) -> PathBuf {
+    let text = std::fs::read_to_string(kc).unwrap();
+    assert!(text.contains(&from.front_url()), "{text}");
+    let other = kc.with_file_name(name);
+    std::fs::write(&other, text.replace(&from.front_url(), &to.front_url())).unwrap();
+    std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o600)).unwrap();
+    other
+}
+
+/// kubectl as the user, from the internet.
+fn user_kubectl(world: &World, kc: &Path, args: &[&str]) -> std::process::Output {
+    let bins = testbed::k8s::binaries().unwrap();
+    world
+        .internet
+        .command(&bins.kube().to_string_lossy())
+        .arg("kubectl")
+        .arg(format!("--kubeconfig={}", kc.display()))
+        .arg("--request-timeout=120s")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// What a writer saw: the last value acknowledged, and every failed write (when, why).
+#[derive(Default)]
+struct Written {
+    acked: AtomicU64,
+    failed: Mutex<Vec<String>>,
+}
+
+/// Bumps ConfigMap `name`'s `n` every 100 ms through `kc` until `stop`.
+fn writer(world: &World, kc: &Path, name: &str, seen: &Written, stop: &AtomicBool) {
+    let t = Instant::now();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let patch = format!("{{\"data\":{{\"n\":\"{n}\"}}}}");
+        let o = user_kubectl(
+            world,
+            kc,
+            &["patch", "configmap", name, "--type", "merge", "-p", &patch],
+        );
+        if o.status.success() {
+            seen.acked.store(n, Ordering::Relaxed);
+        } else {
+            seen.failed.lock().unwrap().push(format!(
+                "{name} write {n} at {:.1}s: {}",
+                t.elapsed().as_secs_f64(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn value(world: &World, kc: &Path, name: &str) -> u64 {
+    let o = user_kubectl(
+        world,
+        kc,
+        &["get", "configmap", name, "-o", "jsonpath={.data.n}"],
+    );
+    assert!(o.status.success(), "{o:?}");
+    String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+}
+
+/// Any host is a way in: a user's kubeconfig, from one host's gateway, works at every
+/// host's front (the fleet shares the front's CA and the certificate records); a front
+/// carries the request over the link to the host running the cluster; a drain moves the
+/// cluster with no failed request through either front; a revocation at one host holds at
+/// the other; and when the running host dies the other host's front answers again.
+#[test]
+fn every_hosts_front_serves_every_cluster_and_a_drain_fails_no_request() {
+    let t = Instant::now();
+    let world = World::fleet(2, 0).unwrap();
+    let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR)).unwrap();
+    let keys = TempDir::new("fleet-key").unwrap();
+    let key = keys.path().join("store.key");
+    store_key(&key);
+    let a = Broker::start(&world, fleet_host(&pg, &key, 1)).unwrap();
+    let b = Broker::start(&world, fleet_host(&pg, &key, 2)).unwrap();
+    let alice = keygen(keys.path(), "alice.key");
+    let created = b
+        .api(&alice, &["create-cluster", "ci", "--wait", "150s"])
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    assert_eq!(created["state"], "ready", "{created}");
+    let kc_b = keys.path().join("ci.kubeconfig");
+    b.api(
+        &alice,
+        &[
+            "kubeconfig",
+            "ci",
+            "--lifetime",
+            "1h",
+            "--out",
+            kc_b.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let kc_a = through(&kc_b, &b, &a, "ci-at-a.kubeconfig");
+    assert!(owner(&world.operator, "ci").starts_with(&broker_id(&b)));
+    a.wait_state("ci", "elsewhere", Duration::from_secs(30));
+    // Host 1 learns of the certificate host 2 recorded within a second.
+    testbed::k8s::wait_for(
+        "host 1's front admits the user",
+        Duration::from_secs(10),
+        || {
+            let o = user_kubectl(
+                &world,
+                &kc_a,
+                &["create", "configmap", "via-a", "--from-literal=n=0"],
+            );
+            Ok(o.status.success().then_some(()))
+        },
+    )
+    .unwrap();
+    let o = user_kubectl(
+        &world,
+        &kc_b,
+        &["create", "configmap", "via-b", "--from-literal=n=0"],
+    );
+    assert!(o.status.success(), "{o:?}");
+    step(
+        t,
+        "a kubeconfig from host 2 works at host 1's front; host 2 runs the cluster",
+    );
+
+    // Writers through both fronts while host 2 is drained.
+    let (seen_a, seen_b, stop) = (
+        Written::default(),
+        Written::default(),
+        AtomicBool::new(false),
+    );
+    std::thread::scope(|s| {
+        s.spawn(|| writer(&world, &kc_a, "via-a", &seen_a, &stop));
+        s.spawn(|| writer(&world, &kc_b, "via-b", &seen_b, &stop));
+        std::thread::sleep(Duration::from_secs(2));
+        let drained = b.cli_json(&["drain"]).unwrap();
+        assert_eq!(drained["moving"], serde_json::json!(["ci"]), "{drained}");
+        a.wait_state("ci", "ready", Duration::from_secs(120));
+        let moved = seen_a.acked.load(Ordering::Relaxed);
+        // Until both writers have written through the new owner.
+        while seen_a.acked.load(Ordering::Relaxed) < moved + 10 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    for (name, seen) in [("via-a", &seen_a), ("via-b", &seen_b)] {
+        let failed = seen.failed.lock().unwrap();
+        assert!(
+            failed.is_empty(),
+            "failed writes during the drain:\n{}",
+            failed.join("\n")
+        );
+        assert_eq!(
+            value(&world, &kc_a, name),
+            seen.acked.load(Ordering::Relaxed)
+        );
+    }
+    step(
+        t,
+        &format!(
+            "drained host 2: {} and {} writes through hosts 1 and 2, none failed; host 1 runs it",
+            seen_a.acked.load(Ordering::Relaxed),
+            seen_b.acked.load(Ordering::Relaxed)
+        ),
+    );
+    b.cli(&["drain", "--undo"]).unwrap();
+
+    // A revocation at host 1's gateway holds at host 2's front.
+    let kc2 = keys.path().join("second.kubeconfig");
+    let got = a
+        .api(
+            &alice,
+            &[
+                "kubeconfig",
+                "ci",
+                "--lifetime",
+                "1h",
+                "--out",
+                kc2.to_str().unwrap(),
+            ],
+        )
+        .unwrap();
+    let kc2_b = through(&kc2, &a, &b, "second-at-b.kubeconfig");
+    testbed::k8s::wait_for(
+        "host 2's front admits the second certificate",
+        Duration::from_secs(10),
+        || {
+            Ok(user_kubectl(&world, &kc2_b, &["get", "configmap", "via-b"])
+                .status
+                .success()
+                .then_some(()))
+        },
+    )
+    .unwrap();
+    a.api(&alice, &["revoke", got["serial"].as_str().unwrap()])
+        .unwrap();
+    testbed::k8s::wait_for(
+        "host 2's front refuses the revoked certificate",
+        Duration::from_secs(10),
+        || {
+            let o = user_kubectl(&world, &kc2_b, &["get", "configmap", "via-b"]);
+            Ok(
+                (!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("revoked"))
+                    .then_some(()),
+            )
+        },
+    )
+    .unwrap();
+    step(t, "revoked at host 1's gateway: refused at host 2's front");
+
+    // Host 1 dies with the cluster: host 2's front answers again, with the last write.
+    let (seen, stop) = (Written::default(), AtomicBool::new(false));
+    let answered = std::thread::scope(|s| {
+        s.spawn(|| writer(&world, &kc_b, "via-b", &seen, &stop));
+        while seen.acked.load(Ordering::Relaxed) < 5 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut a = a;
+        a.kill_host().unwrap();
+        let killed = Instant::now();
+        let before = seen.acked.load(Ordering::Relaxed);
+        while seen.acked.load(Ordering::Relaxed) <= before + 1 {
+            assert!(
+                killed.elapsed() < Duration::from_secs(60),
+                "no write through host 2 within 60 s of host 1's death\n{}",
+                b.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::Relaxed);
+        killed.elapsed()
+    });
+    assert_eq!(
+        value(&world, &kc_b, "via-b"),
+        seen.acked.load(Ordering::Relaxed)
+    );
+    step(
+        t,
+        &format!(
+            "host 1 killed: writes through host 2's front acknowledged again {:.1}s later ({} failed meanwhile)",
+            answered.as_secs_f64(),
+            seen.failed.lock().unwrap().len()
+        ),
+    );
+    assert!(owner(&world.operator, "ci").starts_with(&broker_id(&b)));
 }

@@ -41,6 +41,24 @@ impl Records {
         self.revocations.send_modify(|g| *g += 1);
     }
 
+    /// Takes in records as the store has them now (a fleet's other hosts issue and revoke
+    /// too); a revocation not seen before is told to every connection.
+    pub fn merge(&self, from_store: Vec<CertRecord>) {
+        let mut newly_revoked = false;
+        {
+            let mut all = self.by_serial.write().expect("lock");
+            for c in from_store {
+                let known = all.get(&c.serial);
+                newly_revoked |=
+                    c.revoked_at.is_some() && known.is_none_or(|k| k.revoked_at.is_none());
+                all.insert(c.serial.clone(), c);
+            }
+        }
+        if newly_revoked {
+            self.revocations.send_modify(|g| *g += 1);
+        }
+    }
+
     /// Forgets a cluster's records (the cluster is gone).
     pub fn forget_cluster(&self, cluster: &str) {
         self.by_serial

@@ -333,9 +333,9 @@ impl Clusters {
 
     /// Says that host `host` runs the cluster (none: no host yet, and this one takes no
     /// more), once per change.
-    fn elsewhere(&self, name: &str, state: &watch::Sender<ClusterState>, host: Option<&str>) {
+    fn elsewhere(&self, name: &str, state: &watch::Sender<ClusterState>, owner: Option<&str>) {
         let host =
-            host.unwrap_or("none yet: this host takes no more (drained, or at fleet.max_awake)");
+            owner.unwrap_or("none yet: this host takes no more (drained, or at fleet.max_awake)");
         let now = ClusterState::Elsewhere {
             host: host.to_string(),
         };
@@ -346,7 +346,7 @@ impl Clusters {
         }) {
             info!(cluster = %name, %host, "another host runs the cluster");
             self.front
-                .set_state(name, MountState::Elsewhere(host.to_string()));
+                .set_state(name, MountState::Elsewhere(owner.map(str::to_string)));
         }
     }
 
@@ -471,6 +471,11 @@ impl Clusters {
             self.front.set_state(name, MountState::Starting);
             let _ = driver.await;
             return Ok(Ended::Lost);
+        }
+        if matches!(why, Ended::Moved) {
+            // Requests arriving now wait for the next owner instead of meeting an
+            // apiserver that is going; those in flight finish.
+            self.front.set_state(name, MountState::Starting);
         }
         let _ = driver.await;
         running.stop().await;

@@ -10,10 +10,15 @@
 //! - [`admit`]: the per-request decision.
 //! - [`proxy`]: forwarding, with Upgrades.
 //! - [`wake`]: holding a request while its cluster starts or wakes from hibernation.
+//! - [`carry`], [`hosts`], [`link`]: in a fleet, carrying a request to the host that runs
+//!   its cluster, over that host's link.
 
 pub mod admit;
 pub mod body;
+pub mod carry;
 pub mod cert;
+pub mod hosts;
+pub mod link;
 pub mod listener;
 pub mod proxy;
 pub mod tls;
@@ -61,9 +66,10 @@ pub enum MountState {
     /// Its last wake failed, with why: the requests that waited for that wake are answered
     /// 503 with it; a later request tries again.
     WakeFailed(String),
-    /// Another broker host of the fleet runs it (named): requests wait as for a start, in
-    /// case this host takes it over, then are answered 503 naming that host.
-    Elsewhere(String),
+    /// Another broker host of the fleet runs it (named): requests go to that host's link
+    /// ([`link`]). `None`: no host does yet, and this one takes no more (drained, or at
+    /// `fleet.max_awake`); requests wait as for a start.
+    Elsewhere(Option<String>),
 }
 
 /// What the front serves from: the mounted clusters, and the certificate records it reads
@@ -83,6 +89,8 @@ pub struct Front {
     clusters: Mutex<HashMap<String, PerCluster>>,
     /// Requests counted by door, status class and cluster.
     metrics: crate::metrics::Metrics,
+    /// In a fleet: the other hosts, whose links carry requests for the clusters they run.
+    hosts: std::sync::OnceLock<Arc<hosts::Hosts>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -105,7 +113,14 @@ impl Front {
             changes: tokio::sync::watch::Sender::new(0),
             clusters: Mutex::new(HashMap::new()),
             metrics,
+            hosts: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Makes this front a fleet host's: requests for clusters other hosts run go to their
+    /// links.
+    pub fn join_fleet(&self, hosts: Arc<hosts::Hosts>) {
+        let _ = self.hosts.set(hosts);
     }
 
     /// Adds or replaces a cluster.
@@ -424,9 +439,31 @@ async fn handle(
     // Counted from here: a request held while its cluster wakes keeps it from hibernating
     // again, and so does its response body (a watch) or its upgraded stream.
     let busy = front.activity(&mount.cluster).start();
-    let answer = match wake::upstream(front, &mount.cluster).await {
-        Ok(up) => proxy::forward(&up, req, &tail, &who.did, conn, busy).await,
-        Err(answer) => answer,
+    let answer = match front.hosts.get() {
+        Some(hosts) => {
+            carry::carry(
+                front,
+                hosts,
+                conn,
+                &mount.cluster,
+                &tail,
+                &who.did,
+                req,
+                busy,
+            )
+            .await
+        }
+        None => match wake::target(front, &mount.cluster, false).await {
+            Ok(wake::Target::Here(up)) => proxy::forward(&up, req, &tail, &who.did, conn, busy)
+                .await
+                .unwrap_or_else(proxy::Unsent::answer),
+            Ok(wake::Target::Host(host)) => proxy::status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                &format!("cluster {} is run by broker host {host}", mount.cluster),
+            ),
+            Err(answer) => answer,
+        },
     };
     front
         .metrics

@@ -39,6 +39,46 @@ pub struct Upstream {
 impl Upstream {
     /// A client for `base`, trusting `ca_pem` and authenticating with the front's pair.
     pub fn new(base: &str, ca_pem: &[u8], cert_pem: &[u8], key_pem: &[u8]) -> Result<Upstream> {
+        Upstream::build(
+            base,
+            ca_pem,
+            cert_pem,
+            key_pem,
+            Duration::from_secs(5),
+            None,
+        )
+    }
+
+    /// A client of another fleet host's link: a connection not taken within
+    /// `connect_timeout`, or an HTTP/2 connection that answers no ping for twice
+    /// `keepalive`, is given up on (a host that died with its link sends nothing, not even
+    /// a reset), and its requests go to the cluster's next owner or fail.
+    pub fn link(
+        base: &str,
+        ca_pem: &[u8],
+        cert_pem: &[u8],
+        key_pem: &[u8],
+        connect_timeout: Duration,
+        keepalive: Duration,
+    ) -> Result<Upstream> {
+        Upstream::build(
+            base,
+            ca_pem,
+            cert_pem,
+            key_pem,
+            connect_timeout,
+            Some(keepalive),
+        )
+    }
+
+    fn build(
+        base: &str,
+        ca_pem: &[u8],
+        cert_pem: &[u8],
+        key_pem: &[u8],
+        connect_timeout: Duration,
+        keepalive: Option<Duration>,
+    ) -> Result<Upstream> {
         let mut roots = rustls::RootCertStore::empty();
         for c in socialweb_wire::ca::certificates(ca_pem).map_err(anyhow::Error::msg)? {
             roots.add(CertificateDer::from(c.der))?;
@@ -58,7 +98,7 @@ impl Upstream {
         let connector = |h2: bool| {
             let mut http = HttpConnector::new();
             http.enforce_http(false);
-            http.set_connect_timeout(Some(Duration::from_secs(5)));
+            http.set_connect_timeout(Some(connect_timeout));
             http.set_nodelay(true);
             let b = hyper_rustls::HttpsConnectorBuilder::new()
                 .with_tls_config(tls.clone())
@@ -73,11 +113,19 @@ impl Upstream {
             base: base.trim_end_matches('/').to_string(),
             pooled: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(90))
+                .timer(hyper_util::rt::TokioTimer::new())
+                .http2_keep_alive_interval(keepalive)
+                .http2_keep_alive_timeout(keepalive.unwrap_or(Duration::from_secs(20)) * 2)
                 .build(connector(true)),
             upgrades: Client::builder(TokioExecutor::new()).build(connector(false)),
         })
     }
 }
+
+/// The header of a fleet link's answer that says the request went no further than the link:
+/// that host does not run the cluster (any more), or its apiserver took no connection. It
+/// may be sent again, to whichever host runs the cluster now.
+pub const NOT_HERE: &str = "socialweb-not-here";
 
 /// Headers that belong to one hop, or that claim an identity: never forwarded.
 fn dropped(name: &HeaderName) -> bool {
@@ -95,6 +143,7 @@ fn dropped(name: &HeaderName) -> bool {
             | "upgrade"
             | "host"
             | "authorization"
+            | NOT_HERE
     ) || n.starts_with("impersonate-")
         || n.starts_with("x-remote-")
 }
@@ -214,6 +263,27 @@ fn tunnel(
     b.body(Body::empty()).expect("response")
 }
 
+/// A request that did not reach an apiserver: no connection to the upstream, or a fleet link
+/// that answered [`NOT_HERE`]. It may be sent again; what it needs for that is given back.
+#[derive(Debug)]
+pub struct Unsent {
+    pub why: String,
+    /// The client's side of an Upgrade it asked for.
+    pub upgrade: Option<hyper::upgrade::OnUpgrade>,
+    pub busy: InFlight,
+}
+
+impl Unsent {
+    /// The answer when it is sent no more.
+    pub fn answer(self) -> Response<Body> {
+        status(
+            StatusCode::BAD_GATEWAY,
+            "ServiceUnavailable",
+            &format!("the cluster's apiserver did not answer: {}", self.why),
+        )
+    }
+}
+
 /// Forwards `req` (whose apiserver path is `tail`) to `up` as `did`; an upgraded stream
 /// runs in `conn`'s tunnels until either side closes or the connection is cut. `busy` (the
 /// request in flight at its cluster) lives as long as the response body or the stream.
@@ -224,16 +294,22 @@ pub(super) async fn forward(
     did: &str,
     conn: &super::Conn,
     busy: InFlight,
-) -> Response<Body> {
+) -> Result<Response<Body>, Unsent> {
     let upgrade = is_upgrade(req.headers());
     let out = match outbound(up, &req, tail, did, upgrade.as_ref()) {
         Ok(b) => b,
-        Err(refused) => return refused.answer(),
+        Err(refused) => return Ok(refused.answer()),
     };
     let client_side = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
     let out = match out.body(Body::new(req.into_body())) {
         Ok(r) => r,
-        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
+        Err(e) => {
+            return Ok(status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                &e.to_string(),
+            ));
+        }
     };
     let client = if upgrade.is_some() {
         &up.upgrades
@@ -242,14 +318,30 @@ pub(super) async fn forward(
     };
     let resp = match client.request(out).await {
         Ok(r) => r,
+        Err(e) if e.is_connect() => {
+            return Err(Unsent {
+                why: format!("{e}"),
+                upgrade: client_side,
+                busy,
+            });
+        }
         Err(e) => {
-            return status(
+            return Ok(status(
                 StatusCode::BAD_GATEWAY,
                 "ServiceUnavailable",
                 &format!("the cluster's apiserver did not answer: {e}"),
-            );
+            ));
         }
     };
+    if resp.status() == StatusCode::SERVICE_UNAVAILABLE
+        && let Some(why) = resp.headers().get(NOT_HERE)
+    {
+        return Err(Unsent {
+            why: why.to_str().unwrap_or("not here").to_string(),
+            upgrade: client_side,
+            busy,
+        });
+    }
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(client_side) = client_side
     {
@@ -258,7 +350,7 @@ pub(super) async fn forward(
             .and_then(|u| u.to_str().ok())
             .unwrap_or("?");
         tracing::info!(did, "upgrade to {protocol} through the front");
-        return tunnel(resp, client_side, conn, busy);
+        return Ok(tunnel(resp, client_side, conn, busy));
     }
     let (mut parts, body) = resp.into_parts();
     let names: Vec<HeaderName> = parts.headers.keys().cloned().collect();
@@ -267,7 +359,10 @@ pub(super) async fn forward(
             parts.headers.remove(&k);
         }
     }
-    super::listener::tracked(Response::from_parts(parts, Body::new(body)), busy)
+    Ok(super::listener::tracked(
+        Response::from_parts(parts, Body::new(body)),
+        busy,
+    ))
 }
 
 #[cfg(test)]

@@ -34,14 +34,41 @@ fn unavailable(message: &str) -> Response<Body> {
     r
 }
 
-/// `cluster`'s apiserver once it is up (waking it if it hibernates), or the answer to give.
-pub(super) async fn upstream(front: &Front, cluster: &str) -> Result<Upstream, Response<Body>> {
+/// Where a request for a cluster goes.
+#[derive(Debug)]
+pub(super) enum Target {
+    /// Its apiserver on this host.
+    Here(Box<Upstream>),
+    /// Host `.0` of the fleet runs it: to its link.
+    Host(String),
+}
+
+/// A request come in at a fleet host's link ([`super::link`]) is for the cluster only if
+/// this host runs it: otherwise it is answered at once as not here (the host that sent it
+/// looks again where the cluster is), a start here is waited for.
+pub(super) fn not_here(cluster: &str, why: &str) -> Response<Body> {
+    let mut r = unavailable(&format!("cluster {cluster} is not run here: {why}"));
+    r.headers_mut().insert(
+        super::proxy::NOT_HERE,
+        HeaderValue::from_str(why).unwrap_or(HeaderValue::from_static("not here")),
+    );
+    r
+}
+
+/// Where `cluster`'s requests go once it is up here or runs at another host (waking it if
+/// it hibernates), or the answer to give. `at_link`: the request came from another host's
+/// front, so only this host's apiserver will do.
+pub(super) async fn target(
+    front: &Front,
+    cluster: &str,
+    at_link: bool,
+) -> Result<Target, Response<Body>> {
     // Subscribed before the first look: a change after it is never missed.
     let mut changes = front.changes.subscribe();
     let deadline = tokio::time::Instant::now() + HOLD;
     // The mount a wake was asked from: a failure told by a later one is this wake's.
     let mut asked_at: Option<Arc<Mount>> = None;
-    let mut runs_on: Option<String> = None;
+    let mut no_host = false;
     loop {
         let Some(m) = front.get(cluster) else {
             return Err(status(
@@ -51,9 +78,15 @@ pub(super) async fn upstream(front: &Front, cluster: &str) -> Result<Upstream, R
             ));
         };
         match &m.state {
-            MountState::Up(up) => return Ok((**up).clone()),
+            MountState::Up(up) => return Ok(Target::Here(up.clone())),
             MountState::Starting => {}
-            MountState::Elsewhere(host) => runs_on = Some(host.clone()),
+            MountState::Elsewhere(_) | MountState::Hibernating | MountState::WakeFailed(_)
+                if at_link =>
+            {
+                return Err(not_here(cluster, "another host runs it, or none does"));
+            }
+            MountState::Elsewhere(Some(host)) => return Ok(Target::Host(host.clone())),
+            MountState::Elsewhere(None) => no_host = true,
             MountState::WakeFailed(why)
                 if asked_at.as_ref().is_some_and(|a| !Arc::ptr_eq(a, &m)) =>
             {
@@ -73,15 +106,16 @@ pub(super) async fn upstream(front: &Front, cluster: &str) -> Result<Upstream, R
             .await
             .is_err()
         {
-            return Err(unavailable(&match runs_on {
-                // Forwarding between the hosts of a fleet is not built yet (issue 40).
-                Some(host) => format!(
-                    "cluster {cluster} is run by broker host {host}; reach it through that host"
-                ),
-                None => format!(
+            return Err(unavailable(&if no_host {
+                format!(
+                    "no host of the fleet takes cluster {cluster} now (each is drained or at \
+                     fleet.max_awake); try again shortly"
+                )
+            } else {
+                format!(
                     "cluster {cluster} is still starting after {}s; try again shortly",
                     HOLD.as_secs()
-                ),
+                )
             }));
         }
     }

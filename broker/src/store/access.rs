@@ -49,6 +49,21 @@ impl Store {
             .collect()
     }
 
+    /// The certificate records made or revoked at or after `since` (Unix ms): what a fleet
+    /// host reads to learn of the certificates other hosts issued and revoked.
+    pub async fn certificates_since(&self, since: i64) -> Result<Vec<CertRecord>> {
+        sqlx::query(
+            "SELECT * FROM certificates WHERE created_at >= $1 OR revoked_at >= $1 \
+             ORDER BY created_at, serial",
+        )
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(cert_of)
+        .collect()
+    }
+
     /// Marks a certificate revoked at `at` (Unix ms); the first revocation's time stays.
     /// `None` when there is no such certificate.
     pub async fn revoke_certificate(&self, serial: &str, at: i64) -> Result<Option<CertRecord>> {

@@ -13,6 +13,7 @@ use sqlx::{AnyPool, Row};
 
 mod access;
 mod accounts;
+mod hosts;
 mod owners;
 mod sealed;
 

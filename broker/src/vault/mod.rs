@@ -16,6 +16,7 @@ use socialweb_broker_core::millis;
 
 use crate::store::Store;
 
+pub mod host;
 pub mod seal;
 
 pub use seal::SealKey;

@@ -1,0 +1,129 @@
+//! What makes a broker one host of a fleet (`fleet.enabled`) beyond its clusters' leases
+//! (`crate::cluster::ownership`): the fleet's shared authorities, its link
+//! (`crate::front::link`) and its record in the store, and the certificate records the
+//! other hosts make and revoke.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use socialweb_broker_core::millis;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::access::records::Records;
+use crate::config::Config;
+use crate::control_plane::pki::Pki;
+use crate::front::Front;
+use crate::front::hosts::{Hosts, LinkTls};
+use crate::store::Store;
+use crate::vault::{SealKey, Vault, host};
+
+/// How often the certificate records other hosts made or revoked are read: the longest a
+/// revocation made at another host takes to cut a connection here.
+pub const RECORDS_EVERY: Duration = Duration::from_secs(1);
+
+fn vault(cfg: &Config, store: &Store) -> Result<Vault> {
+    let file = cfg
+        .store
+        .key_file
+        .as_deref()
+        .context("fleet.enabled needs store.key_file")?;
+    Ok(Vault::new(
+        store.clone(),
+        SealKey::load(file).context("store.key_file")?,
+    ))
+}
+
+fn fleet_dir(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join("fleet")
+}
+
+/// Before the front loads its certificate: the front's CA is the fleet's (unless the
+/// operator gives the front's certificate), so a kubeconfig is good at every host's front.
+pub async fn share_front_ca(cfg: &Config, store: &Store, front_dir: &Path) -> Result<()> {
+    if !cfg.fleet.enabled || cfg.front.tls_cert.is_some() {
+        return Ok(());
+    }
+    vault(cfg, store)?
+        .authority(host::FRONT, front_dir, "socialweb front CA")
+        .await
+}
+
+/// This host's link certificate, under the fleet CA (from the store), for the addresses
+/// the other hosts reach it at.
+async fn link_tls(cfg: &Config, store: &Store) -> Result<LinkTls> {
+    let dir = fleet_dir(cfg);
+    vault(cfg, store)?
+        .authority(host::FLEET, &dir, "socialweb fleet CA")
+        .await?;
+    let pki = Pki::open_or_create(&dir, "socialweb fleet CA")?;
+    let mut sans = vec![
+        cfg.advertised_addr().to_string(),
+        cfg.service_addr.to_string(),
+    ];
+    sans.dedup();
+    let pair = pki.peer("link", &sans)?;
+    let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+    Ok(LinkTls {
+        ca: pki.ca_pem().as_bytes().to_vec(),
+        cert: read(&pair.cert)?,
+        key: read(&pair.key)?,
+    })
+}
+
+/// Joins the fleet: the front carries requests to the other hosts' links, this host's link
+/// serves theirs (within `limits`), its URL is recorded, and the other hosts' certificate
+/// records are followed.
+pub async fn join(
+    cfg: &Config,
+    store: &Store,
+    id: &str,
+    front: &Arc<Front>,
+    records: Arc<Records>,
+    limits: crate::front::listener::Limits,
+    stop: &CancellationToken,
+) -> Result<()> {
+    if !cfg.fleet.enabled {
+        return Ok(());
+    }
+    let tls = link_tls(cfg, store).await?;
+    let server = crate::front::link::server_config(&tls)?;
+    front.join_fleet(Arc::new(Hosts::new(store.clone(), id.to_string(), tls)));
+    // Every host's requests come from few addresses.
+    let limits = crate::front::listener::Limits {
+        max_per_source: limits.max_connections,
+        ..limits
+    };
+    let bound =
+        crate::front::link::serve(cfg.link_bind(), server, limits, front.clone(), stop.clone())
+            .await?;
+    store
+        .register_host(id, &cfg.link_url(), millis(SystemTime::now()))
+        .await
+        .context("recording this host's link in the store")?;
+    info!(%bound, url = %cfg.link_url(), "this host joined the fleet");
+    tokio::spawn(follow_records(store.clone(), records, stop.clone()));
+    Ok(())
+}
+
+/// Reads the certificate records made or revoked since the last look (a minute back: the
+/// hosts' clocks differ a little) into `records`, every [`RECORDS_EVERY`].
+async fn follow_records(store: Store, records: Arc<Records>, stop: CancellationToken) {
+    let mut since = millis(SystemTime::now());
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(RECORDS_EVERY) => {}
+            _ = stop.cancelled() => return,
+        }
+        let now = millis(SystemTime::now());
+        match store.certificates_since(since - 60_000).await {
+            Ok(seen) => {
+                records.merge(seen);
+                since = now;
+            }
+            Err(e) => warn!("reading the fleet's certificate records: {e:#}"),
+        }
+    }
+}
