@@ -12,10 +12,13 @@
 //!   only inside what [`Allow`] admits; a refusal names the destination and the reason, and
 //!   nothing ever falls back to another way.
 //!
-//! The node dials; nothing dials the node (it may sit behind NAT).
+//! The node dials; nothing dials the node (it may sit behind NAT). In a fleet of broker hosts
+//! the identity names each host's endpoint: the node keeps to the one that takes it (the
+//! host running its cluster; another closes the connection at once), and when that one
+//! closes or does not answer, tries the next in turn.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,7 +47,8 @@ const WAIT_FOR_TUNNEL: Duration = Duration::from_secs(10);
 /// What the tunnel is built from.
 #[derive(Debug, Clone)]
 pub struct TunnelConfig {
-    pub broker: BrokerEndpoint,
+    /// The broker's endpoint, then the fleet's other hosts' (the identity's `fleet`).
+    pub brokers: Vec<BrokerEndpoint>,
     pub relay_url: Url,
     /// Where the apiserver is offered on the node: `server_url`'s address, and the
     /// `kubernetes` Service's endpoint (both must be on the node already).
@@ -79,7 +83,10 @@ pub struct Tunnel {
 #[derive(Debug)]
 struct Inner {
     cfg: TunnelConfig,
-    broker: EndpointId,
+    /// `cfg.brokers`' endpoint ids.
+    brokers: Vec<EndpointId>,
+    /// The one dialled now.
+    current: AtomicUsize,
     endpoint: Endpoint,
     conn: ArcSwapOption<Connection>,
     up: watch::Sender<bool>,
@@ -104,12 +111,20 @@ impl Tunnel {
                     .with_context(|| format!("listening on {a} for the apiserver"))?,
             );
         }
-        let broker = EndpointId::from_bytes(&cfg.broker.endpoint)
+        let brokers = cfg
+            .brokers
+            .iter()
+            .map(|b| EndpointId::from_bytes(&b.endpoint))
+            .collect::<Result<Vec<_>, _>>()
             .context("the identity's broker.endpoint is not an endpoint id")?;
+        if brokers.is_empty() {
+            bail!("the tunnel needs a broker endpoint");
+        }
         let t = Tunnel {
             inner: Arc::new(Inner {
                 cfg,
-                broker,
+                brokers,
+                current: AtomicUsize::new(0),
                 endpoint,
                 conn: ArcSwapOption::empty(),
                 up: watch::channel(false).0,
@@ -136,7 +151,7 @@ impl Tunnel {
             Ok(Ok(_)) => Ok(()),
             _ => bail!(
                 "no connection to the broker {} within {within:?}: {}",
-                self.inner.broker.fmt_short(),
+                self.broker().fmt_short(),
                 self.inner
                     .last_error
                     .lock()
@@ -156,7 +171,7 @@ impl Tunnel {
         let i = &self.inner;
         let conn = i.conn.load_full();
         TunnelStatus {
-            broker: i.broker.to_string(),
+            broker: self.broker().to_string(),
             listen: i
                 .cfg
                 .listen
@@ -188,35 +203,69 @@ impl Tunnel {
         *self.inner.last_error.lock().expect("lock") = Some(e.to_string());
     }
 
+    /// The broker host dialled now.
+    fn broker(&self) -> EndpointId {
+        let i = &self.inner;
+        i.brokers[i.current.load(Ordering::Relaxed) % i.brokers.len()]
+    }
+
+    /// On to the next broker host, if there are others.
+    fn next_broker(&self) {
+        let i = &self.inner;
+        if i.brokers.len() > 1 {
+            let n = (i.current.load(Ordering::Relaxed) + 1) % i.brokers.len();
+            i.current.store(n, Ordering::Relaxed);
+        }
+    }
+
     fn broker_addr(&self) -> EndpointAddr {
         let cfg = &self.inner.cfg;
-        let mut a = EndpointAddr::new(self.inner.broker)
-            .with_relay_url(RelayUrl::from(cfg.relay_url.clone()));
-        for d in &cfg.broker.addrs {
+        let at = self.inner.current.load(Ordering::Relaxed) % cfg.brokers.len();
+        let mut a =
+            EndpointAddr::new(self.broker()).with_relay_url(RelayUrl::from(cfg.relay_url.clone()));
+        for d in &cfg.brokers[at].addrs {
             a = a.with_ip_addr(*d);
         }
         a
     }
 
     /// Dials the broker, serves the connection until it ends, and dials again (250 ms
-    /// doubling to 5 s between attempts), until the agent stops.
+    /// doubling to 5 s between attempts), until the agent stops. With a fleet, every ended
+    /// connection or failed dial moves on to the next broker host (one that does not run
+    /// this node's cluster closes the connection at once; one that died does not answer),
+    /// a dial waits 3 s instead of 10 before it moves on, and attempts are at most 1 s
+    /// apart.
     async fn keep_connected(self) {
-        let mut backoff =
-            crate::backoff::Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
+        // With several hosts, each refusal or silence is one host's, not the fleet's: the
+        // next is tried soon.
+        let (within, most) = if self.inner.brokers.len() > 1 {
+            (Duration::from_secs(3), Duration::from_secs(1))
+        } else {
+            (Duration::from_secs(10), Duration::from_secs(5))
+        };
+        let mut backoff = crate::backoff::Backoff::new(Duration::from_millis(250), most);
         while !self.inner.stop.is_cancelled() {
             let dial = self.inner.endpoint.connect(self.broker_addr(), ALPN);
             let attempt = tokio::select! {
-                r = tokio::time::timeout(Duration::from_secs(10), dial) => r,
+                r = tokio::time::timeout(within, dial) => r,
                 _ = self.inner.stop.cancelled() => return,
             };
             match attempt {
                 Ok(Ok(conn)) => {
-                    backoff.reset();
+                    let since = std::time::Instant::now();
                     self.serve(conn).await;
+                    // Only a connection that lasted counts as a success (one closed at once
+                    // is a host that does not take this node).
+                    if since.elapsed() > Duration::from_secs(5) {
+                        backoff.reset();
+                    }
                 }
                 Ok(Err(e)) => self.set_error(format!("connecting to the broker: {e}")),
-                Err(_) => self.set_error("connecting to the broker: timed out after 10 s"),
+                Err(_) => self.set_error(format!(
+                    "connecting to the broker: timed out after {within:?}"
+                )),
             }
+            self.next_broker();
             tokio::select! {
                 _ = tokio::time::sleep(backoff.next_delay()) => {}
                 _ = self.inner.stop.cancelled() => return,
@@ -228,7 +277,7 @@ impl Tunnel {
     async fn serve(&self, conn: Connection) {
         let conn = Arc::new(conn);
         let n = self.inner.connections.fetch_add(1, Ordering::Relaxed) + 1;
-        info!(broker = %self.inner.broker.fmt_short(), path = %crate::mesh::path_of(&conn), connection = n, "tunnel to the broker up");
+        info!(broker = %self.broker().fmt_short(), path = %crate::mesh::path_of(&conn), connection = n, "tunnel to the broker up");
         self.inner.conn.store(Some(conn.clone()));
         self.inner.up.send_replace(true);
         loop {

@@ -521,8 +521,9 @@ fn front_limits(cfg: &Config) -> crate::front::listener::Limits {
     }
 }
 
-fn cluster_settings(cfg: &Config) -> Result<ClusterSettings> {
+fn cluster_settings(cfg: &Config, host: &str) -> Result<ClusterSettings> {
     Ok(ClusterSettings {
+        host: host.to_string(),
         dir: clusters_dir(cfg),
         kube: cfg.kube_dir.join("kube"),
         port_base: cfg.clusters.port_base,
@@ -586,6 +587,15 @@ impl Daemon {
             crate::host::ensure_service_addr_v6(v6)
                 .with_context(|| format!("putting service_addr_v6 {v6} on lo"))?;
         }
+        let (market_cert, market_key) =
+            socialweb_market_tls::Identity::files(&market_tls_dir(&cfg));
+        crate::fleet_host::share_market_key(&cfg, &store, &market_cert, &market_key, || {
+            market_identity(&cfg).map(|_| ())
+        })
+        .await?;
+        // The leases a fleet's hosts rent are the fleet's: any host reconciles and
+        // releases them.
+        let renter = crate::fleet_host::renter(&cfg, &id, || market_identity(&cfg))?;
         let (market, provider) = market(&cfg, &stop).await?;
         let metrics = Metrics::default();
         let metrics_addr = metrics.serve(cfg.metrics.listen, stop.clone()).await?;
@@ -613,7 +623,7 @@ impl Daemon {
             provision_settings(&cfg, relay_url, tls.ca_pem.clone(), &tunnels)?,
             store.clone(),
             observed(market, &metrics),
-            id.clone(),
+            renter,
             metrics.clone(),
             on_change(&store, &metrics, allow, tunnels.clone()),
         ));
@@ -657,8 +667,9 @@ impl Daemon {
                 ca_pem: tls.ca_pem,
             },
         ));
+        let fleet_tunnels = tunnels.clone();
         let clusters = Arc::new(Clusters::new(
-            cluster_settings(cfg)?,
+            cluster_settings(cfg, id)?,
             store.clone(),
             provisioner.clone(),
             front.clone(),
@@ -677,7 +688,7 @@ impl Daemon {
             warn!("the gateway API refuses users: {e}");
         }
         let metrics = provisioner.metrics().clone();
-        let services = Services::new(clusters, access, policy, provisioner);
+        let services = Services::new(clusters, access, policy, provisioner.clone());
         let gateway = Arc::new(Gateway {
             services: services.clone(),
             service_did: cfg.service_did(),
@@ -703,7 +714,15 @@ impl Daemon {
         )
         .await?;
         front_check(&metrics, bound);
-        crate::fleet_host::join(cfg, store, id, &front, records, front_limits(cfg), stop).await?;
+        let joining = crate::fleet_host::Joining {
+            id,
+            front: &front,
+            records,
+            tunnels: fleet_tunnels,
+            tunnel: &provisioner.settings().tunnel,
+            limits: front_limits(cfg),
+        };
+        crate::fleet_host::join(cfg, store, joining, stop).await?;
         Ok(services)
     }
 

@@ -51,6 +51,41 @@ pub async fn share_front_ca(cfg: &Config, store: &Store, front_dir: &Path) -> Re
         .await
 }
 
+/// Before the market is reached: the key towards providers is the fleet's one, so that
+/// providers list one pin and any host can list and release the leases another rented.
+/// `make` makes this host's when neither it nor the store has one.
+pub async fn share_market_key(
+    cfg: &Config,
+    store: &Store,
+    cert: &Path,
+    key: &Path,
+    make: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    if !cfg.fleet.enabled {
+        return Ok(());
+    }
+    vault(cfg, store)?
+        .pair(host::MARKET, cert, key, "key towards providers", make)
+        .await?;
+    Ok(())
+}
+
+/// The id the leases this host rents are tagged with (`broker`), and reconciled by: the
+/// host's own id, or in a fleet the fleet's (`fleet-` and the start of the shared market
+/// key's pin), so that the host running a cluster next takes its nodes' leases as its own.
+pub fn renter(
+    cfg: &Config,
+    host_id: &str,
+    market_identity: impl FnOnce() -> Result<socialweb_market_tls::Identity>,
+) -> Result<String> {
+    if !cfg.fleet.enabled {
+        return Ok(host_id.to_string());
+    }
+    let pin = market_identity()?.pin();
+    let hex: String = pin[..8].iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("fleet-{hex}"))
+}
+
 /// This host's link certificate, under the fleet CA (from the store), for the addresses
 /// the other hosts reach it at.
 async fn link_tls(cfg: &Config, store: &Store) -> Result<LinkTls> {
@@ -73,21 +108,39 @@ async fn link_tls(cfg: &Config, store: &Store) -> Result<LinkTls> {
     })
 }
 
+/// This host in the fleet, as the others and the nodes reach it.
+#[derive(Debug)]
+pub struct Joining<'a> {
+    pub id: &'a str,
+    pub front: &'a Arc<Front>,
+    pub records: Arc<Records>,
+    pub tunnels: crate::tunnel::Tunnels,
+    /// Its tunnel endpoint, as nodes' identities name it.
+    pub tunnel: &'a socialweb_wire::BrokerEndpoint,
+    pub limits: crate::front::listener::Limits,
+}
+
 /// Joins the fleet: the front carries requests to the other hosts' links, this host's link
-/// serves theirs (within `limits`), its URL is recorded, and the other hosts' certificate
-/// records are followed.
+/// serves theirs (within `limits`), its tunnel takes the nodes of the clusters it runs,
+/// its link and tunnel endpoint are recorded, and the other hosts' certificate records are
+/// followed.
 pub async fn join(
     cfg: &Config,
     store: &Store,
-    id: &str,
-    front: &Arc<Front>,
-    records: Arc<Records>,
-    limits: crate::front::listener::Limits,
+    j: Joining<'_>,
     stop: &CancellationToken,
 ) -> Result<()> {
     if !cfg.fleet.enabled {
         return Ok(());
     }
+    let Joining {
+        id,
+        front,
+        records,
+        tunnels,
+        tunnel,
+        limits,
+    } = j;
     let tls = link_tls(cfg, store).await?;
     let server = crate::front::link::server_config(&tls)?;
     front.join_fleet(Arc::new(Hosts::new(store.clone(), id.to_string(), tls)));
@@ -99,8 +152,15 @@ pub async fn join(
     let bound =
         crate::front::link::serve(cfg.link_bind(), server, limits, front.clone(), stop.clone())
             .await?;
+    let f = front.clone();
+    tunnels.serve_only(Box::new(move |cluster| f.serves(cluster)));
     store
-        .register_host(id, &cfg.link_url(), millis(SystemTime::now()))
+        .register_host(
+            id,
+            &cfg.link_url(),
+            &tunnel.to_json().to_string(),
+            millis(SystemTime::now()),
+        )
         .await
         .context("recording this host's link in the store")?;
     info!(%bound, url = %cfg.link_url(), "this host joined the fleet");

@@ -329,7 +329,12 @@ impl Provisioner {
     }
 
     /// The node's identity document (contract 1), from its provision and its cluster.
-    fn identity(&self, c: &ClusterCtx, p: &Provision) -> Result<serde_json::Value> {
+    fn identity(
+        &self,
+        c: &ClusterCtx,
+        p: &Provision,
+        fleet: Vec<socialweb_wire::BrokerEndpoint>,
+    ) -> Result<serde_json::Value> {
         let s = &self.settings;
         let key = unhex32(&p.mesh_key).context("the provision's mesh key is not 64 hex digits")?;
         let id = NodeIdentity {
@@ -342,6 +347,7 @@ impl Provisioner {
                 secret: p.token_secret.clone(),
             },
             broker: Some(s.tunnel.clone()),
+            fleet,
             node_ip: p.node_ip,
             relay_url: s.relay_url.clone(),
             relay_ca: s.relay_ca.clone(),
@@ -526,17 +532,37 @@ impl Provisioner {
     /// Accepts `bid` for `p` at `p.provider` (idempotent by the lease id).
     async fn accept(&self, c: &ClusterCtx, p: &Provision, bid: &str) -> Result<Lease, MarketError> {
         let provider = p.provider.clone().unwrap_or_default();
-        let identity = self.identity(c, p).map_err(|e| MarketError::Refused {
-            call: format!("POST /bids/{bid}/accept"),
-            status: 400,
-            code: "bad_request".into(),
-            message: format!("the identity for {}: {e:#}", p.node),
-        })?;
+        let identity = self
+            .identity(c, p, self.fleet_tunnels().await)
+            .map_err(|e| MarketError::Refused {
+                call: format!("POST /bids/{bid}/accept"),
+                status: 400,
+                code: "bad_request".into(),
+                message: format!("the identity for {}: {e:#}", p.node),
+            })?;
         let a = Accept {
             lease_id: p.lease_id.clone(),
             identity,
         };
         self.market.accept(&provider, bid, &a).await
+    }
+
+    /// The other fleet hosts' tunnel endpoints (none outside a fleet), which a node tries
+    /// when this host does not take it: it may run the node's cluster no more.
+    async fn fleet_tunnels(&self) -> Vec<socialweb_wire::BrokerEndpoint> {
+        let recorded = match self.store.fleet_tunnels().await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!("reading the fleet's tunnel endpoints: {e:#}");
+                return Vec::new();
+            }
+        };
+        recorded
+            .iter()
+            .filter_map(|t| serde_json::from_str(t).ok())
+            .filter_map(|v| socialweb_wire::BrokerEndpoint::from_json(&v).ok())
+            .filter(|b| b.endpoint != self.settings.tunnel.endpoint)
+            .collect()
     }
 
     /// The shape `p` is rented as (the `[node]` size for one planned before shapes).

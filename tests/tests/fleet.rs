@@ -563,3 +563,95 @@ fn every_hosts_front_serves_every_cluster_and_a_drain_fails_no_request() {
     );
     assert!(owner(&world.operator, "ci").starts_with(&broker_id(&b)));
 }
+
+/// Nodes across a host's loss: a cluster with a node (rented by host 1 from a provider both
+/// hosts rent from, with the fleet's one market key) and a running Pod. Host 1 dies with
+/// everything on it: host 2 takes the cluster over, the node's tunnel finds host 2 (its
+/// identity names both hosts' endpoints; host 2 takes it once it runs the cluster), and
+/// through host 2's front `logs` and `exec` work on the same Pod, never restarted, on the
+/// same one lease.
+#[test]
+fn a_dead_hosts_nodes_and_pods_run_on_under_the_host_that_takes_its_clusters() {
+    let t = Instant::now();
+    let world = World::fleet(2, 1).unwrap();
+    let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR)).unwrap();
+    let keys = TempDir::new("fleet-key").unwrap();
+    let key = keys.path().join("store.key");
+    store_key(&key);
+    let one_node = |host| BrokerOptions {
+        max_nodes: 1,
+        hold: Duration::from_secs(600),
+        ..fleet_host(&pg, &key, host)
+    };
+    let mut a = Broker::start(
+        &world,
+        BrokerOptions {
+            providers: 1,
+            provider_capacity: 1,
+            ..one_node(1)
+        },
+    )
+    .unwrap();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            rent_from: a.market_refs(),
+            ..one_node(2)
+        },
+    )
+    .unwrap();
+    let u = testbed::user::User::new(&a, keys.path(), "ci");
+    let ticker = testbed::ticker::Ticker::start(&a, &u, keys.path());
+    let leases = a.live_leases().unwrap();
+    assert_eq!(leases.len(), 1, "{leases:?}");
+    step(t, "host 1 runs the cluster; its node runs the ticker");
+
+    a.kill_host().unwrap();
+    let killed = Instant::now();
+    let at_b = testbed::user::User {
+        kubeconfig: through(&u.kubeconfig, &a, &b, "at-b.kubeconfig"),
+    };
+    b.wait_state("ci", "ready", Duration::from_secs(120));
+    let took = killed.elapsed();
+    testbed::k8s::wait_for(
+        "exec through host 2's front, the node's tunnel at host 2",
+        Duration::from_secs(120),
+        || {
+            Ok(at_b
+                .exec(&b, "ticker", &["echo", "back"])
+                .status
+                .success()
+                .then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let back = killed.elapsed();
+    step(
+        t,
+        &format!(
+            "host 1 killed: host 2 ready {:.1}s later, exec on the Pod through it {:.1}s later",
+            took.as_secs_f64(),
+            back.as_secs_f64()
+        ),
+    );
+    let logs = at_b.ok(&b, &["logs", "--tail=1", "ticker"]);
+    assert!(logs.starts_with("tick"), "{logs}");
+    let pod = at_b.json(&b, &["get", "pod", "ticker"]);
+    assert_eq!(pod["metadata"]["uid"], ticker.uid.as_str(), "the same Pod");
+    assert_eq!(
+        pod["status"]["containerStatuses"][0]["restartCount"], 0,
+        "never restarted"
+    );
+    assert!(
+        b.ready_nodes("ci").unwrap().contains(&ticker.node),
+        "{}",
+        b.diagnostics()
+    );
+    // Asked with host 2's key towards providers: the fleet's, which the provider knows.
+    let after = b.live_leases().unwrap();
+    assert_eq!(
+        after.iter().map(|l| l["id"].clone()).collect::<Vec<_>>(),
+        leases.iter().map(|l| l["id"].clone()).collect::<Vec<_>>(),
+        "the same one lease, no other rented"
+    );
+}

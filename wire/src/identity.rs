@@ -12,6 +12,7 @@
 //!   "ca_cert_sha256": "sha256:<64 hex digits>",
 //!   "join_token": "abcdef.0123456789abcdef",
 //!   "broker": {"endpoint": "<64 hex digits>", "addrs": ["203.0.113.1:7443"]},
+//!   "fleet": [{"endpoint": "<64 hex digits>", "addrs": ["203.0.113.2:7443"]}],
 //!   "node_ip": "10.41.0.1",
 //!   "relay_url": "https://203.0.113.1:3340",
 //!   "relay_ca_cert": "-----BEGIN CERTIFICATE-----...",
@@ -25,7 +26,10 @@
 //! ```
 //!
 //! Every field is required except `upstream_resolvers` (empty: use the node's resolv.conf),
-//! `labels`, and these three: `broker`, the broker's tunnel endpoint (contract 9: the node
+//! `labels`, `fleet` (the tunnel endpoints of the other broker hosts of a fleet, each like
+//! `broker`: when `broker` does not take the node -- it does not run the node's cluster
+//! now, or it is gone -- the node tries these in turn; it needs `broker`), and these three:
+//! `broker`, the broker's tunnel endpoint (contract 9: the node
 //! serves `server_url`, a node-local address, through it; absent: `server_url` is reached
 //! directly, as the test harness's own control plane is), `node_ip`, the node's address,
 //! unique in its cluster and reached over the mesh (absent: the agent's `--node-ip`), and
@@ -63,6 +67,8 @@ pub struct NodeIdentity {
     pub join_token: BootstrapToken,
     /// The broker's tunnel endpoint, through which the node reaches `server_url`.
     pub broker: Option<BrokerEndpoint>,
+    /// The other broker hosts' tunnel endpoints, tried when `broker` does not take the node.
+    pub fleet: Vec<BrokerEndpoint>,
     /// The node's address in its cluster (the kubelet's `--node-ip`), reached over the mesh.
     pub node_ip: Option<IpAddr>,
     pub relay_url: Url,
@@ -82,6 +88,21 @@ pub struct NodeIdentity {
 pub struct BrokerEndpoint {
     pub endpoint: [u8; 32],
     pub addrs: Vec<SocketAddr>,
+}
+
+impl BrokerEndpoint {
+    /// As the identity has it: `{"endpoint": "<64 hex>", "addrs": ["ip:port", ...]}`.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "endpoint": hex(&self.endpoint),
+            "addrs": self.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        })
+    }
+
+    /// Reads one, as [`BrokerEndpoint::to_json`] writes it.
+    pub fn from_json(v: &Value) -> Result<BrokerEndpoint, IdentityError> {
+        broker_endpoint(v, "broker")
+    }
 }
 
 /// The node's mesh secret key (an ed25519 key; its public half is the node's endpoint id).
@@ -172,6 +193,7 @@ impl fmt::Debug for NodeIdentity {
             .field("ca", &self.ca)
             .field("join_token", &self.join_token)
             .field("broker", &self.broker)
+            .field("fleet", &self.fleet)
             .field("node_ip", &self.node_ip)
             .field("relay_url", &self.relay_url.as_str())
             .field("mesh_secret_key", &self.mesh_secret_key)
@@ -209,6 +231,7 @@ const FIELDS: &[&str] = &[
     "ca_cert_sha256",
     "join_token",
     "broker",
+    "fleet",
     "node_ip",
     "relay_url",
     "relay_ca_cert",
@@ -368,7 +391,30 @@ impl NodeIdentity {
             None | Some(Value::Null) => None,
             Some(_) => Some(pem_certificate(&doc, "relay_ca_cert")?),
         };
-        let broker = broker_endpoint(&doc)?;
+        let broker = match doc.get("broker") {
+            None | Some(Value::Null) => None,
+            Some(b) => Some(broker_endpoint(b, "broker")?),
+        };
+        let fleet = match doc.get("fleet") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) if broker.is_some() => items
+                .iter()
+                .enumerate()
+                .map(|(i, b)| broker_endpoint(b, &format!("fleet[{i}]")))
+                .collect::<Result<_, _>>()?,
+            Some(Value::Array(_)) => {
+                return Err(err(
+                    "fleet",
+                    "needs broker: the fleet's other hosts are tried after it",
+                ));
+            }
+            Some(other) => {
+                return Err(err(
+                    "fleet",
+                    format!("must be an array, found {}", kind(other)),
+                ));
+            }
+        };
         if broker.is_some()
             && server_url
                 .host_str()
@@ -465,6 +511,7 @@ impl NodeIdentity {
             ca,
             join_token,
             broker,
+            fleet,
             node_ip,
             relay_url,
             relay_ca,
@@ -498,10 +545,10 @@ impl NodeIdentity {
             CaTrust::Sha256Pin(pin) => doc["ca_cert_sha256"] = CaTrust::pin_text(pin).into(),
         }
         if let Some(b) = &self.broker {
-            doc["broker"] = serde_json::json!({
-                "endpoint": hex(&b.endpoint),
-                "addrs": b.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-            });
+            doc["broker"] = b.to_json();
+        }
+        if !self.fleet.is_empty() {
+            doc["fleet"] = self.fleet.iter().map(BrokerEndpoint::to_json).collect();
         }
         if let Some(ip) = self.node_ip {
             doc["node_ip"] = ip.to_string().into();
@@ -524,14 +571,14 @@ fn pem_certificate(doc: &Map<String, Value>, field: &str) -> Result<String, Iden
     Ok(pem.to_string())
 }
 
-/// `broker`: `{"endpoint": "<64 hex>", "addrs": ["ip:port", ...]}`, or absent.
-fn broker_endpoint(doc: &Map<String, Value>) -> Result<Option<BrokerEndpoint>, IdentityError> {
-    let b = match doc.get("broker") {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::Object(b)) => b,
-        Some(other) => {
+/// `broker` (or an entry of `fleet`, named `field`): `{"endpoint": "<64 hex>", "addrs":
+/// ["ip:port", ...]}`.
+fn broker_endpoint(v: &Value, field: &str) -> Result<BrokerEndpoint, IdentityError> {
+    let b = match v {
+        Value::Object(b) => b,
+        other => {
             return Err(err(
-                "broker",
+                field,
                 format!("must be an object, found {}", kind(other)),
             ));
         }
@@ -540,14 +587,18 @@ fn broker_endpoint(doc: &Map<String, Value>) -> Result<Option<BrokerEndpoint>, I
         .keys()
         .find(|k| !matches!(k.as_str(), "endpoint" | "addrs"))
     {
-        return Err(err(&format!("broker.{k}"), "is not a field of broker"));
+        return Err(err(
+            &format!("{field}.{k}"),
+            "is not a field of a broker endpoint",
+        ));
     }
+    let at = |f: &str| format!("{field}.{f}");
     let endpoint = string(b, "endpoint")
-        .map_err(|e| err("broker.endpoint", e.problem))
+        .map_err(|e| err(&at("endpoint"), e.problem))
         .and_then(|s| {
             parse_key(s)
                 .map(|k| k.0)
-                .map_err(|p| err("broker.endpoint", p))
+                .map_err(|p| err(&at("endpoint"), p))
         })?;
     let addrs = match b.get("addrs") {
         None | Some(Value::Null) => Vec::new(),
@@ -555,7 +606,7 @@ fn broker_endpoint(doc: &Map<String, Value>) -> Result<Option<BrokerEndpoint>, I
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                let field = format!("broker.addrs[{i}]");
+                let field = format!("{field}.addrs[{i}]");
                 v.as_str()
                     .and_then(|s| s.parse::<SocketAddr>().ok())
                     .ok_or_else(|| err(&field, format!("{v} is not an ip:port")))
@@ -563,12 +614,12 @@ fn broker_endpoint(doc: &Map<String, Value>) -> Result<Option<BrokerEndpoint>, I
             .collect::<Result<_, _>>()?,
         Some(other) => {
             return Err(err(
-                "broker.addrs",
+                &at("addrs"),
                 format!("must be an array, found {}", kind(other)),
             ));
         }
     };
-    Ok(Some(BrokerEndpoint { endpoint, addrs }))
+    Ok(BrokerEndpoint { endpoint, addrs })
 }
 
 fn parse_pin(s: &str) -> Result<[u8; 32], String> {
@@ -759,6 +810,38 @@ mod tests {
     }
 
     #[test]
+    fn the_fleets_other_hosts_round_trip_and_need_a_broker() {
+        let mut doc = good();
+        doc["server_url"] = "https://169.254.20.11:16443".into();
+        doc["broker"] =
+            serde_json::json!({"endpoint": "cd".repeat(32), "addrs": ["203.0.113.1:7443"]});
+        doc["fleet"] = serde_json::json!([
+            {"endpoint": "ef".repeat(32), "addrs": ["203.0.113.2:7443"]},
+            {"endpoint": "01".repeat(32)},
+        ]);
+        let id = parse(&doc).unwrap();
+        assert_eq!(id.fleet.len(), 2);
+        assert_eq!(id.fleet[0].endpoint, [0xef; 32]);
+        assert!(id.fleet[1].addrs.is_empty());
+        assert_eq!(parse(&id.to_json()).unwrap(), id);
+        for (fleet, field) in [
+            (serde_json::json!({"endpoint": "ef"}), "fleet"),
+            (serde_json::json!([{"endpoint": "zz"}]), "fleet[0].endpoint"),
+            (
+                serde_json::json!([{"endpoint": "ef".repeat(32)}, {"endpoint": "ef".repeat(32), "addrs": [1]}]),
+                "fleet[1].addrs[0]",
+            ),
+        ] {
+            let mut bad = doc.clone();
+            bad["fleet"] = fleet;
+            assert_eq!(parse(&bad).unwrap_err().field, field);
+        }
+        let mut alone = doc.clone();
+        alone.as_object_mut().unwrap().remove("broker");
+        assert_eq!(parse(&alone).unwrap_err().field, "fleet");
+    }
+
+    #[test]
     fn an_older_version_is_told_which_version_is_expected() {
         let mut doc = good();
         doc["version"] = 1.into();
@@ -828,6 +911,7 @@ mod tests {
                     | "ca_cert"
                     | "ca_cert_sha256"
                     | "broker"
+                    | "fleet"
                     | "node_ip"
                     | "relay_ca_cert"
             )

@@ -165,7 +165,9 @@ pub async fn tunnel(cx: &Ctx, mesh: &Mesh) -> Option<Tunnel> {
                 Some(t) => t,
                 None => {
                     let config = TunnelConfig {
-                        broker: broker.clone(),
+                        brokers: std::iter::once(broker.clone())
+                            .chain(id.fleet.iter().cloned())
+                            .collect(),
                         relay_url: id.relay_url.clone(),
                         listen,
                         node_ip,

@@ -322,6 +322,8 @@ impl Clusters {
         };
         self.front.set_state(name, MountState::Starting);
         let ended = self.awake(spec, state, stop, woke, Some(&lease)).await;
+        // Its nodes go to find the host that runs it next.
+        self.tunnels.close_cluster(name);
         if lease.lost() {
             return Ok(Ended::Lost);
         }

@@ -33,6 +33,8 @@ use crate::store::Store;
 /// cluster's egress to.
 #[derive(Debug, Clone)]
 pub struct ClusterSettings {
+    /// This host's broker id: the holder its fleet leases name.
+    pub host: String,
     /// `<state_dir>/clusters`: one directory per cluster.
     pub dir: PathBuf,
     /// The multicall `kube` binary.
@@ -437,7 +439,7 @@ impl Clusters {
     fn ownership(&self) -> Option<ownership::Ownership> {
         self.settings.fleet.map(|timing| ownership::Ownership {
             store: self.store.clone(),
-            host: self.provisioner.broker_id().to_string(),
+            host: self.settings.host.clone(),
             timing,
             max_awake: self.settings.max_awake,
             claiming: self.claiming.clone(),

@@ -176,6 +176,12 @@ impl Front {
         self.per_cluster(cluster).wake.notify_one();
     }
 
+    /// Whether `cluster`'s apiserver is up on this host.
+    pub fn serves(&self, cluster: &str) -> bool {
+        self.get(cluster)
+            .is_some_and(|m| matches!(m.state, MountState::Up(_)))
+    }
+
     fn get(&self, cluster: &str) -> Option<Arc<Mount>> {
         self.mounts.read().expect("lock").get(cluster).cloned()
     }

@@ -60,11 +60,26 @@ pub struct Tunnels {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
+/// Whether this host runs a cluster now (a fleet host's: [`Tunnels::serve_only`]).
+pub type RunsHere = Box<dyn Fn(&str) -> bool + Send + Sync>;
+
 struct Inner {
     endpoint: Endpoint,
     store: Store,
     links: RwLock<HashMap<EndpointId, Link>>,
+    /// In a fleet: a node of a cluster this host does not run is closed at once, and tries
+    /// the next host its identity names.
+    runs_here: std::sync::OnceLock<RunsHere>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("endpoint", &self.endpoint)
+            .field("links", &self.links)
+            .field("fleet", &self.runs_here.get().is_some())
+            .finish()
+    }
 }
 
 /// The endpoint's secret key: read, or made (owner-only) on first start, so that nodes'
@@ -120,6 +135,7 @@ impl Tunnels {
                 endpoint,
                 store,
                 links: RwLock::new(HashMap::new()),
+                runs_here: std::sync::OnceLock::new(),
             }),
         };
         tokio::spawn(t.clone().accept_loop(stop));
@@ -144,6 +160,26 @@ impl Tunnels {
             if !keep {
                 info!(cluster = %l.cluster, node = %l.node, "tunnel closed: the node is no longer live");
                 l.conn.close(2u32.into(), b"not a live node");
+            }
+            keep
+        });
+    }
+
+    /// Makes this a fleet host's endpoint: it takes the nodes of the clusters `runs_here`
+    /// says it runs, and no others.
+    pub fn serve_only(&self, runs_here: RunsHere) {
+        let _ = self.inner.runs_here.set(runs_here);
+    }
+
+    /// Closes the links of `cluster`'s nodes: this host no longer runs it (a fleet's
+    /// cluster moved), and they are to find the host that does.
+    pub fn close_cluster(&self, cluster: &str) {
+        let mut links = self.inner.links.write().expect("lock");
+        links.retain(|_, l| {
+            let keep = l.cluster != cluster;
+            if !keep {
+                info!(cluster = %l.cluster, node = %l.node, "tunnel closed: the cluster runs elsewhere now");
+                l.conn.close(3u32.into(), b"this host does not run the node's cluster");
             }
             keep
         });
@@ -182,6 +218,13 @@ impl Tunnels {
             conn.close(1u32.into(), b"not a live node");
             return;
         };
+        if let Some(runs_here) = self.inner.runs_here.get()
+            && !runs_here(&p.cluster)
+        {
+            debug!(cluster = %p.cluster, node = %p.node, "tunnel refused: another host runs the cluster");
+            conn.close(3u32.into(), b"this host does not run the node's cluster");
+            return;
+        }
         info!(cluster = %p.cluster, node = %p.node, path = %path_of(&conn), "tunnel up");
         let link = Link {
             cluster: p.cluster.clone(),

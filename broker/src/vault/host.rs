@@ -3,7 +3,9 @@
 //! - the front's CA ([`FRONT`]): every host's front serves a certificate it signed, so the
 //!   kubeconfig one host hands out is good at the front of any other;
 //! - the fleet CA ([`FLEET`]): the hosts' link certificates (`crate::front::link`), each
-//!   both a server's and a client's, so that a link admits the fleet's hosts and no one else.
+//!   both a server's and a client's, so that a link admits the fleet's hosts and no one else;
+//! - the key towards providers ([`MARKET`]): providers list one pin for the fleet, and any
+//!   host may list and release the leases another rented.
 //!
 //! The first host to seal an authority's files wins; every other host takes that one.
 
@@ -22,6 +24,8 @@ use crate::control_plane::pki::Pki;
 pub const FRONT: &str = "_front";
 /// The store's name for the fleet CA.
 pub const FLEET: &str = "_fleet";
+/// The store's name for the fleet's key towards providers.
+pub const MARKET: &str = "_market";
 
 /// Where an authority's pair is kept: one row, so that two hosts sealing at once cannot
 /// leave the store with one's certificate and the other's key.
@@ -38,46 +42,71 @@ impl Vault {
     /// (whatever this host's CA had signed is removed, to be issued again), else this host's,
     /// made now when missing, sealed in.
     pub async fn authority(&self, name: &str, dir: &Path, common_name: &str) -> Result<()> {
-        let what = || format!("the fleet's {common_name} ({name} in the store)");
-        let place = format!("{name}/{PAIR}");
         let (crt, key) = (dir.join("ca.crt"), dir.join("ca.key"));
+        let what = format!("the fleet's {common_name} ({name} in the store)");
+        let replaced = self
+            .pair(name, &crt, &key, &what, || {
+                Pki::open_or_create(dir, common_name).map(|_| ())
+            })
+            .await?;
+        if replaced {
+            super::forget_signed(dir)?;
+        }
+        Ok(())
+    }
+
+    /// Makes the files `crt` and `key` (a certificate and its key, which `make` makes when
+    /// missing) the fleet's one pair `name`: the store's when it has one, else this host's,
+    /// sealed in. Whether this host's files were replaced.
+    pub async fn pair(
+        &self,
+        name: &str,
+        crt: &Path,
+        key: &Path,
+        what: &str,
+        make: impl FnOnce() -> Result<()>,
+    ) -> Result<bool> {
+        let place = format!("{name}/{PAIR}");
         let row = match self
             .store
             .sealed_file(name, PAIR)
             .await
-            .with_context(what)?
+            .context(what.to_string())?
         {
             Some(row) => row,
             None => {
-                Pki::open_or_create(dir, common_name).with_context(what)?;
+                make().with_context(|| what.to_string())?;
                 let mine = serde_json::to_vec(&Pair {
-                    crt: std::fs::read_to_string(&crt)?,
-                    key: std::fs::read_to_string(&key)?,
+                    crt: std::fs::read_to_string(crt)?,
+                    key: std::fs::read_to_string(key)?,
                 })?;
                 let text = self.key.seal(&place, &mine);
                 self.store
                     .insert_sealed_file(name, PAIR, self.key.id(), &text, millis(SystemTime::now()))
                     .await
-                    .with_context(what)?;
+                    .context(what.to_string())?;
                 // Another host may have sealed its own first: the store has the one that won.
                 self.store
                     .sealed_file(name, PAIR)
                     .await
-                    .with_context(what)?
-                    .with_context(|| format!("{} vanished from the store", what()))?
+                    .context(what.to_string())?
+                    .with_context(|| format!("{what} vanished from the store"))?
             }
         };
         let (key_id, text) = row;
-        let plain = self.key.open(&place, &key_id, &text).with_context(what)?;
-        let kept: Pair = serde_json::from_slice(&plain).with_context(what)?;
+        let plain = self
+            .key
+            .open(&place, &key_id, &text)
+            .context(what.to_string())?;
+        let kept: Pair = serde_json::from_slice(&plain).context(what.to_string())?;
         let same = |p: &Path, want: &str| std::fs::read_to_string(p).is_ok_and(|h| h == want);
-        if !same(&crt, &kept.crt) || !same(&key, &kept.key) {
-            super::write(&crt, kept.crt.as_bytes())?;
-            super::write(&key, kept.key.as_bytes())?;
-            super::forget_signed(dir)?;
-            tracing::info!(authority = name, "took the fleet's CA from the store");
+        if same(crt, &kept.crt) && same(key, &kept.key) {
+            return Ok(false);
         }
-        Ok(())
+        super::write(crt, kept.crt.as_bytes())?;
+        super::write(key, kept.key.as_bytes())?;
+        tracing::info!(pair = name, "took the fleet's {what} from the store");
+        Ok(true)
     }
 }
 

@@ -56,6 +56,9 @@ pub struct BrokerOptions {
     pub fleet_lease_ttl: Option<Duration>,
     /// `fleet.max_awake`.
     pub fleet_max_awake: Option<u32>,
+    /// Rent from these provider machines (another host's of the fleet:
+    /// [`super::Broker::market_refs`]) instead of starting its own.
+    pub rent_from: Vec<ProviderRef>,
     pub request_timeout: Duration,
     pub node_vcpu: u32,
     pub node_mem_mib: u64,
@@ -108,6 +111,7 @@ impl Default for BrokerOptions {
             on_host: None,
             fleet_lease_ttl: None,
             fleet_max_awake: None,
+            rent_from: Vec::new(),
             request_timeout: Duration::from_secs(5),
             node_vcpu: 2,
             node_mem_mib: 2048,

@@ -56,6 +56,18 @@ pub struct ProviderProc {
     pub pin: String,
 }
 
+/// The market section's entries for `providers`.
+fn refs(providers: &[ProviderProc]) -> Vec<ProviderRef> {
+    providers
+        .iter()
+        .map(|p| ProviderRef {
+            name: format!("p{}", p.index),
+            url: p.url.clone(),
+            pin: Some(p.pin.clone()),
+        })
+        .collect()
+}
+
 /// A broker (and its providers) on `world`. Dropping it kills them all and destroys every
 /// machine the providers made. Starting and stopping its processes is here; what the harness
 /// asks of it (kubectl, the providers' leases, nodes, logs) is in [`queries`].
@@ -164,14 +176,11 @@ impl<'w> Broker<'w> {
                 url: format!("https://{listen}"),
             });
         }
-        let market = providers
-            .iter()
-            .map(|p| ProviderRef {
-                name: format!("p{}", p.index),
-                url: p.url.clone(),
-                pin: Some(p.pin.clone()),
-            })
-            .collect();
+        let market = if opts.rent_from.is_empty() {
+            refs(&providers)
+        } else {
+            opts.rent_from.clone()
+        };
         write_config(
             &config,
             &sw.broker(&opts, d, &prefix, bind, bind_v6, market),
@@ -319,6 +328,12 @@ impl<'w> Broker<'w> {
     /// SIGKILLs the broker (the provider and the nodes keep running).
     pub fn kill_broker(&mut self) {
         self.broker.kill_now();
+    }
+
+    /// What another host of a fleet names this one's provider machines by
+    /// ([`BrokerOptions::rent_from`]).
+    pub fn market_refs(&self) -> Vec<ProviderRef> {
+        refs(&self.providers)
     }
 
     /// Kills the broker's host as a power loss does: the broker and every process in its

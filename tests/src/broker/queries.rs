@@ -181,7 +181,9 @@ impl Broker<'_> {
     /// The market URLs of the providers, as the operator's host reaches them (the embedded
     /// provider's is on its socket, [`Broker::provider_socket`]).
     pub fn provider_urls(&self) -> Vec<String> {
-        if self.providers.is_empty() {
+        if !self.opts.rent_from.is_empty() {
+            self.opts.rent_from.iter().map(|p| p.url.clone()).collect()
+        } else if self.providers.is_empty() {
             vec!["http://local-provider".to_string()]
         } else {
             self.providers.iter().map(|p| p.url.clone()).collect()
@@ -196,7 +198,7 @@ impl Broker<'_> {
     /// curl's arguments to reach the providers as the broker does: its socket, or mutual TLS
     /// with the broker's key (the harness checks the providers, not their certificates: -k).
     pub fn provider_curl_args(&self) -> Vec<String> {
-        if self.providers.is_empty() {
+        if self.providers.is_empty() && self.opts.rent_from.is_empty() {
             vec![
                 "--unix-socket".into(),
                 self.provider_socket().display().to_string(),
