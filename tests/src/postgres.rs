@@ -129,7 +129,10 @@ fn serve(ns: &Netns, bin: &std::path::Path, dir: &TempDir) -> Result<Spawned> {
         .arg(std::fs::read_to_string(dir.path().join("listen"))?)
         .args(["-p", "5432", "-k"])
         .arg(dir.path())
-        .args(["-c", "fsync=on"]);
+        .args(["-c", "fsync=on"])
+        // A fleet's test runs six clusters' kine pools and three brokers' stores on it
+        // (docs/operations.md sizes max_connections).
+        .args(["-c", "max_connections=300"]);
     let server = Spawned::start_logged(cmd, "postgres", &dir.path().join("postgres.log"))?;
     wait_for(
         "PostgreSQL to accept connections",

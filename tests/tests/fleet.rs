@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use socialweb_broker::config::{ClusterDefaults, DatastoreKind};
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::postgres::Postgres;
+use testbed::ticker::Ticker;
 use testbed::tmp::TempDir;
+use testbed::user::User;
 use testbed::world::{OPERATOR_ADDR, World};
 
 fn step(t: Instant, what: &str) {
@@ -564,16 +566,24 @@ fn every_hosts_front_serves_every_cluster_and_a_drain_fails_no_request() {
     assert!(owner(&world.operator, "ci").starts_with(&broker_id(&b)));
 }
 
-/// Nodes across a host's loss: a cluster with a node (rented by host 1 from a provider both
-/// hosts rent from, with the fleet's one market key) and a running Pod. Host 1 dies with
-/// everything on it: host 2 takes the cluster over, the node's tunnel finds host 2 (its
-/// identity names both hosts' endpoints; host 2 takes it once it runs the cluster), and
-/// through host 2's front `logs` and `exec` work on the same Pod, never restarted, on the
-/// same one lease.
+/// One tenant cluster of the done-when test: its user, kubeconfig, ticker and creating host.
+struct Tenant {
+    name: String,
+    user: User,
+    ticker: Ticker,
+}
+
+/// The issue's done-when (issue 40): three broker hosts, six clusters (two created at each),
+/// each with a node (rented from one provider both other hosts rent from too, with the
+/// fleet's one key) and a running Pod. Writers bump a ConfigMap every 100 ms through
+/// another host's front. Host 1 dies with everything on it: every cluster it ran answers
+/// through the others, its Pods run on never restarted, `logs` and `exec` reach them
+/// through their nodes' tunnels (back at the new owners), no lease is added, and each last
+/// acknowledged write is there. Then host 2 is drained with writers going: none fails.
 #[test]
-fn a_dead_hosts_nodes_and_pods_run_on_under_the_host_that_takes_its_clusters() {
+fn three_hosts_six_clusters_one_host_killed_and_one_drained() {
     let t = Instant::now();
-    let world = World::fleet(2, 1).unwrap();
+    let world = World::fleet(3, 1).unwrap();
     let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR)).unwrap();
     let keys = TempDir::new("fleet-key").unwrap();
     let key = keys.path().join("store.key");
@@ -583,75 +593,244 @@ fn a_dead_hosts_nodes_and_pods_run_on_under_the_host_that_takes_its_clusters() {
         hold: Duration::from_secs(600),
         ..fleet_host(&pg, &key, host)
     };
-    let mut a = Broker::start(
+    let mut h1 = Broker::start(
         &world,
         BrokerOptions {
             providers: 1,
-            provider_capacity: 1,
+            provider_capacity: 6,
             ..one_node(1)
         },
     )
     .unwrap();
-    let b = Broker::start(
-        &world,
-        BrokerOptions {
-            rent_from: a.market_refs(),
-            ..one_node(2)
-        },
-    )
-    .unwrap();
-    let u = testbed::user::User::new(&a, keys.path(), "ci");
-    let ticker = testbed::ticker::Ticker::start(&a, &u, keys.path());
-    let leases = a.live_leases().unwrap();
-    assert_eq!(leases.len(), 1, "{leases:?}");
-    step(t, "host 1 runs the cluster; its node runs the ticker");
-
-    a.kill_host().unwrap();
-    let killed = Instant::now();
-    let at_b = testbed::user::User {
-        kubeconfig: through(&u.kubeconfig, &a, &b, "at-b.kubeconfig"),
+    let rent = h1.market_refs();
+    let others = |host| BrokerOptions {
+        rent_from: rent.clone(),
+        ..one_node(host)
     };
-    b.wait_state("ci", "ready", Duration::from_secs(120));
-    let took = killed.elapsed();
-    testbed::k8s::wait_for(
-        "exec through host 2's front, the node's tunnel at host 2",
-        Duration::from_secs(120),
-        || {
-            Ok(at_b
-                .exec(&b, "ticker", &["echo", "back"])
-                .status
-                .success()
-                .then_some(()))
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
-    let back = killed.elapsed();
+    let h2 = Broker::start(&world, others(2)).unwrap();
+    let h3 = Broker::start(&world, others(3)).unwrap();
+    // Two clusters created at each host (one at a time: a control plane's start takes
+    // both cores), then a ticker in each, side by side.
+    let hosts = [&h1, &h2, &h3];
+    let users: Vec<(String, User, PathBuf)> = (0..6)
+        .map(|i| {
+            let (name, dir) = (format!("c{i}"), keys.path().join(format!("c{i}")));
+            std::fs::create_dir_all(&dir).unwrap();
+            let user = User::new(hosts[i / 2], &dir, &name);
+            (name, user, dir)
+        })
+        .collect();
+    let tenants: Vec<Tenant> = {
+        let world = &world;
+        std::thread::scope(|s| {
+            let made: Vec<_> = users
+                .into_iter()
+                .enumerate()
+                .map(|(i, (name, user, dir))| {
+                    let host = hosts[i / 2];
+                    s.spawn(move || {
+                        let ticker = Ticker::start(host, &user, &dir);
+                        let o = user_kubectl(
+                            world,
+                            &user.kubeconfig,
+                            &["create", "configmap", "w", "--from-literal=n=0"],
+                        );
+                        assert!(o.status.success(), "{o:?}");
+                        Tenant { name, user, ticker }
+                    })
+                })
+                .collect();
+            made.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let leases = h2.live_leases().unwrap();
+    assert_eq!(leases.len(), 6, "{leases:?}");
+    let id1 = broker_id(&h1);
+    let on_h1: Vec<&Tenant> = tenants
+        .iter()
+        .filter(|c| owner(&world.operator, &c.name).starts_with(&id1))
+        .collect();
+    assert_eq!(on_h1.len(), 2, "host 1 runs the two created there");
+    step(
+        t,
+        "three hosts, six clusters, a node and a running Pod each",
+    );
+
+    // Writers through host 2's front to host 1's clusters; then host 1 dies.
+    let through_h2: Vec<PathBuf> = on_h1
+        .iter()
+        .map(|c| {
+            through(
+                &c.user.kubeconfig,
+                &h1,
+                &h2,
+                &format!("{}-at-h2.kubeconfig", c.name),
+            )
+        })
+        .collect();
+    let seen: Vec<Written> = on_h1.iter().map(|_| Written::default()).collect();
+    let stop = AtomicBool::new(false);
+    let back = std::thread::scope(|s| {
+        for (kc, w) in through_h2.iter().zip(&seen) {
+            let stop = &stop;
+            let world = &world;
+            s.spawn(move || writer(world, kc, "w", w, stop));
+        }
+        while seen.iter().any(|w| w.acked.load(Ordering::Relaxed) < 5) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        h1.kill_host().unwrap();
+        let killed = Instant::now();
+        let back: Vec<Duration> = on_h1
+            .iter()
+            .zip(&through_h2)
+            .map(|(c, kc)| {
+                testbed::k8s::wait_for(
+                    &format!("{}: exec on its Pod through host 2's front", c.name),
+                    Duration::from_secs(120),
+                    || {
+                        let o = user_kubectl(&world, kc, &["exec", "ticker", "--", "echo", "back"]);
+                        Ok(o.status.success().then_some(()))
+                    },
+                )
+                .unwrap_or_else(|e| panic!("{e:#}\n{}\n{}", h2.diagnostics(), h3.diagnostics()));
+                killed.elapsed()
+            })
+            .collect();
+        let at = seen
+            .iter()
+            .map(|w| w.acked.load(Ordering::Relaxed))
+            .collect::<Vec<_>>();
+        while seen
+            .iter()
+            .zip(&at)
+            .any(|(w, a)| w.acked.load(Ordering::Relaxed) < a + 5)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::Relaxed);
+        back
+    });
+    for ((c, kc), w) in on_h1.iter().zip(&through_h2).zip(&seen) {
+        assert_eq!(
+            value(&world, kc, "w"),
+            w.acked.load(Ordering::Relaxed),
+            "{}: the last acknowledged write",
+            c.name
+        );
+        let logs = String::from_utf8_lossy(
+            &user_kubectl(&world, kc, &["logs", "--tail=1", "ticker"]).stdout,
+        )
+        .into_owned();
+        assert!(logs.starts_with("tick"), "{}: {logs}", c.name);
+        let o = user_kubectl(&world, kc, &["get", "pod", "ticker", "-o", "json"]);
+        let pod: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(
+            pod["metadata"]["uid"],
+            c.ticker.uid.as_str(),
+            "{}: the same Pod",
+            c.name
+        );
+        assert_eq!(
+            pod["status"]["containerStatuses"][0]["restartCount"], 0,
+            "{}: never restarted",
+            c.name
+        );
+    }
+    let after = h2.live_leases().unwrap();
+    assert_eq!(
+        after.len(),
+        6,
+        "the same six leases, no other rented: {after:?}"
+    );
     step(
         t,
         &format!(
-            "host 1 killed: host 2 ready {:.1}s later, exec on the Pod through it {:.1}s later",
-            took.as_secs_f64(),
-            back.as_secs_f64()
+            "host 1 killed: exec on its clusters' Pods through host 2's front {} s later; {} writes acknowledged, {} failed as it died",
+            back.iter()
+                .map(|d| format!("{:.1}", d.as_secs_f64()))
+                .collect::<Vec<_>>()
+                .join(" and "),
+            seen.iter()
+                .map(|w| w.acked.load(Ordering::Relaxed))
+                .sum::<u64>(),
+            seen.iter()
+                .map(|w| w.failed.lock().unwrap().len())
+                .sum::<usize>(),
         ),
     );
-    let logs = at_b.ok(&b, &["logs", "--tail=1", "ticker"]);
-    assert!(logs.starts_with("tick"), "{logs}");
-    let pod = at_b.json(&b, &["get", "pod", "ticker"]);
-    assert_eq!(pod["metadata"]["uid"], ticker.uid.as_str(), "the same Pod");
-    assert_eq!(
-        pod["status"]["containerStatuses"][0]["restartCount"], 0,
-        "never restarted"
-    );
+
+    // Host 2 is drained while every cluster is written to through host 3's front.
+    let through_h3: Vec<PathBuf> = tenants
+        .iter()
+        .map(|c| {
+            let from = [&h1, &h2, &h3][c.name[1..].parse::<usize>().unwrap() / 2];
+            through(
+                &c.user.kubeconfig,
+                from,
+                &h3,
+                &format!("{}-at-h3.kubeconfig", c.name),
+            )
+        })
+        .collect();
+    let seen: Vec<Written> = tenants.iter().map(|_| Written::default()).collect();
+    let stop = AtomicBool::new(false);
+    let moving = std::thread::scope(|s| {
+        for (kc, w) in through_h3.iter().zip(&seen) {
+            let (stop, world) = (&stop, &world);
+            s.spawn(move || writer(world, kc, "w", w, stop));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        let drained = h2.cli_json(&["drain"]).unwrap();
+        let id2 = broker_id(&h2);
+        testbed::k8s::wait_for("host 2 runs nothing", Duration::from_secs(180), || {
+            Ok(tenants
+                .iter()
+                .all(|c| !owner(&world.operator, &c.name).starts_with(&id2))
+                .then_some(()))
+        })
+        .unwrap();
+        for c in &tenants {
+            h3.wait_state(&c.name, "ready", Duration::from_secs(120));
+        }
+        let at = seen
+            .iter()
+            .map(|w| w.acked.load(Ordering::Relaxed))
+            .collect::<Vec<_>>();
+        while seen
+            .iter()
+            .zip(&at)
+            .any(|(w, a)| w.acked.load(Ordering::Relaxed) < a + 3)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::Relaxed);
+        drained["moving"].clone()
+    });
+    let failed: Vec<String> = seen
+        .iter()
+        .flat_map(|w| w.failed.lock().unwrap().clone())
+        .collect();
     assert!(
-        b.ready_nodes("ci").unwrap().contains(&ticker.node),
-        "{}",
-        b.diagnostics()
+        failed.is_empty(),
+        "failed writes during the drain:\n{}",
+        failed.join("\n")
     );
-    // Asked with host 2's key towards providers: the fleet's, which the provider knows.
-    let after = b.live_leases().unwrap();
-    assert_eq!(
-        after.iter().map(|l| l["id"].clone()).collect::<Vec<_>>(),
-        leases.iter().map(|l| l["id"].clone()).collect::<Vec<_>>(),
-        "the same one lease, no other rented"
+    for ((c, kc), w) in tenants.iter().zip(&through_h3).zip(&seen) {
+        assert_eq!(
+            value(&world, kc, "w"),
+            w.acked.load(Ordering::Relaxed),
+            "{}",
+            c.name
+        );
+    }
+    step(
+        t,
+        &format!(
+            "host 2 drained ({moving} moved): {} writes through host 3's front, none failed",
+            seen.iter()
+                .map(|w| w.acked.load(Ordering::Relaxed))
+                .sum::<u64>()
+        ),
     );
 }

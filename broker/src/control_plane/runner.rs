@@ -92,6 +92,11 @@ pub struct Spec {
     pub tied: bool,
 }
 
+/// The most connections one cluster's kine opens to its PostgreSQL database.
+pub const KINE_MAX_OPEN: u32 = 10;
+/// The most it keeps open while idle.
+pub const KINE_MAX_IDLE: u32 = 2;
+
 /// What keeps a cluster's objects (docs/hibernation.md says how they compare): etcd, or kine
 /// (the etcd API over SQLite in the cluster's directory, as k3s does). Either listens on the
 /// cluster's `etcd-client` port with etcd's TLS and client-certificate check, so the
@@ -362,7 +367,7 @@ impl Spec {
     }
 
     fn kine_args(&self, e: &EtcdFiles) -> Vec<OsString> {
-        vec![
+        let mut args = vec![
             OsString::from(format!(
                 "--listen-address=127.0.0.1:{}",
                 self.ports.etcd_client
@@ -373,7 +378,17 @@ impl Spec {
             super::arg("trusted-ca-file", &e.ca),
             // Its metrics would listen on :8080 of every address.
             OsString::from("--metrics-bind-address=0"),
-        ]
+        ];
+        if matches!(self.datastore, Datastore::KinePostgres { .. }) {
+            // A budget of the server's connections per cluster: kine opens as many as the
+            // apiserver's requests want otherwise, and a shared PostgreSQL refuses every
+            // cluster's once its max_connections is reached (docs/operations.md).
+            args.extend([
+                OsString::from(format!("--datastore-max-open-connections={KINE_MAX_OPEN}")),
+                OsString::from(format!("--datastore-max-idle-connections={KINE_MAX_IDLE}")),
+            ]);
+        }
+        args
     }
 
     /// The program a component runs, and the arguments before its flags.

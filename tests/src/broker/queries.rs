@@ -358,6 +358,22 @@ impl Broker<'_> {
             "--- broker ---\n{}\n",
             crate::k8s::tail_of(&self.log("broker"), 40)
         );
+        // Each control plane that never became ready says why in its own logs.
+        let starting = self
+            .cli_json(&["cluster", "list"])
+            .ok()
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default();
+        for c in starting.iter().filter(|c| c["state"] == "starting") {
+            let dir = std::path::PathBuf::from(c["dir"].as_str().unwrap_or_default());
+            for component in ["kine", "apiserver"] {
+                out.push_str(&format!(
+                    "--- cluster {} {component} (starting) ---\n{}\n",
+                    c["name"],
+                    crate::k8s::tail_of(&dir.join("logs").join(format!("{component}.log")), 15)
+                ));
+            }
+        }
         for p in &self.providers {
             let log = self.log(&format!("provider-{}", p.index));
             out.push_str(&format!(
