@@ -433,6 +433,28 @@ fn front_names(cfg: &Config) -> Vec<String> {
     names
 }
 
+/// The gateway API: the services users call, under the access section's rate limits.
+fn gateway(
+    cfg: &Config,
+    store: &Store,
+    services: Services,
+    metrics: crate::metrics::Metrics,
+) -> Result<Arc<Gateway>> {
+    Ok(Arc::new(Gateway {
+        services,
+        service_did: cfg.service_did(),
+        public_url: cfg.front_url(),
+        resolver: resolver(cfg)?,
+        store: store.clone(),
+        rates: crate::api::limits::Rates::new(crate::api::limits::RateSettings {
+            per_source_per_minute: cfg.access.requests_per_minute_per_source,
+            per_did_per_minute: cfg.access.requests_per_minute_per_did,
+            creates_per_did_per_hour: cfg.access.creates_per_hour_per_did,
+        }),
+        metrics,
+    }))
+}
+
 fn resolver(cfg: &Config) -> Result<Resolver> {
     let mut roots = Vec::new();
     for (i, p) in cfg.front.did_web_roots.iter().enumerate() {
@@ -689,19 +711,7 @@ impl Daemon {
         }
         let metrics = provisioner.metrics().clone();
         let services = Services::new(clusters, access, policy, provisioner.clone());
-        let gateway = Arc::new(Gateway {
-            services: services.clone(),
-            service_did: cfg.service_did(),
-            public_url: cfg.front_url(),
-            resolver: resolver(cfg)?,
-            store: store.clone(),
-            rates: crate::api::limits::Rates::new(crate::api::limits::RateSettings {
-                per_source_per_minute: cfg.access.requests_per_minute_per_source,
-                per_did_per_minute: cfg.access.requests_per_minute_per_did,
-                creates_per_did_per_hour: cfg.access.creates_per_hour_per_did,
-            }),
-            metrics: metrics.clone(),
-        });
+        let gateway = gateway(cfg, store, services.clone(), metrics.clone())?;
         spawn_sweeps(gateway.clone(), stop.clone());
         let api = crate::api::router(gateway);
         let bound = crate::front::serve(

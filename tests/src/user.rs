@@ -27,6 +27,16 @@ pub struct User {
 impl User {
     /// A new DID, cluster `cluster` created for it (asserted ready), and its kubeconfig.
     pub fn new(b: &Broker<'_>, dir: &Path, cluster: &str) -> User {
+        Self::create(b, dir, cluster, &["ready"])
+    }
+
+    /// As `new`, at one host of a fleet: the cluster may be run by another host (the
+    /// least loaded claims it first), which this host reports as `elsewhere`.
+    pub fn in_fleet(b: &Broker<'_>, dir: &Path, cluster: &str) -> User {
+        Self::create(b, dir, cluster, &["ready", "elsewhere"])
+    }
+
+    fn create(b: &Broker<'_>, dir: &Path, cluster: &str, states: &[&str]) -> User {
         let key = dir.join("user.key");
         let o = Command::new(crate::cni::workspace_bin("socialweb-broker"))
             .args(["api", "keygen", "--out"])
@@ -38,7 +48,11 @@ impl User {
         let created = b
             .cli_json(&["cluster", "create", cluster, "--owner", &did])
             .unwrap();
-        assert_eq!(created["state"], "ready", "{created}\n{}", b.diagnostics());
+        assert!(
+            states.iter().any(|s| created["state"] == *s),
+            "{created}\n{}",
+            b.diagnostics()
+        );
         let kubeconfig = dir.join("user.kubeconfig");
         b.api(
             &key,

@@ -211,11 +211,15 @@ fn five_jobs_one_per_node_rent_five_nodes_then_the_cluster_returns_to_zero() {
     let reason = b
         .wait_decision("ci", "Provision", 5, Duration::from_secs(30))
         .unwrap();
-    assert_eq!(reason, "Provision: intent and no node");
-    step(
-        t,
-        "5 job pods Pending, Provision nodes=5: intent and no node",
+    // kubectl creates the five Pods one by one: the loop may see some of them first and
+    // rent for those, then the rest on top of the nodes already leased.
+    let staged = reason.starts_with("Provision: 5 pods wait, ")
+        && reason.ends_with(" more nodes for the rest");
+    assert!(
+        reason == "Provision: intent and no node" || staged,
+        "{reason}"
     );
+    step(t, &format!("5 job pods Pending, nodes=5: {reason}"));
     wait_for("5 nodes Ready", Duration::from_secs(240), || {
         let ready = b.ready_nodes("ci")?.len();
         Ok((ready == 5).then_some(()))

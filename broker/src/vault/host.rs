@@ -105,7 +105,7 @@ impl Vault {
         }
         super::write(crt, kept.crt.as_bytes())?;
         super::write(key, kept.key.as_bytes())?;
-        tracing::info!(pair = name, "took the fleet's {what} from the store");
+        tracing::info!(pair = name, "took {what} from the store");
         Ok(true)
     }
 }
