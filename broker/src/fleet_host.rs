@@ -65,7 +65,13 @@ pub async fn share_market_key(
         return Ok(());
     }
     vault(cfg, store)?
-        .pair(host::MARKET, cert, key, "the fleet's key towards providers", make)
+        .pair(
+            host::MARKET,
+            cert,
+            key,
+            "the fleet's key towards providers",
+            make,
+        )
         .await?;
     Ok(())
 }

@@ -91,6 +91,22 @@ struct Args {
     /// Keep the cluster up after the suite until Ctrl-C, to look around.
     #[arg(long)]
     hold: bool,
+    /// The cluster's datastore: kine on SQLite (the default), etcd, or kine on PostgreSQL
+    /// (`postgres`: a server from Debian's packages started on the operator's host, the way
+    /// a fleet keeps its clusters; docs/operations.md, "A fleet").
+    #[arg(long, default_value = "kine", value_parser = ["kine", "etcd", "postgres"])]
+    datastore: String,
+}
+
+/// The apiserver's failed requests to its datastore over the run
+/// (`etcd_request_errors_total`, whatever the datastore: kine speaks etcd's API).
+fn storage_errors(b: &Broker<'_>) -> Result<u64> {
+    let text = b.kubectl("conformance", &["get", "--raw", "/metrics"])?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("etcd_request_errors_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64)
 }
 
 fn step(t: Instant, what: &str) {
@@ -194,6 +210,9 @@ fn main() -> Result<()> {
     );
     let world = testbed::world::World::new(2)?;
     let host = &world.operator;
+    let pg = (args.datastore == "postgres")
+        .then(|| testbed::postgres::Postgres::start(host))
+        .transpose()?;
     let b = Broker::start(
         &world,
         BrokerOptions {
@@ -209,6 +228,7 @@ fn main() -> Result<()> {
             // which the node isolation policy (docs/security.md) refuses on DIDs' clusters.
             clusters: socialweb_broker::config::ClusterDefaults {
                 isolate_operators_clusters: false,
+                postgres_url: pg.as_ref().map(|p| p.url.clone()),
                 ..Default::default()
             },
             ..Default::default()
@@ -217,9 +237,21 @@ fn main() -> Result<()> {
 
     step(
         t,
-        &format!("socialweb-broker cluster create conformance; {n} keeper pods rent {n} nodes"),
+        &format!(
+            "socialweb-broker cluster create conformance --datastore {}; {n} keeper pods rent {n} nodes",
+            args.datastore
+        ),
     );
-    print!("{}", b.cli(&["cluster", "create", "conformance"])?);
+    print!(
+        "{}",
+        b.cli(&[
+            "cluster",
+            "create",
+            "conformance",
+            "--datastore",
+            &args.datastore
+        ])?
+    );
     let manifest: String = std::iter::once(
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: socialweb-conformance}\n---\n"
             .to_string(),
@@ -311,7 +343,8 @@ fn main() -> Result<()> {
         print!("{}", st.figures(&format!("{}_", sig.replace('-', "_"))));
     }
     let header = format!(
-        "Kubernetes {version}, `e2e.test` of the same module, {n} nodes behind NAT on two provider machines; {} tests in {} part(s).",
+        "Kubernetes {version}, `e2e.test` of the same module, {n} nodes behind NAT on two provider machines, the cluster's datastore {}; {} tests in {} part(s).",
+        args.datastore,
         totals.selected,
         times.len()
     );
@@ -319,6 +352,11 @@ fn main() -> Result<()> {
     std::fs::write(&md, report::markdown(&header, &times, &all))?;
     println!("kubernetes_version={version}");
     println!("nodes={n}");
+    println!("datastore={}", args.datastore);
+    println!(
+        "storage_request_errors={}",
+        storage_errors(&b).context("the apiserver's storage errors")?
+    );
     print!("{}", totals.figures(""));
     println!(
         "suite_seconds={:.0}",
