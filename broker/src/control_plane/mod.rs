@@ -249,6 +249,12 @@ pub fn serving_names(bind: IpAddr) -> Vec<String> {
     names
 }
 
+/// The most mutating requests a cluster's apiserver serves at once (beyond system:masters,
+/// which the limit exempts); more are answered 429 and clients retry. A tenant's budget of
+/// writes in flight, and what keeps kine on PostgreSQL from starving its own connection pool
+/// (`runner::KINE_MAX_OPEN` must stay well above it).
+pub const MAX_MUTATING_INFLIGHT: u32 = 64;
+
 /// kube-apiserver's flags.
 pub fn apiserver_args(a: &Apiserver, c: &Credentials) -> Vec<OsString> {
     let mut args = vec![
@@ -275,6 +281,10 @@ pub fn apiserver_args(a: &Apiserver, c: &Credentials) -> Vec<OsString> {
         arg("allow-privileged", "true"),
         arg("profiling", "false"),
         arg("enable-priority-and-fairness", "false"),
+        arg(
+            "max-mutating-requests-inflight",
+            MAX_MUTATING_INFLIGHT.to_string(),
+        ),
         arg("kubelet-preferred-address-types", "InternalIP"),
     ];
     if let Some(ip) = a.advertise {

@@ -92,8 +92,14 @@ pub struct Spec {
     pub tied: bool,
 }
 
-/// The most connections one cluster's kine opens to its PostgreSQL database.
-pub const KINE_MAX_OPEN: u32 = 10;
+/// The most connections one cluster's kine opens to its PostgreSQL database. kine v0.17.5
+/// inserts on PostgreSQL through its pool while holding a transaction's connection, so each
+/// write in flight needs two: with every connection held by a transaction waiting for
+/// another, the cluster's writes stall until their deadlines (10 stalled the conformance
+/// suite). Writes in flight are bounded by the apiserver's `MAX_MUTATING_INFLIGHT` (64) plus
+/// system:masters' and kine's own few, so 100 leaves room.
+pub const KINE_MAX_OPEN: u32 = 100;
+const _: () = assert!(KINE_MAX_OPEN >= super::MAX_MUTATING_INFLIGHT * 3 / 2);
 /// The most it keeps open while idle.
 pub const KINE_MAX_IDLE: u32 = 2;
 
