@@ -49,7 +49,9 @@ const WAIT_FOR_TUNNEL: Duration = Duration::from_secs(10);
 pub struct TunnelConfig {
     /// The broker's endpoint, then the fleet's other hosts' (the identity's `fleet`).
     pub brokers: Vec<BrokerEndpoint>,
-    pub relay_url: Url,
+    /// Every relay (the identity's `relay_url`, then `fleet_relays`): a host's tunnel
+    /// endpoint is at home on its own host's relay, so each broker is dialed on all.
+    pub relays: Vec<Url>,
     /// Where the apiserver is offered on the node: `server_url`'s address, and the
     /// `kubernetes` Service's endpoint (both must be on the node already).
     pub listen: Vec<SocketAddr>,
@@ -221,8 +223,10 @@ impl Tunnel {
     fn broker_addr(&self) -> EndpointAddr {
         let cfg = &self.inner.cfg;
         let at = self.inner.current.load(Ordering::Relaxed) % cfg.brokers.len();
-        let mut a =
-            EndpointAddr::new(self.broker()).with_relay_url(RelayUrl::from(cfg.relay_url.clone()));
+        let mut a = EndpointAddr::new(self.broker());
+        for r in &cfg.relays {
+            a = a.with_relay_url(RelayUrl::from(r.clone()));
+        }
         for d in &cfg.brokers[at].addrs {
             a = a.with_ip_addr(*d);
         }

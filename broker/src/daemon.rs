@@ -641,6 +641,7 @@ impl Daemon {
             stop.clone(),
         )
         .await?;
+        crate::fleet_host::follow_relay_clients(&cfg, &store, allow.clone(), tunnels.id(), &stop);
         let provisioner = Arc::new(Provisioner::new(
             provision_settings(&cfg, relay_url, tls.ca_pem.clone(), &tunnels)?,
             store.clone(),
@@ -730,6 +731,7 @@ impl Daemon {
             records,
             tunnels: fleet_tunnels,
             tunnel: &provisioner.settings().tunnel,
+            relay: &provisioner.settings().relay_url,
             limits: front_limits(cfg),
         };
         crate::fleet_host::join(cfg, store, joining, stop).await?;

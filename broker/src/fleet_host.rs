@@ -1,7 +1,7 @@
 //! What makes a broker one host of a fleet (`fleet.enabled`) beyond its clusters' leases
 //! (`crate::cluster::ownership`): the fleet's shared authorities, its link
 //! (`crate::front::link`) and its record in the store, and the certificate records the
-//! other hosts make and revoke.
+//! other hosts make and revoke, and the nodes every host's relay admits.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -123,6 +123,8 @@ pub struct Joining<'a> {
     pub tunnels: crate::tunnel::Tunnels,
     /// Its tunnel endpoint, as nodes' identities name it.
     pub tunnel: &'a socialweb_wire::BrokerEndpoint,
+    /// Its relay's URL, as nodes' identities name it.
+    pub relay: &'a url::Url,
     pub limits: crate::front::listener::Limits,
 }
 
@@ -145,6 +147,7 @@ pub async fn join(
         records,
         tunnels,
         tunnel,
+        relay,
         limits,
     } = j;
     let tls = link_tls(cfg, store).await?;
@@ -160,11 +163,16 @@ pub async fn join(
             .await?;
     let f = front.clone();
     tunnels.serve_only(Box::new(move |cluster| f.serves(cluster)));
+    // The relay beside the tunnel endpoint: the other hosts name both in their nodes'
+    // identities, so that a node keeps its mesh through this host's relay when its own
+    // renting host is gone.
+    let mut recorded = tunnel.to_json();
+    recorded["relay_url"] = relay.as_str().into();
     store
         .register_host(
             id,
             &cfg.link_url(),
-            &tunnel.to_json().to_string(),
+            &recorded.to_string(),
             millis(SystemTime::now()),
         )
         .await
@@ -172,6 +180,39 @@ pub async fn join(
     info!(%bound, url = %cfg.link_url(), "this host joined the fleet");
     tokio::spawn(follow_records(store.clone(), records, stop.clone()));
     Ok(())
+}
+
+/// How often a fleet host's relay reads which nodes it admits: a node rented by another
+/// host is admitted here at most this long after its provision is written.
+pub const RELAY_CLIENTS_EVERY: Duration = Duration::from_secs(1);
+
+/// Keeps the relay's allow list at every live node of the fleet (and this host's tunnel
+/// endpoint), read from the store every [`RELAY_CLIENTS_EVERY`]: a node may make any host's
+/// relay its home, and its peers reach it there. Outside a fleet the provisioner's changes
+/// keep the list, since they are all there are.
+pub fn follow_relay_clients(
+    cfg: &Config,
+    store: &Store,
+    allow: crate::relay::Allow,
+    tunnel: iroh::EndpointId,
+    stop: &CancellationToken,
+) {
+    if !cfg.fleet.enabled {
+        return;
+    }
+    let (store, stop) = (store.clone(), stop.clone());
+    tokio::spawn(async move {
+        loop {
+            match store.live_endpoints().await {
+                Ok(live) => allow.set(live.iter().filter_map(|e| e.parse().ok()).chain([tunnel])),
+                Err(e) => warn!("reading the fleet's nodes for the relay: {e:#}"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(RELAY_CLIENTS_EVERY) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    });
 }
 
 /// Reads the certificate records made or revoked since the last look (a minute back: the

@@ -50,6 +50,14 @@ impl std::fmt::Debug for ClusterCtx {
     }
 }
 
+/// The fleet's other hosts, as a node's identity names them (contract 1's `fleet` and
+/// `fleet_relays`).
+#[derive(Debug, Default)]
+pub struct FleetHosts {
+    pub tunnels: Vec<socialweb_wire::BrokerEndpoint>,
+    pub relays: Vec<url::Url>,
+}
+
 /// What the provisioner is told (from the `[market]` and `[node]` sections, the relay's URL
 /// and the clusters' resolvers).
 #[derive(Debug, Clone)]
@@ -333,7 +341,7 @@ impl Provisioner {
         &self,
         c: &ClusterCtx,
         p: &Provision,
-        fleet: Vec<socialweb_wire::BrokerEndpoint>,
+        fleet: FleetHosts,
     ) -> Result<serde_json::Value> {
         let s = &self.settings;
         let key = unhex32(&p.mesh_key).context("the provision's mesh key is not 64 hex digits")?;
@@ -347,9 +355,10 @@ impl Provisioner {
                 secret: p.token_secret.clone(),
             },
             broker: Some(s.tunnel.clone()),
-            fleet,
+            fleet: fleet.tunnels,
             node_ip: p.node_ip,
             relay_url: s.relay_url.clone(),
+            fleet_relays: fleet.relays,
             relay_ca: s.relay_ca.clone(),
             mesh_secret_key: MeshSecretKey(key),
             cluster_cidr: crate::control_plane::CLUSTER_CIDR.parse()?,
@@ -532,14 +541,14 @@ impl Provisioner {
     /// Accepts `bid` for `p` at `p.provider` (idempotent by the lease id).
     async fn accept(&self, c: &ClusterCtx, p: &Provision, bid: &str) -> Result<Lease, MarketError> {
         let provider = p.provider.clone().unwrap_or_default();
-        let identity = self
-            .identity(c, p, self.fleet_tunnels().await)
-            .map_err(|e| MarketError::Refused {
-                call: format!("POST /bids/{bid}/accept"),
-                status: 400,
-                code: "bad_request".into(),
-                message: format!("the identity for {}: {e:#}", p.node),
-            })?;
+        let identity =
+            self.identity(c, p, self.fleet_hosts().await)
+                .map_err(|e| MarketError::Refused {
+                    call: format!("POST /bids/{bid}/accept"),
+                    status: 400,
+                    code: "bad_request".into(),
+                    message: format!("the identity for {}: {e:#}", p.node),
+                })?;
         let a = Accept {
             lease_id: p.lease_id.clone(),
             identity,
@@ -547,22 +556,39 @@ impl Provisioner {
         self.market.accept(&provider, bid, &a).await
     }
 
-    /// The other fleet hosts' tunnel endpoints (none outside a fleet), which a node tries
-    /// when this host does not take it: it may run the node's cluster no more.
-    async fn fleet_tunnels(&self) -> Vec<socialweb_wire::BrokerEndpoint> {
+    /// The other fleet hosts' tunnel endpoints and relays (none outside a fleet): a node
+    /// tries their tunnels when this host does not take it (it may run the node's cluster no
+    /// more), and keeps its mesh on their relays when this host's is gone.
+    async fn fleet_hosts(&self) -> FleetHosts {
         let recorded = match self.store.fleet_tunnels().await {
             Ok(r) => r,
             Err(e) => {
                 warn!("reading the fleet's tunnel endpoints: {e:#}");
-                return Vec::new();
+                return FleetHosts::default();
             }
         };
-        recorded
-            .iter()
-            .filter_map(|t| serde_json::from_str(t).ok())
-            .filter_map(|v| socialweb_wire::BrokerEndpoint::from_json(&v).ok())
-            .filter(|b| b.endpoint != self.settings.tunnel.endpoint)
-            .collect()
+        let mut hosts = FleetHosts::default();
+        for t in &recorded {
+            let Ok(serde_json::Value::Object(mut v)) = serde_json::from_str(t) else {
+                continue;
+            };
+            // Recorded beside the endpoint (`fleet_host::join`); not a field of one.
+            let relay = v.remove("relay_url");
+            let Ok(b) = socialweb_wire::BrokerEndpoint::from_json(&v.into()) else {
+                continue;
+            };
+            if b.endpoint == self.settings.tunnel.endpoint {
+                continue;
+            }
+            let relay = relay
+                .as_ref()
+                .and_then(|r| r.as_str()?.parse::<url::Url>().ok());
+            hosts
+                .relays
+                .extend(relay.filter(|r| *r != self.settings.relay_url));
+            hosts.tunnels.push(b);
+        }
+        hosts
     }
 
     /// The shape `p` is rented as (the `[node]` size for one planned before shapes).

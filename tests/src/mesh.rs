@@ -33,6 +33,10 @@ pub struct MeshOptions {
     pub agent_args: Vec<String>,
     /// Another `socialweb-agent` binary than the workspace's (the benchmark's baseline).
     pub agent_bin: Option<PathBuf>,
+    /// More relays beside the first, as a fleet's other hosts serve them (on the next
+    /// ports): node i's identity names relay (i - 1) mod n as its renting host's and the
+    /// others as `fleet_relays`.
+    pub more_relays: u16,
 }
 
 impl Default for MeshOptions {
@@ -43,6 +47,7 @@ impl Default for MeshOptions {
             masquerade: true,
             agent_args: Vec::new(),
             agent_bin: None,
+            more_relays: 0,
         }
     }
 }
@@ -181,6 +186,8 @@ pub struct Spot<'t> {
 pub struct MeshCluster<'t> {
     pub agents: Vec<Agent>,
     relay: Relay,
+    /// The further relays (`MeshOptions::more_relays`) and where they listen.
+    more_relays: Vec<(RelayPlace, Relay)>,
     spots: Vec<Spot<'t>>,
     relay_place: RelayPlace,
     pub opts: MeshOptions,
@@ -243,9 +250,19 @@ impl<'t> MeshCluster<'t> {
             opts.relay_allow_list.then_some(endpoints.as_slice()),
             &dir.path().join("relay.log"),
         )?;
+        let mut more_relays = Vec::new();
+        for i in 1..=opts.more_relays {
+            let mut at = place.clone();
+            at.listen.set_port(place.listen.port() + i);
+            let log = dir.path().join(format!("relay-{i}.log"));
+            let allow = opts.relay_allow_list.then_some(endpoints.as_slice());
+            let r = Relay::start_at(relay_host, &at, allow, &log)?;
+            more_relays.push((at, r));
+        }
         let mut cluster = MeshCluster {
             agents: Vec::new(),
             relay,
+            more_relays,
             spots,
             relay_place: place,
             opts,
@@ -272,6 +289,7 @@ impl<'t> MeshCluster<'t> {
         let base = self.dir.path().join(&name);
         std::fs::create_dir_all(&base)?;
         let identity = base.join("identity.json");
+        let (relay, fleet_relays) = self.relays_of(node.index);
         // A static-directory agent does not join: the CA pin and the token are never used.
         std::fs::write(
             &identity,
@@ -280,7 +298,7 @@ impl<'t> MeshCluster<'t> {
                 "server_url": format!("https://{HOST_SERVICE_ADDR}:6443"),
                 "ca_cert_sha256": format!("sha256:{}", "00".repeat(32)),
                 "join_token": "unused.0000000000000000",
-                "relay_url": self.relay_place.url(), "mesh_secret_key": secret_key,
+                "relay_url": relay, "fleet_relays": fleet_relays, "mesh_secret_key": secret_key,
                 "relay_ca_cert": self.relay_ca()?,
                 "cluster_cidr": CLUSTER_CIDR, "service_cidr": "10.43.0.0/16",
                 "cluster_domain": "cluster.local", "upstream_resolvers": [format!("{HOST_SERVICE_ADDR}")],
@@ -334,6 +352,28 @@ impl<'t> MeshCluster<'t> {
             log,
             process,
         })
+    }
+
+    /// Every relay's URL, the first relay's first.
+    pub fn relay_urls(&self) -> Vec<String> {
+        std::iter::once(self.relay_place.url())
+            .chain(self.more_relays.iter().map(|(p, _)| p.url()))
+            .collect()
+    }
+
+    /// Node `index`'s renting host's relay ((index - 1) mod n) and the fleet's others.
+    fn relays_of(&self, index: u8) -> (String, Vec<String>) {
+        let mut all = self.relay_urls();
+        let own = all.remove((usize::from(index) - 1) % all.len());
+        (own, all)
+    }
+
+    /// Kills relay `i` (0: the first) with SIGKILL, as a host that is lost.
+    pub fn kill_relay(&mut self, i: usize) {
+        match i {
+            0 => self.relay.process.kill_now(),
+            i => self.more_relays[i - 1].1.process.kill_now(),
+        }
     }
 
     /// The relay's CA (PEM) for identities, when it serves TLS.
@@ -420,6 +460,13 @@ impl<'t> MeshCluster<'t> {
             "--- relay ---\n{}\n",
             crate::k8s::tail_of(&self.relay.log, 10)
         ));
+        for (i, (_, r)) in self.more_relays.iter().enumerate() {
+            out.push_str(&format!(
+                "--- relay {} ---\n{}\n",
+                i + 1,
+                crate::k8s::tail_of(&r.log, 10)
+            ));
+        }
         out
     }
 

@@ -545,6 +545,14 @@ fn three_hosts_six_clusters_one_host_killed_and_one_drained() {
         6,
         "the same six leases, no other rented: {after:?}"
     );
+    let lost_relay = format!("https://{}:3340", hosts[dead].public_addr);
+    let moved = nodes_keep_a_relay(&hosts[0], &lost_relay);
+    step(
+        t,
+        &format!(
+            "every node at home on a live host's relay; {moved} had the lost host's as theirs"
+        ),
+    );
     step(
         t,
         &format!(
@@ -677,6 +685,46 @@ fn three_hosts_six_clusters_one_host_killed_and_one_drained() {
 }
 
 /// Six clusters, two created at each host, each with a ConfigMap `w` and a running ticker.
+/// Every node's identity names the three hosts' relays, and its mesh is at home, connected,
+/// on another relay than `lost` (the killed host's): the fleet's mesh outlives any one host.
+/// (`b`: the host whose provider rents them all.)
+fn nodes_keep_a_relay(b: &Broker<'_>, lost: &str) -> usize {
+    let (mut seen, mut moved) = (0, 0);
+    for dir in b.node_dirs() {
+        let Ok(text) = std::fs::read(dir.join("identity.json")) else {
+            continue;
+        };
+        let id: serde_json::Value = serde_json::from_slice(&text).unwrap();
+        let node = id["node"].as_str().unwrap().to_string();
+        let mut relays: Vec<&str> = std::iter::once(&id["relay_url"])
+            .chain(id["fleet_relays"].as_array().into_iter().flatten())
+            .map(|r| r.as_str().unwrap())
+            .collect();
+        moved += usize::from(relays[0].starts_with(lost));
+        relays.sort();
+        relays.dedup();
+        assert_eq!(
+            relays.len(),
+            3,
+            "{node} names each host's relay: {relays:?}"
+        );
+        testbed::k8s::wait_for(
+            &format!("{node}'s mesh at home on a live host's relay"),
+            Duration::from_secs(60),
+            || {
+                let s: serde_json::Value =
+                    serde_json::from_str(&b.agent_cli(&node, &["mesh", "status", "--json"])?)?;
+                let home = s["relay_url"].as_str().unwrap_or_default();
+                Ok((s["relay_connected"] == true && !home.starts_with(lost)).then_some(()))
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+        seen += 1;
+    }
+    assert_eq!(seen, 6, "one node per cluster");
+    moved
+}
+
 fn six_tenants(world: &World, hosts: &[Broker<'_>], keys: &Path) -> Vec<Tenant> {
     // Created one at a time (a control plane's start takes both cores), then a ticker in
     // each, side by side.

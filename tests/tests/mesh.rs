@@ -108,6 +108,80 @@ fn nodes_that_cannot_reach_each_other_talk_through_the_relay() {
     );
 }
 
+#[test]
+fn when_a_fleet_hosts_relay_is_lost_relayed_nodes_talk_through_another_hosts() {
+    // Nodes that cannot reach each other, rented by two hosts of a fleet: node-1 and node-3
+    // name the first host's relay as theirs, node-2 the second's, and each names the other
+    // as a fleet relay. Then the host whose relay node-1 made its home is lost with it.
+    let topo = Topology::new(3, Reach::HostOnly).unwrap();
+    let opts = MeshOptions {
+        more_relays: 1,
+        ..MeshOptions::default()
+    };
+    let mut mesh = MeshCluster::start(&topo, opts).unwrap();
+    let pods: Vec<_> = (1..=3).map(|n| mesh.pod(n, "p").unwrap()).collect();
+    every_pair_talks(&mesh, &pods);
+    let relays = mesh.relay_urls();
+    let status = mesh.cli(2, &["mesh", "status"]).unwrap();
+    for r in &relays {
+        assert!(status.contains(r.as_str()), "{r} listed:\n{status}");
+    }
+    let homes: Vec<String> = (1..=3)
+        .map(|n| {
+            let s: serde_json::Value =
+                serde_json::from_str(&mesh.cli(n, &["mesh", "status", "--json"]).unwrap()).unwrap();
+            s["relay_url"].as_str().unwrap().to_string()
+        })
+        .collect();
+    // The relay node-1 made its home (the nearest answering: either one) is the host lost.
+    let lost_relay = relays
+        .iter()
+        .position(|r| homes[0].starts_with(r.as_str()))
+        .unwrap_or_else(|| panic!("node-1 at home on one of {relays:?}: {homes:?}"));
+    let survivor = &relays[1 - lost_relay];
+    let before = paths(&mesh, 3);
+    assert!(
+        before
+            .iter()
+            .any(|p| p.starts_with(&format!("relay {}", relays[lost_relay]))),
+        "some pair went through the relay that is lost: {before:?} (homes {homes:?})"
+    );
+    mesh.kill_relay(lost_relay);
+    let lost = Instant::now();
+    // Every ordered pair answers a ping again; until then some go unanswered.
+    let all_talk = || {
+        pods.iter().all(|a| {
+            pods.iter()
+                .filter(|b| b.node != a.node)
+                .all(|b| probe::ping(&a.ns, &b.addr.to_string(), 1).is_ok())
+        })
+    };
+    wait_for(
+        "every pair of pods to talk again after the relay was lost",
+        Duration::from_secs(90),
+        || Ok(all_talk().then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", mesh.logs_tail()));
+    eprintln!(
+        "every pair talked again {:.1} s after the relay in use was killed",
+        lost.elapsed().as_secs_f64()
+    );
+    every_pair_talks(&mesh, &pods);
+    // And each connection's path says so, once iroh has dropped the dead relay's path.
+    let through = format!("relay {survivor}");
+    wait_for(
+        "every pair's path through the surviving relay",
+        Duration::from_secs(30),
+        || {
+            Ok(paths(&mesh, 3)
+                .iter()
+                .all(|p| p.starts_with(&through))
+                .then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}: {:?}\n{}", paths(&mesh, 3), mesh.logs_tail()));
+}
+
 fn route_installed(node: &Netns, cidr: &str) -> bool {
     node.ip(&["route", "show", cidr])
         .map(|r| !r.trim().is_empty())

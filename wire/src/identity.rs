@@ -15,6 +15,7 @@
 //!   "fleet": [{"endpoint": "<64 hex digits>", "addrs": ["203.0.113.2:7443"]}],
 //!   "node_ip": "10.41.0.1",
 //!   "relay_url": "https://203.0.113.1:3340",
+//!   "fleet_relays": ["https://203.0.113.2:3340"],
 //!   "relay_ca_cert": "-----BEGIN CERTIFICATE-----...",
 //!   "mesh_secret_key": "<64 hex digits>",
 //!   "cluster_cidr": "10.42.0.0/16",
@@ -29,7 +30,9 @@
 //! `labels`, `fleet` (the tunnel endpoints of the other broker hosts of a fleet, each like
 //! `broker`: when `broker` does not take the node -- it does not run the node's cluster
 //! now, or it is gone -- the node tries these in turn; it needs `broker`), and these three:
-//! `broker`, the broker's tunnel endpoint (contract 9: the node
+//! `fleet_relays` (the relays of the fleet's other hosts: the node keeps using the mesh
+//! through them when `relay_url`'s host is gone, and dials peers and tunnels on every
+//! relay), `broker`, the broker's tunnel endpoint (contract 9: the node
 //! serves `server_url`, a node-local address, through it; absent: `server_url` is reached
 //! directly, as the test harness's own control plane is), `node_ip`, the node's address,
 //! unique in its cluster and reached over the mesh (absent: the agent's `--node-ip`), and
@@ -72,7 +75,10 @@ pub struct NodeIdentity {
     /// The node's address in its cluster (the kubelet's `--node-ip`), reached over the mesh.
     pub node_ip: Option<IpAddr>,
     pub relay_url: Url,
+    /// The relays of the fleet's other hosts, after `relay_url` (the renting host's).
+    pub fleet_relays: Vec<Url>,
     /// The CA of the relay's certificate (PEM), when the node would not trust it otherwise.
+    /// A fleet's hosts serve certificates from one CA, so one CA covers every relay.
     pub relay_ca: Option<String>,
     pub mesh_secret_key: MeshSecretKey,
     pub cluster_cidr: IpNet,
@@ -196,6 +202,14 @@ impl fmt::Debug for NodeIdentity {
             .field("fleet", &self.fleet)
             .field("node_ip", &self.node_ip)
             .field("relay_url", &self.relay_url.as_str())
+            .field(
+                "fleet_relays",
+                &self
+                    .fleet_relays
+                    .iter()
+                    .map(Url::as_str)
+                    .collect::<Vec<_>>(),
+            )
             .field("mesh_secret_key", &self.mesh_secret_key)
             .field("cluster_cidr", &self.cluster_cidr)
             .field("service_cidr", &self.service_cidr)
@@ -234,6 +248,7 @@ const FIELDS: &[&str] = &[
     "fleet",
     "node_ip",
     "relay_url",
+    "fleet_relays",
     "relay_ca_cert",
     "mesh_secret_key",
     "cluster_cidr",
@@ -387,6 +402,7 @@ impl NodeIdentity {
         let join_token =
             BootstrapToken::parse(string(&doc, "join_token")?).map_err(|p| err("join_token", p))?;
         let relay_url = url(&doc, "relay_url", &["http", "https"])?;
+        let fleet_relays = fleet_relays(&doc)?;
         let relay_ca = match doc.get("relay_ca_cert") {
             None | Some(Value::Null) => None,
             Some(_) => Some(pem_certificate(&doc, "relay_ca_cert")?),
@@ -514,6 +530,7 @@ impl NodeIdentity {
             fleet,
             node_ip,
             relay_url,
+            fleet_relays,
             relay_ca,
             mesh_secret_key,
             cluster_cidr,
@@ -553,10 +570,46 @@ impl NodeIdentity {
         if let Some(ip) = self.node_ip {
             doc["node_ip"] = ip.to_string().into();
         }
+        if !self.fleet_relays.is_empty() {
+            doc["fleet_relays"] = self.fleet_relays.iter().map(Url::as_str).collect();
+        }
         if let Some(ca) = &self.relay_ca {
             doc["relay_ca_cert"] = ca.clone().into();
         }
         doc
+    }
+
+    /// Every relay the node may use: the renting host's first, then the fleet's others.
+    pub fn relays(&self) -> Vec<Url> {
+        let mut all = vec![self.relay_url.clone()];
+        for r in &self.fleet_relays {
+            if !all.contains(r) {
+                all.push(r.clone());
+            }
+        }
+        all
+    }
+}
+
+/// `fleet_relays`: an array of relay URLs (http or https), each named `fleet_relays[i]` when
+/// it is wrong.
+fn fleet_relays(doc: &Map<String, Value>) -> Result<Vec<Url>, IdentityError> {
+    match doc.get("fleet_relays") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let field = format!("fleet_relays[{i}]");
+                let mut one = Map::new();
+                one.insert(field.clone(), v.clone());
+                url(&one, &field, &["http", "https"])
+            })
+            .collect(),
+        Some(other) => Err(err(
+            "fleet_relays",
+            format!("must be an array, found {}", kind(other)),
+        )),
     }
 }
 
@@ -842,6 +895,45 @@ mod tests {
     }
 
     #[test]
+    fn the_fleets_relays_round_trip_after_the_renting_hosts_and_each_bad_one_is_named() {
+        let mut doc = good();
+        doc["fleet_relays"] = serde_json::json!([
+            "https://203.0.113.2:3340",
+            "http://172.31.255.1:3340",
+            "https://203.0.113.3:3340"
+        ]);
+        let id = parse(&doc).unwrap();
+        assert_eq!(parse(&id.to_json()).unwrap(), id);
+        // The renting host's relay first, each once (the second entry repeats it).
+        let relays: Vec<String> = id.relays().iter().map(|u| u.to_string()).collect();
+        assert_eq!(
+            relays,
+            [
+                "http://172.31.255.1:3340/",
+                "https://203.0.113.2:3340/",
+                "https://203.0.113.3:3340/"
+            ]
+        );
+        // Without any: the renting host's relay alone, and the document does not name them.
+        let single = parse(&good()).unwrap();
+        assert_eq!(single.relays(), std::slice::from_ref(&single.relay_url));
+        assert!(single.to_json().get("fleet_relays").is_none());
+        for (bad, field) in [
+            (
+                serde_json::json!("https://203.0.113.2:3340"),
+                "fleet_relays",
+            ),
+            (serde_json::json!(["https://a:1", 7]), "fleet_relays[1]"),
+            (serde_json::json!(["ftp://a:1"]), "fleet_relays[0]"),
+            (serde_json::json!(["not a url"]), "fleet_relays[0]"),
+        ] {
+            let mut d = doc.clone();
+            d["fleet_relays"] = bad;
+            assert_eq!(parse(&d).unwrap_err().field, field);
+        }
+    }
+
+    #[test]
     fn an_older_version_is_told_which_version_is_expected() {
         let mut doc = good();
         doc["version"] = 1.into();
@@ -912,6 +1004,7 @@ mod tests {
                     | "ca_cert_sha256"
                     | "broker"
                     | "fleet"
+                    | "fleet_relays"
                     | "node_ip"
                     | "relay_ca_cert"
             )

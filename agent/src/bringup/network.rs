@@ -88,6 +88,7 @@ pub async fn mesh(cx: &Ctx) -> Mesh {
                 endpoint: mesh::transport::EndpointConfig {
                     secret_key: id.mesh_secret_key.0,
                     relay_url: id.relay_url.clone(),
+                    fleet_relays: id.fleet_relays.clone(),
                     bind: section.listen,
                     bind_v6: None,
                     pod_mtu: section.mtu,
@@ -168,7 +169,7 @@ pub async fn tunnel(cx: &Ctx, mesh: &Mesh) -> Option<Tunnel> {
                         brokers: std::iter::once(broker.clone())
                             .chain(id.fleet.iter().cloned())
                             .collect(),
-                        relay_url: id.relay_url.clone(),
+                        relays: id.relays(),
                         listen,
                         node_ip,
                         service_cidr: id.service_cidr,

@@ -33,6 +33,9 @@ pub fn status_text(s: &MeshStatus) -> String {
         "relay {} ({relay})  tun {} mtu {}  direct {direct}",
         s.relay_url, s.tun, s.mtu
     );
+    if s.relays.len() > 1 {
+        let _ = writeln!(out, "relays {}", s.relays.join(", "));
+    }
     if !s.scheduling.is_empty() {
         let _ = writeln!(out, "mesh thread {}", s.scheduling);
     }

@@ -423,7 +423,7 @@ impl Mesh {
     /// Keeps a connection to `slot` up while the peer is in the directory: dial, serve, and
     /// when the connection ends, dial again with backoff (250 ms doubling to 5 s).
     async fn dial_loop(self, slot: Arc<PeerSlot>) {
-        let relay = self.inner.cfg.endpoint.relay_url.clone();
+        let relays = self.inner.cfg.endpoint.relays();
         let mut backoff =
             crate::backoff::Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
         loop {
@@ -443,7 +443,7 @@ impl Mesh {
                 .filter(|a| routed.routes.lookup(a.ip()).is_none() && !ours.contains(a))
                 .copied()
                 .collect();
-            let addr = transport::dial_addr(slot.id, &relay, &direct);
+            let addr = transport::dial_addr(slot.id, &relays, &direct);
             let attempt = tokio::select! {
                 r = tokio::time::timeout(Duration::from_secs(10), self.inner.endpoint.connect(addr, socialweb_wire::mesh::ALPN)) => r,
                 _ = slot.gone.cancelled() => return,
@@ -575,25 +575,33 @@ impl Mesh {
             r.counts()
         };
         let addr = self.inner.endpoint.addr();
+        let home = {
+            use iroh::Watcher;
+            self.inner.endpoint.home_relay_status().get()
+        };
         MeshStatus {
             node: self.inner.cfg.node.clone(),
             endpoint: self.inner.endpoint.id().to_string(),
             pod_cidr: state.own.as_ref().map(|o| o.cidr.to_string()),
             node_ip: self.inner.cfg.node_ip.map(|ip| ip.to_string()),
-            relay_url: self.inner.cfg.endpoint.relay_url.to_string(),
+            // The home relay, once the endpoint has picked one.
+            relay_url: home.first().map_or_else(
+                || self.inner.cfg.endpoint.relay_url.to_string(),
+                |r| r.url().to_string(),
+            ),
+            relays: self
+                .inner
+                .cfg
+                .endpoint
+                .relays()
+                .iter()
+                .map(Url::to_string)
+                .collect(),
             tun: self.inner.cfg.tun_name.clone(),
             mtu: self.inner.cfg.mtu,
             scheduling: self.inner.rt.scheduling.clone(),
             direct_addrs: addr.ip_addrs().map(|a| a.to_string()).collect(),
-            relay_connected: {
-                use iroh::Watcher;
-                self.inner
-                    .endpoint
-                    .home_relay_status()
-                    .get()
-                    .iter()
-                    .any(|r| r.is_connected())
-            },
+            relay_connected: home.iter().any(|r| r.is_connected()),
             peers: state.by_node.values().map(|s| peer_status(s)).collect(),
             drops: self.inner.drops.snapshot(),
             strangers_refused: refused.strangers,
@@ -690,7 +698,13 @@ fn peer_status(s: &PeerSlot) -> PeerStatus {
 /// `direct <addr>` or `relay <url>` for the connection's selected path.
 pub fn path_of(conn: &Connection) -> String {
     let paths = conn.paths();
-    let selected = paths.iter().find(|p| p.is_selected());
+    // iroh 1.4.1 leaves a connection accepted through a relay that is not this node's home
+    // (a peer's, after a fleet host's relay was lost) without a selected path while it
+    // carries traffic; its one open path is then the path.
+    let selected = paths
+        .iter()
+        .find(|p| p.is_selected())
+        .or_else(|| paths.iter().next());
     match selected.map(|p| p.remote_addr().clone()) {
         Some(TransportAddr::Ip(a)) => format!("direct {a}"),
         Some(TransportAddr::Relay(u)) => format!("relay {u}"),

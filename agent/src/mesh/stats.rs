@@ -127,7 +127,12 @@ pub struct MeshStatus {
     /// This node's address in the cluster (reached over the mesh), if it has one.
     #[serde(default)]
     pub node_ip: Option<String>,
+    /// The home relay (the one peers find this node at), or the renting host's before the
+    /// endpoint picked one.
     pub relay_url: String,
+    /// Every relay the node may use: the renting host's, then the fleet's others.
+    #[serde(default)]
+    pub relays: Vec<String>,
     pub tun: String,
     pub mtu: u16,
     /// How the mesh's thread is scheduled (`SCHED_FIFO 1`, or `normal, nice 0` and why).

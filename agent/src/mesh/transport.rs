@@ -19,7 +19,11 @@ use url::Url;
 #[derive(Debug, Clone)]
 pub struct EndpointConfig {
     pub secret_key: [u8; 32],
+    /// The relay the renting host serves.
     pub relay_url: Url,
+    /// The fleet's other hosts' relays: the endpoint picks its home among all of them (the
+    /// nearest that answers, another when that one is gone), and dials peers on each.
+    pub fleet_relays: Vec<Url>,
     /// UDP address to bind for direct paths; a specific address (the endpoint offers peers
     /// exactly this one).
     pub bind: SocketAddr,
@@ -238,7 +242,7 @@ pub fn parse_endpoint_id(s: &str) -> Result<EndpointId> {
 
 /// Binds the endpoint.
 pub async fn bind(cfg: &EndpointConfig) -> Result<Endpoint> {
-    let relay = RelayUrl::from(cfg.relay_url.clone());
+    let relays = cfg.relays().into_iter().map(RelayUrl::from);
     let congestion: Arc<dyn ControllerFactory + Send + Sync> = match cfg.tuning.congestion {
         Congestion::Cubic => Arc::new(CubicConfig::default()),
         Congestion::Bbr => Arc::new(Bbr3Config::default()),
@@ -279,7 +283,7 @@ pub async fn bind(cfg: &EndpointConfig) -> Result<Endpoint> {
         // The mesh's ALPN is the only one it accepts; it dials the broker's tunnel with
         // socialweb_wire::tunnel::ALPN (crate::tunnel).
         .alpns(vec![ALPN.to_vec()])
-        .relay_mode(RelayMode::custom([relay]))
+        .relay_mode(RelayMode::custom(relays))
         .clear_address_lookup()
         .portmapper_config(PortmapperConfig::Disabled)
         .transport_config(transport.build())
@@ -339,9 +343,27 @@ fn aes128_only() -> rustls::crypto::CryptoProvider {
     }
 }
 
-/// Where to dial a peer: the relay always, its direct addresses when it has any.
-pub fn dial_addr(id: EndpointId, relay: &Url, direct: &[SocketAddr]) -> EndpointAddr {
-    let mut addr = EndpointAddr::new(id).with_relay_url(RelayUrl::from(relay.clone()));
+impl EndpointConfig {
+    /// Every relay: the renting host's first, then the fleet's others, each once.
+    pub fn relays(&self) -> Vec<Url> {
+        let mut all = vec![self.relay_url.clone()];
+        for r in &self.fleet_relays {
+            if !all.contains(r) {
+                all.push(r.clone());
+            }
+        }
+        all
+    }
+}
+
+/// Where to dial a peer: on every relay always (the peer is at home on one of them, which
+/// one may change when a host is lost, and iroh keeps a path through each), and its direct
+/// addresses when it has any.
+pub fn dial_addr(id: EndpointId, relays: &[Url], direct: &[SocketAddr]) -> EndpointAddr {
+    let mut addr = EndpointAddr::new(id);
+    for r in relays {
+        addr = addr.with_relay_url(RelayUrl::from(r.clone()));
+    }
     for d in direct {
         addr = addr.with_ip_addr(*d);
     }

@@ -373,6 +373,26 @@ impl Store {
         rows.iter().map(provision_of).collect()
     }
 
+    /// The mesh endpoint ids of every live provision, whichever host rented it: who a
+    /// fleet host's relay admits.
+    pub async fn live_endpoints(&self) -> Result<Vec<String>> {
+        let ended: Vec<String> = Step::ALL
+            .into_iter()
+            .filter(|s| !s.live())
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect();
+        let sql = format!(
+            "SELECT endpoint FROM provisions WHERE state NOT IN ({})",
+            ended.join(", ")
+        );
+        Ok(sqlx::query(&sql)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| r.get::<String, _>("endpoint"))
+            .collect())
+    }
+
     pub async fn record_decision(&self, d: &DecisionRow) -> Result<()> {
         sqlx::query(
             "INSERT INTO decisions (id, cluster, at, action, target, nodes, intent, reason) \
