@@ -87,8 +87,7 @@ pub async fn mesh(cx: &Ctx) -> Mesh {
                 node: id.node.clone(),
                 endpoint: mesh::transport::EndpointConfig {
                     secret_key: id.mesh_secret_key.0,
-                    relay_url: id.relay_url.clone(),
-                    fleet_relays: id.fleet_relays.clone(),
+                    relays: id.relays(),
                     bind: section.listen,
                     bind_v6: None,
                     pod_mtu: section.mtu,

@@ -423,7 +423,7 @@ impl Mesh {
     /// Keeps a connection to `slot` up while the peer is in the directory: dial, serve, and
     /// when the connection ends, dial again with backoff (250 ms doubling to 5 s).
     async fn dial_loop(self, slot: Arc<PeerSlot>) {
-        let relays = self.inner.cfg.endpoint.relays();
+        let relays = self.inner.cfg.endpoint.relays.clone();
         let mut backoff =
             crate::backoff::Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
         loop {
@@ -585,15 +585,14 @@ impl Mesh {
             pod_cidr: state.own.as_ref().map(|o| o.cidr.to_string()),
             node_ip: self.inner.cfg.node_ip.map(|ip| ip.to_string()),
             // The home relay, once the endpoint has picked one.
-            relay_url: home.first().map_or_else(
-                || self.inner.cfg.endpoint.relay_url.to_string(),
-                |r| r.url().to_string(),
-            ),
+            relay_url: home
+                .first()
+                .map_or_else(|| self.relay_url().to_string(), |r| r.url().to_string()),
             relays: self
                 .inner
                 .cfg
                 .endpoint
-                .relays()
+                .relays
                 .iter()
                 .map(Url::to_string)
                 .collect(),
@@ -642,9 +641,9 @@ impl Mesh {
         self.inner.endpoint.close().await;
     }
 
-    /// The relay URL in use.
+    /// The renting host's relay (the first of the configured ones; never empty).
     pub fn relay_url(&self) -> &Url {
-        &self.inner.cfg.endpoint.relay_url
+        &self.inner.cfg.endpoint.relays[0]
     }
 }
 

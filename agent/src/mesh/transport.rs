@@ -19,11 +19,10 @@ use url::Url;
 #[derive(Debug, Clone)]
 pub struct EndpointConfig {
     pub secret_key: [u8; 32],
-    /// The relay the renting host serves.
-    pub relay_url: Url,
-    /// The fleet's other hosts' relays: the endpoint picks its home among all of them (the
-    /// nearest that answers, another when that one is gone), and dials peers on each.
-    pub fleet_relays: Vec<Url>,
+    /// Every relay, never empty: the renting host's first, then the fleet's others
+    /// (`NodeIdentity::relays`). The endpoint picks its home among all of them (the nearest
+    /// that answers, another when that one is gone), and dials peers on each.
+    pub relays: Vec<Url>,
     /// UDP address to bind for direct paths; a specific address (the endpoint offers peers
     /// exactly this one).
     pub bind: SocketAddr,
@@ -242,7 +241,7 @@ pub fn parse_endpoint_id(s: &str) -> Result<EndpointId> {
 
 /// Binds the endpoint.
 pub async fn bind(cfg: &EndpointConfig) -> Result<Endpoint> {
-    let relays = cfg.relays().into_iter().map(RelayUrl::from);
+    let relays = cfg.relays.iter().cloned().map(RelayUrl::from);
     let congestion: Arc<dyn ControllerFactory + Send + Sync> = match cfg.tuning.congestion {
         Congestion::Cubic => Arc::new(CubicConfig::default()),
         Congestion::Bbr => Arc::new(Bbr3Config::default()),
@@ -340,19 +339,6 @@ fn aes128_only() -> rustls::crypto::CryptoProvider {
             cipher_suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
         ],
         ..default_provider()
-    }
-}
-
-impl EndpointConfig {
-    /// Every relay: the renting host's first, then the fleet's others, each once.
-    pub fn relays(&self) -> Vec<Url> {
-        let mut all = vec![self.relay_url.clone()];
-        for r in &self.fleet_relays {
-            if !all.contains(r) {
-                all.push(r.clone());
-            }
-        }
-        all
     }
 }
 
