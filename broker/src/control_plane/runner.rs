@@ -100,8 +100,15 @@ pub struct Spec {
 /// system:masters' and kine's own few, so 100 leaves room.
 pub const KINE_MAX_OPEN: u32 = 100;
 const _: () = assert!(KINE_MAX_OPEN >= super::MAX_MUTATING_INFLIGHT * 3 / 2);
-/// The most it keeps open while idle.
-pub const KINE_MAX_IDLE: u32 = 2;
+/// The most it keeps open while idle. Under load a write returns two connections at once, so
+/// an idle limit below the writes in flight closes and reopens connections (a PostgreSQL
+/// process fork each): with 2, eight writers ran at a quarter of SQLite's rate, with 16 at
+/// 0.95x (docs/operations.md). `KINE_MAX_IDLE_TIME` gives them back once the burst is over.
+pub const KINE_MAX_IDLE: u32 = 16;
+/// How long a connection may stay idle before kine closes it (kine's default is 2 minutes):
+/// a cluster at rest polls through one or two, so a burst's connections return to the
+/// server's budget half a minute after it, not two.
+pub const KINE_MAX_IDLE_TIME: &str = "30s";
 
 /// What keeps a cluster's objects (docs/hibernation.md says how they compare): etcd, or kine
 /// (the etcd API over SQLite in the cluster's directory, as k3s does). Either listens on the
@@ -392,6 +399,9 @@ impl Spec {
             args.extend([
                 OsString::from(format!("--datastore-max-open-connections={KINE_MAX_OPEN}")),
                 OsString::from(format!("--datastore-max-idle-connections={KINE_MAX_IDLE}")),
+                OsString::from(format!(
+                    "--datastore-connection-max-idle-time={KINE_MAX_IDLE_TIME}"
+                )),
             ]);
         }
         args
