@@ -1,7 +1,7 @@
 //! The datastore quota of a cluster on kine (docs/security.md, "Budgets"), with etcd's
-//! semantics: once its database holds the quota, the cluster's admission policy
-//! `socialweb-datastore-quota` (`broker/deploy/datastore-quota.yaml`) refuses tenants'
-//! creates and updates; reads and deletes are served, and writes come back once deleted
+//! semantics: once its database holds the quota, the broker sets the cluster's admission
+//! policy `socialweb-datastore-quota` (`broker/deploy/datastore-quota.yaml`) to refuse
+//! tenants' creates and updates; reads and deletes are served, and writes come back once deleted
 //! objects have been compacted away. etcd clusters have etcd's own quota (its default,
 //! 2 GiB); this watch only publishes that they are not full.
 //!
@@ -16,12 +16,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use sqlx::ConnectOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// The ConfigMap the policy reads its state from (`kube-system`, the broker's own).
+/// The ConfigMap that says whether the cluster is full (`kube-system`, the broker's own).
 pub const STATE: (&str, &str) = ("kube-system", "socialweb-datastore-quota");
 
 /// How often the database is measured: a tenant may go past the quota by what it writes
@@ -59,13 +60,49 @@ pub async fn open(db: &Path) -> Result<SqliteConnection> {
         .with_context(|| format!("opening {} to measure it", db.display()))
 }
 
-/// Writes the policy's state: full or not, and the quota it is at.
+/// The cluster's admission policy (`broker/deploy/datastore-quota.yaml`).
+pub const POLICY: &str = "socialweb-datastore-quota";
+
+/// Sets the policy's validation (refuse while full, else pass), then writes the state to
+/// the ConfigMap for those who read it (operators, `kubectl get`): the policy takes no
+/// parameter resource (the manifest says why).
 pub async fn publish(client: &kube::Client, full: bool, quota: Option<u64>) -> Result<()> {
-    let data = serde_json::json!({
-        "full": full.to_string(),
-        "quota_mib": quota.map(|q| (q >> 20).to_string()).unwrap_or_else(|| "none".into()),
+    let quota_mib = quota
+        .map(|q| (q >> 20).to_string())
+        .unwrap_or_else(|| "none".into());
+    let policy = serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": POLICY},
+        "spec": {"validations": [validation(full, &quota_mib)]},
     });
+    kube::Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .patch(
+            POLICY,
+            &kube::api::PatchParams::apply("socialweb-broker").force(),
+            &kube::api::Patch::Apply(&policy),
+        )
+        .await
+        .with_context(|| format!("writing the admission policy {POLICY}"))?;
+    let data = serde_json::json!({"full": full.to_string(), "quota_mib": quota_mib});
     crate::tenant::apply_configmap(client, STATE, &data).await
+}
+
+/// The policy's one validation: `true` while there is room, else `false` with the refusal.
+fn validation(full: bool, quota_mib: &str) -> serde_json::Value {
+    if !full {
+        return serde_json::json!({"expression": "true"});
+    }
+    serde_json::json!({
+        "expression": "false",
+        "reason": "Forbidden",
+        "message": format!(
+            "this cluster has filled its datastore quota: it is at its quota of {quota_mib} \
+             MiB, and writes are refused until objects are deleted and the datastore has \
+             compacted them away (kine compacts every 5 minutes and keeps the last 1000 \
+             revisions); reads and deletes are served (docs/security.md, Budgets)"
+        ),
+    })
 }
 
 /// The cluster's quota as the broker keeps it.
@@ -81,8 +118,8 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Publishes the state once (before the cluster is served: while the state is missing
-    /// the policy has nothing to refuse with), then keeps it current until `stop`.
+    /// Publishes the state once (before the cluster is served: each start applies the
+    /// manifest, whose policy refuses nothing), then keeps it current until `stop`.
     pub async fn start(self, client: kube::Client, stop: CancellationToken) {
         let mut was = None;
         let mut conn = None;
@@ -147,6 +184,20 @@ impl Watch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_policy_refuses_only_while_full_and_names_the_quota() {
+        assert_eq!(validation(false, "64")["expression"], "true");
+        let v = validation(true, "64");
+        assert_eq!(v["expression"], "false");
+        assert_eq!(v["reason"], "Forbidden");
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap()
+                .contains("at its quota of 64 MiB")
+        );
+    }
 
     #[test]
     fn full_at_the_quota() {
