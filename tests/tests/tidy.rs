@@ -299,6 +299,37 @@ fn the_shipped_plugin_has_no_fault_injection() {
     );
 }
 
+/// The admission policies every cluster gets take no parameter resource: every aggregated
+/// apiserver a tenant runs loads them, and a `paramKind` makes it list and watch that kind
+/// across the cluster, which its ServiceAccount may not do, so it never becomes ready (the
+/// datastore quota's did this to the Aggregator conformance test; docs/security.md).
+#[test]
+fn the_clusters_admission_policies_take_no_parameters() {
+    let deploy = root().join("broker/deploy");
+    let mut bad = Vec::new();
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&deploy).expect("broker/deploy") {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        seen += text.matches("kind: ValidatingAdmissionPolicy\n").count();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split('#').next().unwrap_or_default();
+            if code.contains("paramKind") || code.contains("paramRef") {
+                bad.push(format!("{}:{}: {}", path.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        seen >= 3,
+        "only {seen} admission policies found under {}",
+        deploy.display()
+    );
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
 /// Every `.rs` file of a package, leaving out packages nested inside it (agent/dns-core in
 /// agent/, the fuzz crates) and build output.
 fn sources(dir: &Path, top: bool) -> Vec<PathBuf> {
