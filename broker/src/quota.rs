@@ -1,8 +1,8 @@
 //! The datastore quota of a cluster on kine (docs/security.md, "Budgets"), with etcd's
 //! semantics: once its database holds the quota, the broker sets the cluster's admission
 //! policy `socialweb-datastore-quota` (`broker/deploy/datastore-quota.yaml`) to refuse
-//! tenants' creates and updates; reads and deletes are served, and writes come back once deleted
-//! objects have been compacted away. etcd clusters have etcd's own quota (its default,
+//! tenants' creates and updates; reads and deletes are served, and writes come back once
+//! deleted objects have been compacted away. etcd clusters have etcd's own quota (its default,
 //! 2 GiB); this watch only publishes that they are not full.
 //!
 //! What counts is the pages SQLite has in use (pages less the free list): deleting and

@@ -102,8 +102,8 @@ pub const KINE_MAX_OPEN: u32 = 100;
 const _: () = assert!(KINE_MAX_OPEN >= super::MAX_MUTATING_INFLIGHT * 3 / 2);
 /// The most it keeps open while idle. Under load a write returns two connections at once, so
 /// an idle limit below the writes in flight closes and reopens connections (a PostgreSQL
-/// process fork each): with 2, eight writers ran at a quarter of SQLite's rate, with 16 at
-/// 0.95x (docs/operations.md). `KINE_MAX_IDLE_TIME` gives them back once the burst is over.
+/// process fork each): with 2, eight writers ran at 0.24x SQLite's rate, with 16 at 0.85x
+/// (bench/fleet, docs/operations.md). `KINE_MAX_IDLE_TIME` gives them back once the burst is over.
 pub const KINE_MAX_IDLE: u32 = 16;
 /// How long a connection may stay idle before kine closes it (kine's default is 2 minutes):
 /// a cluster at rest polls through one or two, so a burst's connections return to the
