@@ -168,7 +168,9 @@ impl Clusters {
             .await?
             .ok_or_else(|| anyhow::anyhow!("no cluster {name:?} in the store"))?;
         let spec = self.spec(&record, self.ports(name).await?);
-        self.keep_authorities(&spec).await?;
+        if !self.keep_authorities(&spec, &stop).await? {
+            return Ok(());
+        }
         self.front.mount(Mount {
             cluster: name.to_string(),
             account_hash: record
@@ -222,17 +224,36 @@ impl Clusters {
 
     /// The cluster's authorities made where missing and, with a vault (`store.key_file`),
     /// the same as the store's: restored from it onto an empty disk, sealed into it when
-    /// made here. Before anything is served or signed.
-    async fn keep_authorities(&self, spec: &Spec) -> Result<()> {
-        let vault = self.vault();
-        if let Some(v) = &vault {
+    /// made here. Before anything is served or signed. `Ok(false)`: stopped first.
+    ///
+    /// The users CA is the one authority this never makes: the host that creates the cluster
+    /// makes it (`Clusters::create`) and has signed users' certificates with it by the time
+    /// another host of the fleet follows the cluster, so a follower waits for the creator to
+    /// seal it rather than make one of its own that no user's certificate would match.
+    async fn keep_authorities(&self, spec: &Spec, stop: &CancellationToken) -> Result<bool> {
+        let Some(v) = self.vault() else {
+            spec.ensure_authorities()?;
+            return Ok(true);
+        };
+        let users_ca = spec.dir.join("users/ca.key");
+        let mut told = false;
+        loop {
             logged(&spec.cluster, v.sync(&spec.cluster, &spec.dir).await?);
+            if users_ca.exists() {
+                break;
+            }
+            if !told {
+                info!(cluster = %spec.cluster, "waiting for the creating host to seal the cluster's users CA");
+                told = true;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = stop.cancelled() => return Ok(false),
+            }
         }
         spec.ensure_authorities()?;
-        if let Some(v) = &vault {
-            logged(&spec.cluster, v.sync(&spec.cluster, &spec.dir).await?);
-        }
-        Ok(())
+        logged(&spec.cluster, v.sync(&spec.cluster, &spec.dir).await?);
+        Ok(true)
     }
 
     /// Mounts and tells the cluster as hibernating (since `since`, or now).

@@ -1,5 +1,8 @@
 //! The store's part of the vault (`crate::vault`): sealed files, written once per cluster
 //! and path, never updated (a CA is not replaced; the first host to seal one wins).
+//! Files that only work together (a certificate and its key) are sealed as one group, all or
+//! none, so that two hosts sealing at once cannot leave one's certificate beside the other's
+//! key.
 
 use anyhow::Result;
 use sqlx::Row;
@@ -17,6 +20,31 @@ impl Store {
                 .await?;
         row.map(|r| Ok((r.try_get("key_id")?, r.try_get("sealed")?)))
             .transpose()
+    }
+
+    /// The key id and sealed text of each of cluster `cluster`'s files `paths`, if kept, read
+    /// in one statement: a group another host seals meanwhile is seen whole or not at all.
+    pub async fn sealed_group(
+        &self,
+        cluster: &str,
+        paths: &[String; 2],
+    ) -> Result<[Option<(String, String)>; 2]> {
+        let rows = sqlx::query(
+            "SELECT path, key_id, sealed FROM sealed_files \
+             WHERE cluster = $1 AND (path = $2 OR path = $3)",
+        )
+        .bind(cluster)
+        .bind(&paths[0])
+        .bind(&paths[1])
+        .fetch_all(&self.pool)
+        .await?;
+        let mut found = [None, None];
+        for r in rows {
+            let path: String = r.try_get("path")?;
+            let i = usize::from(path == paths[1]);
+            found[i] = Some((r.try_get("key_id")?, r.try_get("sealed")?));
+        }
+        Ok(found)
     }
 
     /// Keeps a sealed file unless the cluster has one at `path` already (that one stays).
@@ -40,6 +68,40 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    /// Keeps the sealed files `files` (path, key id, sealed text) of cluster `cluster` all
+    /// together, or none of them when the cluster has any of those paths already (the
+    /// group in the store stays whole). Whether they were kept. In PostgreSQL a second
+    /// host's insert of the same path waits for the first's transaction, then finds the row.
+    pub async fn insert_sealed_group(
+        &self,
+        cluster: &str,
+        files: &[(&str, &str, &str)],
+        at: i64,
+    ) -> Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let mut inserted = 0;
+        for (path, key_id, sealed) in files {
+            inserted += sqlx::query(
+                "INSERT INTO sealed_files (cluster, path, key_id, sealed, created_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (cluster, path) DO NOTHING",
+            )
+            .bind(cluster)
+            .bind(*path)
+            .bind(*key_id)
+            .bind(*sealed)
+            .bind(at)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        }
+        if inserted as usize != files.len() {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// How many files cluster `cluster` has sealed in the store.

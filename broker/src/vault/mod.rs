@@ -26,14 +26,21 @@ pub use seal::SealKey;
 /// the users CA (`control_plane::runner`, `access::certs`).
 pub const AUTHORITIES: &[&str] = &["pki", "pki/front-proxy", "pki/etcd", "users"];
 
+/// The files kept, relative to a cluster's directory, in the groups that only work
+/// together (each authority's certificate and key, the service-account key pair): a group is
+/// sealed whole or not at all, and taken from the store whole.
+pub fn groups() -> Vec<[String; 2]> {
+    let mut groups: Vec<[String; 2]> = AUTHORITIES
+        .iter()
+        .map(|d| [format!("{d}/ca.crt"), format!("{d}/ca.key")])
+        .collect();
+    groups.push(["pki/sa.key".to_string(), "pki/sa.pub".to_string()]);
+    groups
+}
+
 /// Every file kept, relative to a cluster's directory.
 pub fn kept() -> Vec<String> {
-    let mut files: Vec<String> = AUTHORITIES
-        .iter()
-        .flat_map(|d| [format!("{d}/ca.crt"), format!("{d}/ca.key")])
-        .collect();
-    files.extend(["pki/sa.key".to_string(), "pki/sa.pub".to_string()]);
-    files
+    groups().into_iter().flatten().collect()
 }
 
 /// What one sync did.
@@ -57,59 +64,91 @@ impl Vault {
         Vault { store, key }
     }
 
-    /// Makes cluster `cluster`'s files in `dir` and its rows in the store agree: a row wins
-    /// over a file (the store is the home; a file differing from it was made by a host that
-    /// lost a race or a disk that outlived the cluster), and a file without a row is sealed
-    /// in. Where a file changed, whatever its authority had signed on this disk is removed,
-    /// to be issued again from the CA the store holds.
+    /// Makes cluster `cluster`'s files in `dir` and its rows in the store agree, group by
+    /// group ([`groups`]): a group in the store wins over the files (the store is the home; a
+    /// file differing from it was made by a host that lost a race or a disk that outlived the
+    /// cluster), and a group made here and not in the store is sealed in, whole. Where a file
+    /// changed, whatever its authority had signed on this disk is removed, to be issued again
+    /// from the CA the store holds.
     pub async fn sync(&self, cluster: &str, dir: &Path) -> Result<Synced> {
         let mut done = Synced::default();
-        for rel in kept() {
-            let path = dir.join(&rel);
-            let place = format!("{cluster}/{rel}");
-            let local = match std::fs::read(&path) {
-                Ok(b) => Some(b),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-            };
-            let row = match self.store.sealed_file(cluster, &rel).await? {
-                Some(row) => Some(row),
-                None => match &local {
-                    Some(bytes) => {
-                        let text = self.key.seal(&place, bytes);
-                        self.store
-                            .insert_sealed_file(
-                                cluster,
-                                &rel,
-                                self.key.id(),
-                                &text,
-                                millis(SystemTime::now()),
-                            )
-                            .await?;
-                        // Another host may have sealed its own first: read back which won.
-                        let row = self.store.sealed_file(cluster, &rel).await?;
-                        if row.as_ref().is_some_and(|(_, t)| *t == text) {
-                            done.sealed.push(rel.clone());
-                        }
-                        row
-                    }
-                    None => None,
-                },
-            };
-            let Some((key_id, text)) = row else { continue };
-            let plain = self.key.open(&place, &key_id, &text).with_context(|| {
-                format!("cluster {cluster}'s {rel} in the store (store.key_file)")
-            })?;
-            if local.as_deref() != Some(&plain[..]) {
-                write(&path, &plain)?;
-                done.restored.push(rel);
-            }
+        for group in groups() {
+            self.sync_group(cluster, dir, &group, &mut done).await?;
         }
         for rel in &done.restored {
             let authority = Path::new(rel).parent().unwrap_or(Path::new(""));
             forget_signed(&dir.join(authority))?;
         }
         Ok(done)
+    }
+
+    /// One group of [`sync`](Self::sync).
+    async fn sync_group(
+        &self,
+        cluster: &str,
+        dir: &Path,
+        group: &[String; 2],
+        done: &mut Synced,
+    ) -> Result<()> {
+        let mut local = Vec::new();
+        for rel in group {
+            let path = dir.join(rel);
+            local.push(match std::fs::read(&path) {
+                Ok(b) => Some(b),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+            });
+        }
+        let mut rows = self.store.sealed_group(cluster, group).await?;
+        if rows.iter().all(Option::is_none) {
+            // Not in the store: seal this host's, if it has made the whole group.
+            let Some(mine) = local.iter().cloned().collect::<Option<Vec<_>>>() else {
+                return Ok(());
+            };
+            let texts: Vec<String> = group
+                .iter()
+                .zip(&mine)
+                .map(|(rel, bytes)| self.key.seal(&format!("{cluster}/{rel}"), bytes))
+                .collect();
+            let files: Vec<(&str, &str, &str)> = group
+                .iter()
+                .zip(&texts)
+                .map(|(rel, text)| (rel.as_str(), self.key.id(), text.as_str()))
+                .collect();
+            let now = millis(SystemTime::now());
+            if self.store.insert_sealed_group(cluster, &files, now).await? {
+                done.sealed.extend(group.iter().cloned());
+                return Ok(());
+            }
+            // Another host sealed its own first: take that one, whole.
+            rows = self.store.sealed_group(cluster, group).await?;
+        }
+        let Some(rows) = rows.into_iter().collect::<Option<Vec<_>>>() else {
+            anyhow::bail!(
+                "cluster {cluster}'s {} is only partly in the store ({} must be kept together); \
+                 the store was altered or written by an older broker: restore it from a backup",
+                group[0],
+                group.join(" and ")
+            );
+        };
+        // Every file opened before any is written: a group is never half replaced.
+        let mut plain = Vec::new();
+        for (rel, (key_id, text)) in group.iter().zip(rows) {
+            plain.push(
+                self.key
+                    .open(&format!("{cluster}/{rel}"), &key_id, &text)
+                    .with_context(|| {
+                        format!("cluster {cluster}'s {rel} in the store (store.key_file)")
+                    })?,
+            );
+        }
+        for ((rel, plain), have) in group.iter().zip(plain).zip(local) {
+            if have.as_deref() != Some(&plain[..]) {
+                write(&dir.join(rel), &plain)?;
+                done.restored.push(rel.clone());
+            }
+        }
+        Ok(())
     }
 }
 
@@ -256,6 +295,62 @@ pub(crate) mod tests {
             std::fs::read(dir.join("a/pki/ca.key")).unwrap(),
             std::fs::read(dir.join("b/pki/ca.key")).unwrap()
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Two hosts that each made a cluster's authorities and sync at once (a fleet: the
+    /// creator, and a host that starts following the cluster as it appears) end with the
+    /// same files, and each group is one host's whole: never one's certificate beside the
+    /// other's key (CI, 2026-12-05: a front-proxy CA mixed this way made every request
+    /// through the front a 401).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_hosts_syncing_at_once_never_mix_a_certificate_with_the_other_hosts_key() {
+        let dir = scratch("mixed");
+        let path = dir.join("b.db");
+        Store::open(&format!("sqlite://{}?mode=rwc", path.display()))
+            .await
+            .unwrap();
+        let key = key();
+        for round in 0..64 {
+            let cluster = format!("c{round}");
+            let (a, b) = (dir.join(format!("{round}a")), dir.join(format!("{round}b")));
+            made(&cluster, a.clone());
+            made(&cluster, b.clone());
+            let origin = |d: &Path| -> Vec<Vec<u8>> {
+                kept()
+                    .iter()
+                    .map(|r| std::fs::read(d.join(r)).unwrap())
+                    .collect()
+            };
+            let (was_a, was_b) = (origin(&a), origin(&b));
+            // Each host its own pool, as two broker processes have.
+            let host = |d: PathBuf, cluster: String| {
+                let (url, key) = (format!("sqlite://{}", path.display()), key.clone());
+                tokio::spawn(async move {
+                    let v = Vault::new(Store::open(&url).await.unwrap(), key);
+                    v.sync(&cluster, &d).await.unwrap()
+                })
+            };
+            let (sa, sb) = tokio::join!(host(a.clone(), cluster.clone()), host(b.clone(), cluster));
+            let (sa, sb) = (sa.unwrap(), sb.unwrap());
+            let (now_a, now_b) = (origin(&a), origin(&b));
+            assert_eq!(
+                now_a, now_b,
+                "round {round}: both hosts hold the same files"
+            );
+            let mut i = 0;
+            for group in groups() {
+                let n = group.len();
+                let files = &now_a[i..i + n];
+                assert!(
+                    files == &was_a[i..i + n] || files == &was_b[i..i + n],
+                    "round {round}: {group:?} mixes the two hosts' files ({sa:?}, {sb:?})"
+                );
+                i += n;
+            }
+            let sealed = sa.sealed.len() + sb.sealed.len();
+            assert_eq!(sealed, kept().len(), "round {round}: each file sealed once");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
