@@ -174,7 +174,7 @@ fn run_teed(mut cmd: std::process::Command, log: &Path) -> Result<std::process::
     Ok(status)
 }
 
-fn main() -> Result<()> {
+fn main() -> Result<std::process::ExitCode> {
     let args = Args::parse();
     let t = Instant::now();
     let n = args.nodes;
@@ -367,11 +367,14 @@ fn main() -> Result<()> {
     if args.hold {
         hold(host, &kube, &b)?;
     }
-    drop(b);
-    if totals.undocumented > 0 || totals.selected == 0 {
-        std::process::exit(1);
-    }
-    Ok(())
+    // Returned, not `process::exit`ed: the broker, PostgreSQL, the machines' namespaces and
+    // the work directory are dropped on the way out (an exit skipped them and left the whole
+    // cluster running after a failed run).
+    Ok(if totals.undocumented > 0 || totals.selected == 0 {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    })
 }
 
 /// The seed archives of the suite's images ([`images`]), written into `work`.
