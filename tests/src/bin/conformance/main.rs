@@ -109,6 +109,26 @@ fn storage_errors(b: &Broker<'_>) -> Result<u64> {
         .sum::<f64>() as u64)
 }
 
+/// Copies the control plane's logs (`<cluster dir>/logs`) into `to`, so that a failure can
+/// be read after the run has taken the cluster down; and counts what kine says when its
+/// watch stream stalls: SQL slower than its threshold (1 s) and revisions it gave up on
+/// ("GAP").
+fn keep_logs(b: &Broker<'_>, to: &Path) -> Result<(u64, u64)> {
+    let from = b.cluster_dir("conformance").join("logs");
+    std::fs::create_dir_all(to)?;
+    let (mut slow, mut gaps) = (0, 0);
+    for e in std::fs::read_dir(&from).with_context(|| format!("reading {}", from.display()))? {
+        let e = e?;
+        std::fs::copy(e.path(), to.join(e.file_name()))?;
+        if e.file_name().to_string_lossy().starts_with("kine") {
+            let text = String::from_utf8_lossy(&std::fs::read(e.path())?).into_owned();
+            slow += text.lines().filter(|l| l.contains("Slow SQL")).count() as u64;
+            gaps += text.lines().filter(|l| l.contains("GAP ")).count() as u64;
+        }
+    }
+    Ok((slow, gaps))
+}
+
 fn step(t: Instant, what: &str) {
     println!("\n== [{:>6.1}s] {what}", t.elapsed().as_secs_f64());
 }
@@ -357,6 +377,13 @@ fn main() -> Result<std::process::ExitCode> {
         "storage_request_errors={}",
         storage_errors(&b).context("the apiserver's storage errors")?
     );
+    let logs = report_dir.join("logs");
+    let (slow, gaps) = keep_logs(&b, &logs).context("keeping the control plane's logs")?;
+    if args.datastore != "etcd" {
+        println!("kine_slow_sql={slow}");
+        println!("kine_gaps_skipped={gaps}");
+    }
+    println!("logs={}", logs.display());
     print!("{}", totals.figures(""));
     println!(
         "suite_seconds={:.0}",
