@@ -47,7 +47,8 @@ impl Store {
         Ok(found)
     }
 
-    /// Keeps a sealed file unless the cluster has one at `path` already (that one stays).
+    /// Keeps a sealed file unless the cluster has one at `path` already (that one stays): a
+    /// group of one.
     pub async fn insert_sealed_file(
         &self,
         cluster: &str,
@@ -56,18 +57,9 @@ impl Store {
         sealed: &str,
         at: i64,
     ) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO sealed_files (cluster, path, key_id, sealed, created_at) \
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (cluster, path) DO NOTHING",
-        )
-        .bind(cluster)
-        .bind(path)
-        .bind(key_id)
-        .bind(sealed)
-        .bind(at)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        self.insert_sealed_group(cluster, &[(path, key_id, sealed)], at)
+            .await
+            .map(|_| ())
     }
 
     /// Keeps the sealed files `files` (path, key id, sealed text) of cluster `cluster` all
