@@ -347,6 +347,45 @@ async fn concurrent_creates(url: &str) {
     s.close().await;
 }
 
+/// Two hosts of a fleet leasing a new cluster's ports at once (its creator, and a host that
+/// began following it as it appeared), each on its own connections: both end with the same
+/// port for each purpose, and the store holds one. (CI, 2026-12-06: each host leased its
+/// own "api" port; the owner's apiserver listened on one, the tunnel dialled the other.)
+async fn concurrent_port_leases(url: &str) {
+    const PURPOSES: [&str; 6] = ["api", "etcd-client", "etcd-peer", "cm", "sched", "guard"];
+    let (a, b) = (
+        Store::open(url).await.unwrap(),
+        Store::open(url).await.unwrap(),
+    );
+    for round in 0..32 {
+        let name = format!("leased-{round}");
+        a.create_cluster(&op(&name), SystemTime::now())
+            .await
+            .unwrap();
+        let lease = |s: &Store| {
+            let (s, name) = (s.clone(), name.clone());
+            tokio::spawn(async move {
+                s.lease_ports(&name, &PURPOSES, 30000, 1000, |_| true)
+                    .await
+                    .unwrap()
+            })
+        };
+        let (got_a, got_b) = tokio::join!(lease(&a), lease(&b));
+        let (mut got_a, mut got_b) = (got_a.unwrap(), got_b.unwrap());
+        got_a.sort();
+        got_b.sort();
+        assert_eq!(got_a, got_b, "round {round}: both hosts use the same ports");
+        let mut kept = a.ports(&name).await.unwrap();
+        kept.sort();
+        assert_eq!(
+            kept, got_a,
+            "round {round}: one port per purpose in the store"
+        );
+    }
+    a.close().await;
+    b.close().await;
+}
+
 #[test]
 fn the_store_keeps_the_same_records_on_sqlite_and_postgresql() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -359,6 +398,10 @@ fn the_store_keeps_the_same_records_on_sqlite_and_postgresql() {
         "sqlite://{}?mode=rwc",
         dir.path().join("race.db").display()
     )));
+    rt.block_on(concurrent_port_leases(&format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("ports.db").display()
+    )));
 
     let ns = Netns::new("pg").unwrap();
     let pg = Postgres::start(&ns).unwrap();
@@ -367,6 +410,7 @@ fn the_store_keeps_the_same_records_on_sqlite_and_postgresql() {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(exercise(&pg.url));
         rt.block_on(concurrent_creates(&pg.url));
+        rt.block_on(concurrent_port_leases(&pg.url));
     })
     .unwrap();
 }

@@ -250,6 +250,9 @@ impl Store {
 
     /// The cluster's ports by purpose, leasing free ones from `[base, base + count)` for
     /// purposes it has none for. `free` says whether a port can be bound now.
+    ///
+    /// Hosts of a fleet may lease for one cluster at once: a purpose holds one port
+    /// (a unique index), and a host that loses the race for a purpose takes the winner's.
     pub async fn lease_ports(
         &self,
         cluster: &str,
@@ -268,8 +271,10 @@ impl Store {
                 if !free(port) {
                     continue;
                 }
+                // Refused if the port is another's, or if another host leased this
+                // purpose meanwhile (then that one is the cluster's).
                 let r = sqlx::query(
-                    "INSERT INTO ports (port, cluster, purpose) VALUES ($1, $2, $3) ON CONFLICT (port) DO NOTHING",
+                    "INSERT INTO ports (port, cluster, purpose) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
                 )
                 .bind(i64::from(port))
                 .bind(cluster)
@@ -280,16 +285,35 @@ impl Store {
                     got = Some(port);
                     break;
                 }
+                if let Some(theirs) = self.port(cluster, purpose).await? {
+                    got = Some(theirs);
+                    break;
+                }
             }
-            let port = got.with_context(|| {
-                format!(
-                    "no free port left in {base}-{} for cluster {cluster}",
-                    base as u32 + count as u32 - 1
-                )
-            })?;
+            let port = match got {
+                Some(p) => p,
+                // None free here, but another host may have leased it meanwhile.
+                None => self.port(cluster, purpose).await?.with_context(|| {
+                    format!(
+                        "no free port left in {base}-{} for cluster {cluster}",
+                        base as u32 + count as u32 - 1
+                    )
+                })?,
+            };
             have.push((purpose.to_string(), port));
         }
         Ok(have)
+    }
+
+    /// The cluster's port for `purpose`, if it has one.
+    async fn port(&self, cluster: &str, purpose: &str) -> Result<Option<u16>> {
+        let row = sqlx::query("SELECT port FROM ports WHERE cluster = $1 AND purpose = $2")
+            .bind(cluster)
+            .bind(purpose)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| Ok(u16::try_from(r.try_get::<i64, _>("port")?)?))
+            .transpose()
     }
 
     pub async fn ports(&self, cluster: &str) -> Result<Vec<(String, u16)>> {
