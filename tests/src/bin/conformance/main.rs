@@ -15,6 +15,7 @@
 //! (with their reason) are known; any other makes the exit status 1.
 
 mod images;
+mod metrics;
 mod parts;
 mod report;
 
@@ -100,13 +101,12 @@ struct Args {
 
 /// The apiserver's failed requests to its datastore over the run
 /// (`etcd_request_errors_total`, whatever the datastore: kine speaks etcd's API).
-fn storage_errors(b: &Broker<'_>) -> Result<u64> {
+/// The apiserver's storage figures ([`metrics::Storage`]); its whole `/metrics` kept in `to`.
+fn storage(b: &Broker<'_>, to: &Path) -> Result<metrics::Storage> {
     let text = b.kubectl("conformance", &["get", "--raw", "/metrics"])?;
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with("etcd_request_errors_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64)
+    std::fs::create_dir_all(to)?;
+    std::fs::write(to.join("apiserver-metrics.txt"), &text)?;
+    Ok(metrics::Storage::parse(&text))
 }
 
 /// Copies the control plane's logs (`<cluster dir>/logs`) into `to`, so that a failure can
@@ -373,11 +373,13 @@ fn main() -> Result<std::process::ExitCode> {
     println!("kubernetes_version={version}");
     println!("nodes={n}");
     println!("datastore={}", args.datastore);
-    println!(
-        "storage_request_errors={}",
-        storage_errors(&b).context("the apiserver's storage errors")?
-    );
     let logs = report_dir.join("logs");
+    print!(
+        "{}",
+        storage(&b, &logs)
+            .context("the apiserver's storage metrics")?
+            .figures()
+    );
     let (slow, gaps) = keep_logs(&b, &logs).context("keeping the control plane's logs")?;
     if args.datastore != "etcd" {
         println!("kine_slow_sql={slow}");
