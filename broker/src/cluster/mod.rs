@@ -302,6 +302,13 @@ impl Clusters {
         // Never a directory an earlier cluster of this name had: its CA keys are not this
         // cluster's.
         let dir = format!("{name}-{:08x}", rand::random::<u32>());
+        // Its users CA first, sealed into the store with its row: a host of the fleet that
+        // follows the cluster finds it whole, whatever becomes of this one.
+        let path = self.settings.dir.join(&dir);
+        let sealed = self.users_ca_for(name, &path).map_err(|e| {
+            let _ = std::fs::remove_dir_all(&path);
+            ServiceError::internal(e)
+        })?;
         let limits = user.then_some((self.settings.max_per_did, self.settings.max_total));
         let new = crate::store::NewCluster {
             name,
@@ -311,22 +318,8 @@ impl Clusters {
             hibernate_after_secs,
             datastore: datastore.as_str(),
         };
-        let record = self
-            .store
-            .create_cluster(&new, SystemTime::now())
-            .await
-            .map_err(|e| {
-                if let Some(x) = e.downcast_ref::<crate::store::Exists>() {
-                    ServiceError::Conflict(format!("name: {x}"))
-                } else if let Some(l) = e.downcast_ref::<crate::store::Limit>() {
-                    ServiceError::Conflict(l.to_string())
-                } else {
-                    ServiceError::internal(e)
-                }
-            })?;
-        self.access
-            .create_users_ca(&self.dir_of(&record), name)
-            .map_err(ServiceError::internal)?;
+        let record = self.insert_record(&new, &path, &sealed).await?;
+        debug_assert_eq!(self.dir_of(&record), path);
         info!(cluster = %name, dir = %dir, "cluster created");
         self.spawn(name);
         drop(lock);
@@ -444,6 +437,38 @@ impl Clusters {
             max_awake: self.settings.max_awake,
             claiming: self.claiming.clone(),
         })
+    }
+
+    /// A new cluster's row, with its sealed users CA; its directory `dir` removed if refused.
+    async fn insert_record(
+        &self,
+        new: &crate::store::NewCluster<'_>,
+        dir: &std::path::Path,
+        sealed: &[crate::vault::Sealed],
+    ) -> Result<socialweb_broker_core::Cluster, ServiceError> {
+        let rows = crate::vault::as_rows(sealed);
+        self.store
+            .create_cluster_sealed(new, SystemTime::now(), &rows)
+            .await
+            .map_err(|e| {
+                let _ = std::fs::remove_dir_all(dir);
+                if let Some(x) = e.downcast_ref::<crate::store::Exists>() {
+                    ServiceError::Conflict(format!("name: {x}"))
+                } else if let Some(l) = e.downcast_ref::<crate::store::Limit>() {
+                    ServiceError::Conflict(l.to_string())
+                } else {
+                    ServiceError::internal(e)
+                }
+            })
+    }
+
+    /// Makes a new cluster's users CA in its directory `dir`: sealed, with a vault.
+    fn users_ca_for(&self, name: &str, dir: &std::path::Path) -> Result<Vec<crate::vault::Sealed>> {
+        self.access.create_users_ca(dir, name)?;
+        match self.vault() {
+            Some(v) => v.seal_users_ca(name, dir),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// The vault, when the operator gave a key.

@@ -100,6 +100,19 @@ impl Store {
     /// Creates a cluster record, counted against its owner's and the global limits in the
     /// same transaction. Errors: [`Exists`], [`Limit`].
     pub async fn create_cluster(&self, c: &NewCluster<'_>, now: SystemTime) -> Result<Cluster> {
+        self.create_cluster_sealed(c, now, &[]).await
+    }
+
+    /// [`create_cluster`](Self::create_cluster), with the cluster's first sealed files
+    /// (path, key id, sealed text: `crate::vault`, its users CA) in the same transaction:
+    /// no host of a fleet ever sees the cluster without them, even if its creator dies
+    /// right after.
+    pub async fn create_cluster_sealed(
+        &self,
+        c: &NewCluster<'_>,
+        now: SystemTime,
+        sealed: &[(&str, &str, &str)],
+    ) -> Result<Cluster> {
         let t = millis(now);
         let mut tx = self.pool.begin().await?;
         if let Some(owner) = c.owner {
@@ -145,6 +158,15 @@ impl Store {
         .await?;
         if r.rows_affected() == 0 {
             return Err(Exists(c.name.to_string()).into());
+        }
+        // A deletion removes a cluster's sealed files with its row: any left would be a
+        // store altered by hand.
+        if super::sealed::insert_sealed(&mut tx, c.name, sealed, t).await? != sealed.len() {
+            anyhow::bail!(
+                "the store holds sealed files for a cluster named {:?} that has no record: \
+                 remove them (sealed_files) or restore the store from a backup",
+                c.name
+            );
         }
         tx.commit().await?;
         self.cluster(c.name)

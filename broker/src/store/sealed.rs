@@ -5,7 +5,7 @@
 //! key.
 
 use anyhow::Result;
-use sqlx::Row;
+use sqlx::{Any, Row, Transaction};
 
 use super::Store;
 
@@ -73,22 +73,7 @@ impl Store {
         at: i64,
     ) -> Result<bool> {
         let mut tx = self.pool.begin().await?;
-        let mut inserted = 0;
-        for (path, key_id, sealed) in files {
-            inserted += sqlx::query(
-                "INSERT INTO sealed_files (cluster, path, key_id, sealed, created_at) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (cluster, path) DO NOTHING",
-            )
-            .bind(cluster)
-            .bind(*path)
-            .bind(*key_id)
-            .bind(*sealed)
-            .bind(at)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        }
-        if inserted as usize != files.len() {
+        if insert_sealed(&mut tx, cluster, files, at).await? != files.len() {
             tx.rollback().await?;
             return Ok(false);
         }
@@ -106,4 +91,30 @@ impl Store {
                 .try_get("n")?,
         )
     }
+}
+
+/// Inserts the sealed files `files` (path, key id, sealed text) of cluster `cluster` in
+/// `tx`, each unless the cluster has that path already: how many were inserted.
+pub(super) async fn insert_sealed(
+    tx: &mut Transaction<'static, Any>,
+    cluster: &str,
+    files: &[(&str, &str, &str)],
+    at: i64,
+) -> Result<usize> {
+    let mut inserted = 0;
+    for (path, key_id, sealed) in files {
+        inserted += sqlx::query(
+            "INSERT INTO sealed_files (cluster, path, key_id, sealed, created_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (cluster, path) DO NOTHING",
+        )
+        .bind(cluster)
+        .bind(*path)
+        .bind(*key_id)
+        .bind(*sealed)
+        .bind(at)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+    }
+    Ok(usize::try_from(inserted)?)
 }

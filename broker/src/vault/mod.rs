@@ -82,6 +82,33 @@ impl Vault {
         Ok(done)
     }
 
+    /// A new cluster's users CA in `dir`, sealed, for its creation
+    /// (`Store::create_cluster_sealed`): the cluster's row never exists without it, so a host
+    /// of the fleet that follows the cluster never waits for a creator that died.
+    pub fn seal_users_ca(&self, cluster: &str, dir: &Path) -> Result<Vec<Sealed>> {
+        let group = ["users/ca.crt".to_string(), "users/ca.key".to_string()];
+        let mut plain = Vec::new();
+        for rel in &group {
+            let path = dir.join(rel);
+            plain
+                .push(std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?);
+        }
+        Ok(self.seal(cluster, &group, &plain))
+    }
+
+    /// `group`'s files, `plain`, sealed under the key.
+    fn seal(&self, cluster: &str, group: &[String; 2], plain: &[Vec<u8>]) -> Vec<Sealed> {
+        group
+            .iter()
+            .zip(plain)
+            .map(|(rel, bytes)| Sealed {
+                path: rel.clone(),
+                key_id: self.key.id().to_string(),
+                text: self.key.seal(&format!("{cluster}/{rel}"), bytes),
+            })
+            .collect()
+    }
+
     /// One group of [`sync`](Self::sync).
     async fn sync_group(
         &self,
@@ -105,18 +132,13 @@ impl Vault {
             let Some(mine) = local.iter().cloned().collect::<Option<Vec<_>>>() else {
                 return Ok(());
             };
-            let texts: Vec<String> = group
-                .iter()
-                .zip(&mine)
-                .map(|(rel, bytes)| self.key.seal(&format!("{cluster}/{rel}"), bytes))
-                .collect();
-            let files: Vec<(&str, &str, &str)> = group
-                .iter()
-                .zip(&texts)
-                .map(|(rel, text)| (rel.as_str(), self.key.id(), text.as_str()))
-                .collect();
+            let sealed = self.seal(cluster, group, &mine);
             let now = millis(SystemTime::now());
-            if self.store.insert_sealed_group(cluster, &files, now).await? {
+            if self
+                .store
+                .insert_sealed_group(cluster, &as_rows(&sealed), now)
+                .await?
+            {
                 done.sealed.extend(group.iter().cloned());
                 return Ok(());
             }
@@ -150,6 +172,22 @@ impl Vault {
         }
         Ok(())
     }
+}
+
+/// A kept file sealed: its path in the cluster's directory, the key's id, the sealed text.
+#[derive(Debug, Clone)]
+pub struct Sealed {
+    pub path: String,
+    pub key_id: String,
+    pub text: String,
+}
+
+/// Sealed files as the store takes them (path, key id, sealed text).
+pub fn as_rows(sealed: &[Sealed]) -> Vec<(&str, &str, &str)> {
+    sealed
+        .iter()
+        .map(|f| (f.path.as_str(), f.key_id.as_str(), f.text.as_str()))
+        .collect()
 }
 
 /// Writes a kept file: keys owner-only, in an owner-only directory.
@@ -294,6 +332,57 @@ pub(crate) mod tests {
         assert_eq!(
             std::fs::read(dir.join("a/pki/ca.key")).unwrap(),
             std::fs::read(dir.join("b/pki/ca.key")).unwrap()
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A cluster's row and its users CA reach the store in one transaction: a host that
+    /// follows the cluster from its row restores the creator's users CA at once, even if
+    /// the creator never synced (died right after the create); a create refused because
+    /// the name exists seals nothing.
+    #[tokio::test]
+    async fn a_new_clusters_row_comes_with_its_users_ca() {
+        let dir = scratch("row");
+        let store = store(&dir).await;
+        let vault = Vault::new(store.clone(), key());
+        crate::control_plane::pki::Pki::open_or_create(&dir.join("a/users"), "users").unwrap();
+        let sealed = vault.seal_users_ca("c1", &dir.join("a")).unwrap();
+        let new = crate::store::NewCluster {
+            name: "c1",
+            owner: None,
+            dir: "a",
+            limits: None,
+            hibernate_after_secs: None,
+            datastore: "etcd",
+        };
+        let now = SystemTime::now();
+        store
+            .create_cluster_sealed(&new, now, &as_rows(&sealed))
+            .await
+            .unwrap();
+        assert_eq!(store.sealed_files("c1").await.unwrap(), 2);
+        let synced = vault.sync("c1", &dir.join("b")).await.unwrap();
+        assert_eq!(synced.restored, ["users/ca.crt", "users/ca.key"]);
+        for rel in ["users/ca.crt", "users/ca.key"] {
+            assert_eq!(
+                std::fs::read(dir.join("a").join(rel)).unwrap(),
+                std::fs::read(dir.join("b").join(rel)).unwrap(),
+                "{rel}"
+            );
+        }
+        crate::control_plane::pki::Pki::open_or_create(&dir.join("c/users"), "users").unwrap();
+        let other = vault.seal_users_ca("c1", &dir.join("c")).unwrap();
+        let e = store
+            .create_cluster_sealed(&new, now, &as_rows(&other))
+            .await
+            .unwrap_err();
+        assert!(e.downcast_ref::<crate::store::Exists>().is_some(), "{e:#}");
+        let users = ["users/ca.crt".to_string(), "users/ca.key".to_string()];
+        let kept = store.sealed_group("c1", &users).await.unwrap();
+        assert_eq!(
+            kept[1].as_ref().map(|(_, t)| t.as_str()),
+            Some(sealed[1].text.as_str()),
+            "the first cluster's users CA stays"
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }
