@@ -190,35 +190,93 @@ impl Clusters {
         if asleep {
             self.rest(name, state, record.hibernating_since);
         }
+        let mut failures = 0;
         loop {
-            let mut woke = None;
-            if asleep {
-                match self.sleep(name, state, &stop).await? {
-                    Slept::Woken(t0) => woke = Some(t0),
-                    Slept::Elsewhere => {}
-                    Slept::Stopped => return Ok(()),
-                }
-            }
-            match self.owned(&spec, state, &stop, woke).await {
+            match self.turn(&spec, state, &stop, asleep).await {
                 Ok(Ended::Stopped) => return Ok(()),
                 Ok(Ended::Hibernated) => asleep = true,
                 Ok(Ended::Lost | Ended::Moved) => asleep = false,
-                // A failed wake leaves it hibernating; the next request tries again.
-                Err(e) if woke.is_some() => {
-                    warn!(cluster = %name, "waking: {e:#}");
-                    self.provisioner.metrics().wake_failed();
-                    self.store
-                        .set_hibernating(name, Some(SystemTime::now()))
-                        .await?;
-                    self.front
-                        .set_state(name, MountState::WakeFailed(format!("{e:#}")));
-                    let _ = state.send(ClusterState::Hibernating {
-                        since: millis(SystemTime::now()),
-                    });
-                    asleep = true;
+                // A fleet's host tries again: the store may be out of reach for a while (its
+                // lease lapses meanwhile, for another host), and ending here would leave the
+                // cluster to the other hosts until this broker restarts -- or, after an outage
+                // that every host saw, to none.
+                Err(e) if self.ownership().is_some() => {
+                    failures += 1;
+                    if !self.try_again(name, state, &e, failures, &stop).await {
+                        return Ok(());
+                    }
+                    // Whether it hibernates meanwhile, the lease's claim reads in the store.
+                    asleep = false;
+                    continue;
                 }
                 Err(e) => return Err(e),
             }
+            failures = 0;
+        }
+    }
+
+    /// One turn of the cluster's life: asleep (when `asleep`) until woken here or elsewhere,
+    /// then an awake period. A failed wake leaves it hibernating; the next request tries
+    /// again.
+    async fn turn(
+        self: &Arc<Self>,
+        spec: &Spec,
+        state: &watch::Sender<ClusterState>,
+        stop: &CancellationToken,
+        asleep: bool,
+    ) -> Result<Ended> {
+        let name = spec.cluster.as_str();
+        let mut woke = None;
+        if asleep {
+            match self.sleep(name, state, stop).await? {
+                Slept::Woken(t0) => woke = Some(t0),
+                Slept::Elsewhere => {}
+                Slept::Stopped => return Ok(Ended::Stopped),
+            }
+        }
+        match self.owned(spec, state, stop, woke).await {
+            Err(e) if woke.is_some() => {
+                warn!(cluster = %name, "waking: {e:#}");
+                self.provisioner.metrics().wake_failed();
+                if let Err(e) = self
+                    .store
+                    .set_hibernating(name, Some(SystemTime::now()))
+                    .await
+                {
+                    // The store still says awake: the next start brings it up.
+                    warn!(cluster = %name, "recording the failed wake: {e:#}");
+                }
+                self.front
+                    .set_state(name, MountState::WakeFailed(format!("{e:#}")));
+                let _ = state.send(ClusterState::Hibernating {
+                    since: millis(SystemTime::now()),
+                });
+                Ok(Ended::Hibernated)
+            }
+            other => other,
+        }
+    }
+
+    /// After the `failures`-th failure in a row on a fleet's host: says so (the state is
+    /// `failed`, with the error and when this host tries again), holds the front's requests,
+    /// and waits 2 s, doubled each failure, at most a minute. `false`: stopped meanwhile.
+    async fn try_again(
+        &self,
+        name: &str,
+        state: &watch::Sender<ClusterState>,
+        e: &anyhow::Error,
+        failures: u32,
+        stop: &CancellationToken,
+    ) -> bool {
+        let delay = Duration::from_secs(1 << failures.min(6)).min(Duration::from_secs(60));
+        warn!(cluster = %name, "{e:#}; this host tries again in {delay:?}");
+        self.front.set_state(name, MountState::Starting);
+        let _ = state.send(ClusterState::Failed {
+            error: format!("{e:#} (this host tries again in {}s)", delay.as_secs()),
+        });
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => true,
+            _ = stop.cancelled() => false,
         }
     }
 
@@ -227,9 +285,10 @@ impl Clusters {
     /// made here. Before anything is served or signed. `Ok(false)`: stopped first.
     ///
     /// The users CA is the one authority this never makes: the host that creates the cluster
-    /// makes it (`Clusters::create`) and has signed users' certificates with it by the time
-    /// another host of the fleet follows the cluster, so a follower waits for the creator to
-    /// seal it rather than make one of its own that no user's certificate would match.
+    /// makes it and seals it with the cluster's row (`Clusters::create`), and signs users'
+    /// certificates with it. A follower finds it there; for a cluster an older broker
+    /// created, it waits for the creator to seal it rather than make one of its own that no
+    /// user's certificate would match.
     async fn keep_authorities(&self, spec: &Spec, stop: &CancellationToken) -> Result<bool> {
         let Some(v) = self.vault() else {
             spec.ensure_authorities()?;
@@ -440,24 +499,14 @@ impl Clusters {
         let files = up.running.files.clone();
         self.keep_up(spec, &up.client, &period).await;
         let watches = Watches::start(&up.client, &period);
-        crate::tunnel::egress::serve(
-            Egress {
-                cluster: name.to_string(),
-                tunnels: self.tunnels.clone(),
-                store: self.store.clone(),
-                nodes: watches.nodes.clone(),
-                service_cidr: crate::control_plane::SERVICE_CIDR.parse()?,
-            },
-            &up.running.egress_socket,
-            period.clone(),
-        )?;
-        let ctx = ClusterCtx {
-            name: name.to_string(),
-            server_url: files.node_url.clone(),
-            ca_pin: socialweb_wire::ca::pin(files.ca_pem.as_bytes()).map_err(anyhow::Error::msg)?,
-            client: up.client.clone(),
+        let (ctx, upstream) = match self.served(spec, &up, &watches, &period) {
+            Ok(s) => s,
+            Err(e) => {
+                // Nothing runs past the period: a lease's renewal ends with it.
+                up.running.kill().await;
+                return Err(e);
+            }
         };
-        let upstream = upstream(&files)?;
         self.front
             .set_state(name, MountState::Up(Box::new(upstream.clone())));
         let _ = state.send(ClusterState::Ready);
@@ -478,6 +527,36 @@ impl Clusters {
         period.cancel();
         self.end_period(name, state, why, lease, up.running, driver)
             .await
+    }
+
+    /// What an awake period serves once its control plane is up: the apiserver's egress to
+    /// the nodes, and the scale driver's and the front's way to the apiserver.
+    fn served(
+        &self,
+        spec: &Spec,
+        up: &crate::control_plane::up::Up,
+        watches: &Watches,
+        period: &CancellationToken,
+    ) -> Result<(ClusterCtx, Upstream)> {
+        let files = &up.running.files;
+        crate::tunnel::egress::serve(
+            Egress {
+                cluster: spec.cluster.clone(),
+                tunnels: self.tunnels.clone(),
+                store: self.store.clone(),
+                nodes: watches.nodes.clone(),
+                service_cidr: crate::control_plane::SERVICE_CIDR.parse()?,
+            },
+            &up.running.egress_socket,
+            period.clone(),
+        )?;
+        let ctx = ClusterCtx {
+            name: spec.cluster.clone(),
+            server_url: files.node_url.clone(),
+            ca_pin: socialweb_wire::ca::pin(files.ca_pem.as_bytes()).map_err(anyhow::Error::msg)?,
+            client: up.client.clone(),
+        };
+        Ok((ctx, upstream(files)?))
     }
 
     /// Ends an awake period for `why` (the period cancelled): a lost lease kills the control

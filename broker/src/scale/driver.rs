@@ -161,7 +161,13 @@ pub async fn run(
         pool_told: None,
     };
     loop {
-        let wake = d.pass().await;
+        // A pass waits on the store, which may be out of reach: the period's end (a lost
+        // lease, whose owner waits for this before it tries again) does not wait for it.
+        // Stopping mid-pass is a crash, which the step machine is safe from.
+        let wake = tokio::select! {
+            w = d.pass() => w,
+            _ = stop.cancelled() => break,
+        };
         tokio::select! {
             _ = d.nudge.notified() => settle(&d.nudge).await,
             _ = tokio::time::sleep_until(wake) => {}
