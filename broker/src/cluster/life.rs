@@ -409,7 +409,11 @@ impl Clusters {
         if lease.lost() {
             return Ok(Ended::Lost);
         }
-        if matches!(ended, Ok(Ended::Stopped | Ended::Hibernated | Ended::Moved)) {
+        // A failed period left nothing running (a bring-up stops what it started, and a
+        // failure after it kills the control plane): another host may try at once, rather
+        // than after the lease's TTL while this one keeps claiming it back.
+        if ended.is_err() || matches!(ended, Ok(Ended::Stopped | Ended::Hibernated | Ended::Moved))
+        {
             lease.release().await;
         }
         ended
