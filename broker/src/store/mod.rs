@@ -262,13 +262,24 @@ impl Store {
         free: impl Fn(u16) -> bool,
     ) -> Result<Vec<(String, u16)>> {
         let mut have = self.ports(cluster).await?;
+        if purposes.iter().all(|p| have.iter().any(|(h, _)| h == p)) {
+            return Ok(have);
+        }
+        // Ports other clusters hold are skipped without a try: an INSERT (and the look
+        // after a refused one) is only spent where a race is possible.
+        let mut taken: std::collections::HashSet<i64> = sqlx::query("SELECT port FROM ports")
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| r.try_get("port"))
+            .collect::<Result<_, _>>()?;
         for purpose in purposes {
             if have.iter().any(|(p, _)| p == purpose) {
                 continue;
             }
             let mut got = None;
             for port in base..base.saturating_add(count) {
-                if !free(port) {
+                if taken.contains(&i64::from(port)) || !free(port) {
                     continue;
                 }
                 // Refused if the port is another's, or if another host leased this
@@ -300,6 +311,7 @@ impl Store {
                     )
                 })?,
             };
+            taken.insert(i64::from(port));
             have.push((purpose.to_string(), port));
         }
         Ok(have)

@@ -86,7 +86,10 @@ impl Vault {
     /// (`Store::create_cluster_sealed`): the cluster's row never exists without it, so a host
     /// of the fleet that follows the cluster never waits for a creator that died.
     pub fn seal_users_ca(&self, cluster: &str, dir: &Path) -> Result<Vec<Sealed>> {
-        let group = ["users/ca.crt".to_string(), "users/ca.key".to_string()];
+        let group = groups()
+            .into_iter()
+            .find(|g| g[0].starts_with("users/"))
+            .expect("the users CA is a kept group");
         let mut plain = Vec::new();
         for rel in &group {
             let path = dir.join(rel);

@@ -99,8 +99,6 @@ struct Args {
     datastore: String,
 }
 
-/// The apiserver's failed requests to its datastore over the run
-/// (`etcd_request_errors_total`, whatever the datastore: kine speaks etcd's API).
 /// The apiserver's storage figures ([`metrics::Storage`]); its whole `/metrics` kept in `to`.
 fn storage(b: &Broker<'_>, to: &Path) -> Result<metrics::Storage> {
     let text = b.kubectl("conformance", &["get", "--raw", "/metrics"])?;
