@@ -57,6 +57,18 @@ fn diagnostics(broker: &Machine, providers: &[Provider]) -> String {
     out
 }
 
+/// The last `n` lines of `text`, saying how many were left out.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let cut = lines.len().saturating_sub(n);
+    let mut out = String::new();
+    if cut > 0 {
+        out.push_str(&format!("[{cut} lines before these]\n"));
+    }
+    out.push_str(&lines[cut..].join("\n"));
+    out
+}
+
 /// Runs `block` on `m` with `env`; returns its stdout, or panics with everything it said.
 fn run(
     m: &Machine,
@@ -70,10 +82,17 @@ fn run(
         .unwrap_or_else(|e| panic!("{e:#}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    eprintln!(
-        "--- {} (docs/quickstart.md:{})\n{stdout}{stderr}",
-        m.name, block.line
-    );
+    // A block that worked shows its last lines only: apt's progress would push a failure's
+    // message out of what CI keeps of the output (the failing block's assertion below
+    // carries all it said).
+    if out.status.success() {
+        eprintln!(
+            "--- {} (docs/quickstart.md:{})\n{}",
+            m.name,
+            block.line,
+            tail(&format!("{stdout}{stderr}"), 6)
+        );
+    }
     assert!(
         out.status.success(),
         "docs/quickstart.md:{}: the block failed on {} ({}):\n{}\nstdout:\n{stdout}\nstderr:\n{stderr}\n{}",
