@@ -41,18 +41,13 @@ struct Provider {
 
 /// What the machines show when a block fails: the daemons' logs.
 fn diagnostics(broker: &Machine, providers: &[Provider]) -> String {
-    let tail = |m: &Machine, unit: &str| {
-        let log = m.read(&format!("/var/log/{unit}.log"));
-        let lines: Vec<&str> = log.lines().collect();
-        format!(
-            "--- {} {unit}.log (last 60 lines)\n{}\n",
-            m.name,
-            lines[lines.len().saturating_sub(60)..].join("\n")
-        )
+    let log = |m: &Machine, unit: &str| {
+        let text = m.read(&format!("/var/log/{unit}.log"));
+        format!("--- {} {unit}.log\n{}\n", m.name, tail(&text, 60))
     };
-    let mut out = tail(broker, "socialweb-broker");
+    let mut out = log(broker, "socialweb-broker");
     for p in providers {
-        out.push_str(&tail(&p.machine, "socialweb-provider"));
+        out.push_str(&log(&p.machine, "socialweb-provider"));
     }
     out
 }

@@ -30,12 +30,14 @@ pub const AUTHORITIES: &[&str] = &["pki", "pki/front-proxy", "pki/etcd", "users"
 /// together (each authority's certificate and key, the service-account key pair): a group is
 /// sealed whole or not at all, and taken from the store whole.
 pub fn groups() -> Vec<[String; 2]> {
-    let mut groups: Vec<[String; 2]> = AUTHORITIES
-        .iter()
-        .map(|d| [format!("{d}/ca.crt"), format!("{d}/ca.key")])
-        .collect();
+    let mut groups: Vec<[String; 2]> = AUTHORITIES.iter().map(|d| authority(d)).collect();
     groups.push(["pki/sa.key".to_string(), "pki/sa.pub".to_string()]);
     groups
+}
+
+/// The group of the authority in `dir` (one of [`AUTHORITIES`]): its certificate and key.
+fn authority(dir: &str) -> [String; 2] {
+    [format!("{dir}/ca.crt"), format!("{dir}/ca.key")]
 }
 
 /// Every file kept, relative to a cluster's directory.
@@ -86,10 +88,7 @@ impl Vault {
     /// (`Store::create_cluster_sealed`): the cluster's row never exists without it, so a host
     /// of the fleet that follows the cluster never waits for a creator that died.
     pub fn seal_users_ca(&self, cluster: &str, dir: &Path) -> Result<Vec<Sealed>> {
-        let group = groups()
-            .into_iter()
-            .find(|g| g[0].starts_with("users/"))
-            .expect("the users CA is a kept group");
+        let group = authority("users");
         let mut plain = Vec::new();
         for rel in &group {
             let path = dir.join(rel);
