@@ -14,7 +14,9 @@ use crate::process::Spawned;
 
 /// Path of a binary built from this workspace (`target/<profile>/<name>`). `./x test` builds
 /// every binary before the tests run; running a test alone needs
-/// `cargo build --workspace --bins` first, and the message says so.
+/// `cargo build --workspace --bins` first, and the message says so -- also when a source the
+/// binary was built from changed since: `cargo test` builds only the test crates, and a test
+/// of a stale binary checks the old code.
 pub fn workspace_bin(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -31,7 +33,51 @@ pub fn workspace_bin(name: &str) -> PathBuf {
          which `./x test` does)",
         path.display()
     );
+    if let Some(source) = newer_source(&path) {
+        panic!(
+            "{} is older than {}, which it is built from: build the workspace's binaries \
+             first (`cargo build --workspace --bins`, which `./x test` does)",
+            path.display(),
+            source.display()
+        );
+    }
     path
+}
+
+/// A source file that binary `bin` was built from and that changed after it was built, by
+/// cargo's dep-info beside it (`<bin>.d`: the binary, a colon, every file it was built from);
+/// `None` without one. A listed file that is missing is no sign (a build script may watch a
+/// file that a fresh clone does not have, such as a loose git ref).
+fn newer_source(bin: &Path) -> Option<PathBuf> {
+    let built = std::fs::metadata(bin).and_then(|m| m.modified()).ok()?;
+    let info = std::fs::read_to_string(bin.with_extension("d")).ok()?;
+    dep_info_sources(&info).into_iter().find(|src| {
+        std::fs::metadata(src)
+            .and_then(|m| m.modified())
+            .is_ok_and(|changed| changed > built)
+    })
+}
+
+/// The files of a dep-info file's first rule (`target: a.rs b\ c.rs`; a space in a name is
+/// escaped with a backslash).
+fn dep_info_sources(info: &str) -> Vec<PathBuf> {
+    let Some((_, deps)) = info.lines().next().and_then(|l| l.split_once(": ")) else {
+        return Vec::new();
+    };
+    let mut files = Vec::new();
+    let mut name = String::new();
+    let mut chars = deps.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => name.extend(chars.next()),
+            ' ' => {
+                files.extend((!name.is_empty()).then(|| PathBuf::from(std::mem::take(&mut name))))
+            }
+            c => name.push(c),
+        }
+    }
+    files.extend((!name.is_empty()).then(|| PathBuf::from(name)));
+    files
 }
 
 /// What one plugin invocation returned.
@@ -189,4 +235,55 @@ pub fn result_ip(result: &Value, ifname: &str) -> Option<String> {
             })
             .flatten()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+
+    #[test]
+    fn dep_info_lists_the_first_rules_files_with_escaped_spaces() {
+        let info = "/t/bin: /a/x.rs /b/with\\ space.rs /c/y.rs\n\n/a/x.rs:\n";
+        assert_eq!(
+            dep_info_sources(info),
+            ["/a/x.rs", "/b/with space.rs", "/c/y.rs"]
+                .map(PathBuf::from)
+                .to_vec()
+        );
+        assert!(dep_info_sources("").is_empty());
+    }
+
+    #[test]
+    fn a_source_changed_after_the_build_makes_the_binary_stale() {
+        let dir = std::env::temp_dir().join(format!("swt-depinfo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (bin, src, gone) = (dir.join("bin"), dir.join("a.rs"), dir.join("gone.rs"));
+        let at = |path: &Path, secs: u64| {
+            std::fs::write(path, "x").unwrap();
+            let t = SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
+            std::fs::File::options()
+                .write(true)
+                .open(path)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        };
+        std::fs::write(
+            bin.with_extension("d"),
+            format!("{}: {} {}\n", bin.display(), src.display(), gone.display()),
+        )
+        .unwrap();
+        at(&src, 1_000);
+        at(&bin, 2_000);
+        assert_eq!(
+            newer_source(&bin),
+            None,
+            "built after its source, and gone.rs is missing"
+        );
+        at(&src, 3_000);
+        assert_eq!(newer_source(&bin), Some(src.clone()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
