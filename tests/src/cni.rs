@@ -16,7 +16,9 @@ use crate::process::Spawned;
 /// every binary before the tests run; running a test alone needs
 /// `cargo build --workspace --bins` first, and the message says so -- also when a source the
 /// binary was built from changed since: `cargo test` builds only the test crates, and a test
-/// of a stale binary checks the old code.
+/// of a stale binary checks the old code. Checked at a process's first call for each binary
+/// only: a long run (`./x conformance`, a benchmark) started on a fresh binary is not
+/// stopped near its end because a source was edited meanwhile.
 pub fn workspace_bin(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -33,7 +35,13 @@ pub fn workspace_bin(name: &str) -> PathBuf {
          which `./x test` does)",
         path.display()
     );
+    static CHECKED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
+    if checked.iter().any(|n| n == name) {
+        return path;
+    }
     if let Some(source) = newer_source(&path) {
+        drop(checked);
         panic!(
             "{} is older than {}, which it is built from: build the workspace's binaries \
              first (`cargo build --workspace --bins`, which `./x test` does)",
@@ -41,6 +49,7 @@ pub fn workspace_bin(name: &str) -> PathBuf {
             source.display()
         );
     }
+    checked.push(name.to_string());
     path
 }
 

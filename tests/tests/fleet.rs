@@ -151,6 +151,103 @@ fn a_cluster_created_on_a_full_host_is_run_by_another() {
     step(t, "host 2 took one over");
 }
 
+/// Hibernation in a fleet: a hibernating cluster is run by no host, and the host whose front
+/// a request reaches wakes it and runs it. When that host's first look at the lease fails
+/// (the failpoint: the store out of reach at that moment), the wake holds the request and
+/// tries again, rather than fail it and record the cluster as hibernating -- which, were
+/// another host running it, would leave it to sleep if that host died.
+#[test]
+fn a_hibernating_cluster_is_woken_by_the_host_a_request_reaches() {
+    let _shared = light();
+    let t = Instant::now();
+    let world = World::fleet(2, 0).unwrap();
+    let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR)).unwrap();
+    let keys = TempDir::new("fleet-key").unwrap();
+    let key = keys.path().join("store.key");
+    store_key(&key);
+    let a = Broker::start(&world, fleet_host(&pg, &key, 1)).unwrap();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            broker_failpoints: Some("broker::wake_lease=1*return".into()),
+            ..fleet_host(&pg, &key, 2)
+        },
+    )
+    .unwrap();
+    let hosts = [&a, &b];
+    let ids = [broker_id(&a), broker_id(&b)];
+    let user = User::in_fleet(&a, keys.path(), "sleepy");
+    let via_b = through(&user.kubeconfig, &a, &b, "via-b.kubeconfig");
+    let released = || {
+        testbed::postgres::query(
+            &world.operator,
+            "broker",
+            "select expires_at from owners where cluster = 'sleepy'",
+        )
+        .unwrap()
+        .trim()
+            == "0"
+    };
+    // Hibernates (after 2 s idle), then is woken through `kc`: the request is held through
+    // the wake, never refused; returns the host that runs it, which the other lists so.
+    let sleep_then_wake = |kc: &Path| {
+        a.cli(&["cluster", "set", "sleepy", "--hibernate-after", "2s"])
+            .unwrap();
+        for h in hosts {
+            h.wait_state("sleepy", "hibernating", Duration::from_secs(120));
+        }
+        assert!(released(), "a hibernating cluster's lease is released");
+        // It stays awake once woken, for what follows.
+        a.cli(&["cluster", "set", "sleepy", "--hibernate-after", "0"])
+            .unwrap();
+        let o = user_kubectl(&world, kc, &["get", "namespaces", "-o", "name", "-v=6"]);
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(o.status.success(), "{said}\n{}", b.diagnostics());
+        assert!(said.contains("namespace/default"), "{said}");
+        assert!(
+            !said.contains("503 Service Unavailable"),
+            "the request was held through the wake, not refused: {said}"
+        );
+        assert!(!released(), "woken, it has a lease");
+        let runs = owning(&world, &ids, "sleepy");
+        hosts[runs].wait_state("sleepy", "ready", Duration::from_secs(60));
+        let seen = hosts[1 - runs].wait_state("sleepy", "elsewhere", Duration::from_secs(30));
+        assert_eq!(seen["host"], ids[runs].as_str(), "{seen}");
+        runs
+    };
+    step(t, "created at host 1");
+
+    let runs = sleep_then_wake(&user.kubeconfig);
+    assert_eq!(runs, 0, "woken at host 1's front, host 1 runs it");
+    step(
+        t,
+        "hibernated, then a request at host 1's front woke it there",
+    );
+
+    // Host 2's first look fails; host 1, seeing the cluster woken, may claim it meanwhile,
+    // and then host 2's front carries the request there.
+    sleep_then_wake(&via_b);
+    let log = std::fs::read_to_string(b.log("broker")).unwrap();
+    assert!(
+        !log.contains("waking: failpoint broker::wake_lease"),
+        "the wake did not fail\n{}",
+        b.diagnostics()
+    );
+    assert!(
+        log.contains("waking: looking at its lease: failpoint broker::wake_lease"),
+        "the failpoint fired at host 2's wake\n{}",
+        b.diagnostics()
+    );
+    step(
+        t,
+        "hibernated, then woken through host 2's front, whose first look at the lease failed",
+    );
+}
+
 #[test]
 fn a_host_cut_off_drained_or_killed_gives_its_clusters_to_another_and_never_runs_them_beside_it() {
     let _shared = light();

@@ -97,6 +97,22 @@ fn wake_fail_point() -> Result<()> {
     Ok(())
 }
 
+/// A wake's look at the cluster's lease fails here when the failpoint `broker::wake_lease` is
+/// set (the tests' store out of reach at a wake).
+fn wake_lease_fail_point() -> Result<()> {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("broker::wake_lease", |_| Err(anyhow::anyhow!(
+        "failpoint broker::wake_lease"
+    )));
+    Ok(())
+}
+
+/// How long a fleet's host waits after the `failures`-th failure in a row before it tries
+/// again: 2 s, doubled each failure, at most a minute.
+fn retry_delay(failures: u32) -> Duration {
+    Duration::from_secs(1 << failures.min(6)).min(Duration::from_secs(60))
+}
+
 /// Crashes the broker at `name` when that failpoint is set (the tests' SIGKILL mid-wake).
 fn crash_point(name: &str) {
     #[cfg(feature = "failpoints")]
@@ -268,7 +284,7 @@ impl Clusters {
         failures: u32,
         stop: &CancellationToken,
     ) -> bool {
-        let delay = Duration::from_secs(1 << failures.min(6)).min(Duration::from_secs(60));
+        let delay = retry_delay(failures);
         warn!(cluster = %name, "{e:#}; this host tries again in {delay:?}");
         self.front.set_state(name, MountState::Starting);
         let _ = state.send(ClusterState::Failed {
@@ -391,10 +407,37 @@ impl Clusters {
         let name = spec.cluster.as_str();
         let waiting = |host: Option<&str>| self.elsewhere(name, state, host);
         let drained = self.drained();
-        let lease = match own
-            .acquire(name, woke.is_some(), &drained, waiting, stop)
-            .await?
-        {
+        let mut failures = 0;
+        let acquired = loop {
+            let looked = match woke {
+                Some(_) => match wake_lease_fail_point() {
+                    Ok(()) => own.acquire(name, true, &drained, waiting, stop).await,
+                    Err(e) => Err(e),
+                },
+                None => own.acquire(name, false, &drained, waiting, stop).await,
+            };
+            match looked {
+                Ok(a) => break a,
+                // A wake keeps its request through a store out of reach: failing it would
+                // record the cluster as hibernating while another host may run it, and if
+                // that host died then, no host would take the cluster over (a hibernating
+                // cluster waits for a request). The front holds the request meanwhile.
+                Err(e) if woke.is_some() => {
+                    failures += 1;
+                    let delay = retry_delay(failures);
+                    warn!(cluster = %name, "waking: looking at its lease: {e:#}; this host tries again in {delay:?}");
+                    let _ = state.send(ClusterState::Starting {
+                        detail: format!("waking: waiting for the store ({e:#})"),
+                    });
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = stop.cancelled() => return Ok(Ended::Stopped),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let lease = match acquired {
             Acquired::Lease(l) => l,
             Acquired::Hibernating => {
                 self.rest(name, state, None);
