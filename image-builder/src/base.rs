@@ -54,6 +54,10 @@ pub fn prepare(base: &Base, cache: &Path, progress: &Progress) -> Result<Ready> 
         Base::Tarball(t) => Ok(Ready::Tarball(t.clone())),
         Base::Debootstrap(d) => {
             let out = debootstrap_cache(d, cache);
+            // Two builds at once (test binaries run in parallel, or an operator's beside
+            // them) would both debootstrap and the later rename would swap the tarball under
+            // the other's image: the second waits for the first and finds it built.
+            let _held = lock_beside(&out)?;
             if out.exists() {
                 // Marks the base as in use: `./x prune` keeps the newest base of each suite.
                 let _ = std::fs::File::open(&out)
@@ -64,6 +68,24 @@ pub fn prepare(base: &Base, cache: &Path, progress: &Progress) -> Result<Ready> 
             Ok(Ready::Tarball(out))
         }
     }
+}
+
+/// An exclusive `flock(2)` on a dot-file beside `out` (`./x prune` sweeps dot-files a day
+/// old, and never takes one for a cache entry), held until the file is dropped.
+fn lock_beside(out: &Path) -> Result<std::fs::File> {
+    let dir = out.parent().expect("a cache file has a directory");
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating the cache {}", dir.display()))?;
+    let name = out
+        .file_name()
+        .expect("a cache file has a name")
+        .to_string_lossy();
+    let path = dir.join(format!(".{name}.lock"));
+    let file =
+        std::fs::File::create(&path).with_context(|| format!("opening {}", path.display()))?;
+    file.lock()
+        .with_context(|| format!("locking {}", path.display()))?;
+    Ok(file)
 }
 
 fn debootstrap(d: &Debootstrap, out: &Path, progress: &Progress) -> Result<()> {

@@ -27,15 +27,19 @@ pub fn write_busybox(out: &Path) -> Result<()> {
         .iter()
         .map(|a| (format!("bin/{a}"), "busybox"))
         .collect();
+    // Written aside and moved in only if it changed: the suite's cached image inputs are
+    // shared by test processes running at once (crate::cache).
+    let written = crate::cache::aside(out);
     write_image(
-        out,
+        &written,
         BUSYBOX_IMAGE,
         layer(
             &[("bin/busybox", 0o755, bin), ("bin/probe", 0o755, probe)],
             &links,
         )?,
         &["/bin/sh"],
-    )
+    )?;
+    crate::cache::replace_if_changed(&written, out)
 }
 
 /// The `probe` binary (tests/images/probe, static Go), built once into the cache directory
@@ -61,13 +65,7 @@ fn build_probe() -> Result<std::path::PathBuf> {
         .take(6)
         .map(|b| format!("{b:02x}"))
         .collect();
-    let cache = std::env::var_os("SOCIALWEB_CACHE")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(&std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-                .join(".cache/socialweb")
-        });
-    let out = cache.join(format!("probe-{hash}/probe"));
+    let out = crate::cache::dir().join(format!("probe-{hash}/probe"));
     if out.is_file() {
         // Marks the entry as the one in use: `./x prune` keeps the newest probe build.
         let _ = std::fs::File::open(out.parent().expect("has a parent"))
@@ -80,7 +78,9 @@ fn build_probe() -> Result<std::path::PathBuf> {
         .find(|p| p.is_file())
         .map(Path::to_path_buf)
         .unwrap_or_else(|| "go".into());
-    let tmp = out.with_extension("tmp");
+    // Its own name per process: two test binaries may build it at once (the last rename wins,
+    // with the same bytes).
+    let tmp = crate::cache::aside(&out);
     std::fs::create_dir_all(out.parent().expect("has a parent"))?;
     let status = std::process::Command::new(&go)
         .current_dir(&src)

@@ -9,6 +9,7 @@
 //! Tests that use it need root; without root they fail with a message that says so.
 
 pub mod broker;
+pub mod cache;
 pub mod cni;
 pub mod images;
 pub mod k8s;

@@ -8,11 +8,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+use crate::cache::write_if_changed;
 use crate::cni::workspace_bin;
 use crate::k8s::binaries;
 
@@ -49,12 +49,7 @@ fn repo() -> PathBuf {
 }
 
 pub fn cache_dir() -> PathBuf {
-    std::env::var_os("SOCIALWEB_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-                .join(".cache/socialweb")
-        })
+    crate::cache::dir()
 }
 
 /// The config text for `spec`: absolute paths, the reference config's `[base]`.
@@ -123,7 +118,8 @@ pub fn build_with(
 ) -> Result<Value> {
     std::fs::create_dir_all(config_dir)?;
     let config = config_dir.join("image.toml");
-    std::fs::write(&config, config_text(spec)?)?;
+    // Unchanged bytes stay put: another process may be hashing this config's inputs.
+    write_if_changed(&config, config_text(spec)?)?;
     let mut args = vec![
         "build",
         "--json",
@@ -179,15 +175,15 @@ systemctl poweroff --no-block
 
 /// The suite's image (busybox seeded, the boot report), built once per fingerprint.
 pub fn test_image() -> Result<PathBuf> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    let _held = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // Test binaries run two at a time: one builds, the other waits and finds it built.
+    let _held = crate::cache::lock("nodeimage-test")?;
     let inputs = cache_dir().join("nodeimage-test-inputs");
     std::fs::create_dir_all(&inputs)?;
     crate::images::write_busybox(&inputs.join("busybox.tar"))?;
-    std::fs::write(inputs.join("boot-report.service"), BOOT_REPORT_UNIT)?;
-    std::fs::write(inputs.join("boot-report"), BOOT_REPORT)?;
-    std::fs::write(
-        inputs.join("boot-report.conf"),
+    write_if_changed(&inputs.join("boot-report.service"), BOOT_REPORT_UNIT)?;
+    write_if_changed(&inputs.join("boot-report"), BOOT_REPORT)?;
+    write_if_changed(
+        &inputs.join("boot-report.conf"),
         "[Unit]\nWants=socialweb-boot-report.service\n",
     )?;
     let spec = test_spec(&inputs);

@@ -196,6 +196,7 @@ fn kubernetes_deb(out: &Path) -> Result<PathBuf> {
 /// The package's node image: the reference config with the busybox seed, cached like the
 /// suite's by its fingerprint.
 fn node_image() -> Result<PathBuf> {
+    let _held = crate::cache::lock("nodeimage-package")?;
     let inputs = nodeimage::cache_dir().join("nodeimage-package-inputs");
     std::fs::create_dir_all(&inputs)?;
     crate::images::write_busybox(&inputs.join("busybox.tar"))?;
