@@ -69,7 +69,8 @@ pub fn write_if_changed(path: &Path, bytes: impl AsRef<[u8]>) -> Result<()> {
     }
     let written = aside(path);
     std::fs::write(&written, bytes).with_context(|| format!("writing {}", written.display()))?;
-    replace_if_changed(&written, path)
+    std::fs::rename(&written, path)
+        .with_context(|| format!("moving {} to {}", written.display(), path.display()))
 }
 
 #[cfg(test)]

@@ -266,8 +266,8 @@ mod tests {
 
     #[test]
     fn a_source_changed_after_the_build_makes_the_binary_stale() {
-        let dir = std::env::temp_dir().join(format!("swt-depinfo-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = crate::tmp::TempDir::new("depinfo").unwrap();
+        let dir = tmp.path();
         let (bin, src, gone) = (dir.join("bin"), dir.join("a.rs"), dir.join("gone.rs"));
         let at = |path: &Path, secs: u64| {
             std::fs::write(path, "x").unwrap();
@@ -293,6 +293,5 @@ mod tests {
         );
         at(&src, 3_000);
         assert_eq!(newer_source(&bin), Some(src.clone()));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -23,6 +23,18 @@ fn step(t: Instant, what: &str) {
     eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
 }
 
+/// A fleet of `hosts` broker hosts and `providers` providers, its PostgreSQL on the operator's
+/// machine, and a new `store.key_file` (in the returned directory); dropped in reverse, so
+/// PostgreSQL stops before its world goes.
+fn fleet_of(hosts: u8, providers: u8) -> (World, Postgres, TempDir, PathBuf) {
+    let world = World::fleet(hosts, providers).unwrap();
+    let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR)).unwrap();
+    let keys = TempDir::new("fleet-key").unwrap();
+    let key = keys.path().join("store.key");
+    store_key(&key);
+    (world, pg, keys, key)
+}
+
 /// A new key for `store.key_file`.
 fn store_key(file: &Path) {
     let out = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))
@@ -92,11 +104,7 @@ fn fleet_host(pg: &Postgres, key: &Path, host: u8) -> BrokerOptions {
 fn a_cluster_created_on_a_full_host_is_run_by_another() {
     let _shared = light();
     let t = Instant::now();
-    let world = World::fleet(2, 0).unwrap();
-    let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR)).unwrap();
-    let keys = TempDir::new("fleet-key").unwrap();
-    let key = keys.path().join("store.key");
-    store_key(&key);
+    let (world, pg, _keys, key) = fleet_of(2, 0);
     let mut a = Broker::start(
         &world,
         BrokerOptions {
@@ -160,11 +168,7 @@ fn a_cluster_created_on_a_full_host_is_run_by_another() {
 fn a_hibernating_cluster_is_woken_by_the_host_a_request_reaches() {
     let _shared = light();
     let t = Instant::now();
-    let world = World::fleet(2, 0).unwrap();
-    let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR)).unwrap();
-    let keys = TempDir::new("fleet-key").unwrap();
-    let key = keys.path().join("store.key");
-    store_key(&key);
+    let (world, pg, keys, key) = fleet_of(2, 0);
     let a = Broker::start(&world, fleet_host(&pg, &key, 1)).unwrap();
     let b = Broker::start(
         &world,
@@ -252,11 +256,7 @@ fn a_hibernating_cluster_is_woken_by_the_host_a_request_reaches() {
 fn a_host_cut_off_drained_or_killed_gives_its_clusters_to_another_and_never_runs_them_beside_it() {
     let _shared = light();
     let t = Instant::now();
-    let world = World::fleet(2, 0).unwrap();
-    let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR)).unwrap();
-    let keys = TempDir::new("fleet-key").unwrap();
-    let key = keys.path().join("store.key");
-    store_key(&key);
+    let (world, pg, _keys, key) = fleet_of(2, 0);
     let opts = |host| fleet_host(&pg, &key, host);
     let mut a = Broker::start(&world, opts(1)).unwrap();
     let b = Broker::start(&world, opts(2)).unwrap();
@@ -525,11 +525,7 @@ fn owning(world: &World, ids: &[String], cluster: &str) -> usize {
 fn three_hosts_six_clusters_one_host_killed_and_one_drained() {
     let _alone = heavy();
     let t = Instant::now();
-    let world = World::fleet(3, 1).unwrap();
-    let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR)).unwrap();
-    let keys = TempDir::new("fleet-key").unwrap();
-    let key = keys.path().join("store.key");
-    store_key(&key);
+    let (world, pg, keys, key) = fleet_of(3, 1);
     let one_node = |host| BrokerOptions {
         max_nodes: 1,
         hold: Duration::from_secs(600),

@@ -409,12 +409,12 @@ impl Clusters {
         let drained = self.drained();
         let mut failures = 0;
         let acquired = loop {
-            let looked = match woke {
-                Some(_) => match wake_lease_fail_point() {
-                    Ok(()) => own.acquire(name, true, &drained, waiting, stop).await,
-                    Err(e) => Err(e),
-                },
-                None => own.acquire(name, false, &drained, waiting, stop).await,
+            let looked = match woke.map(|_| wake_lease_fail_point()) {
+                Some(Err(e)) => Err(e),
+                _ => {
+                    own.acquire(name, woke.is_some(), &drained, waiting, stop)
+                        .await
+                }
             };
             match looked {
                 Ok(a) => break a,
