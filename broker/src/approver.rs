@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use futures_util::StreamExt;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -79,19 +80,83 @@ fn decided(csr: &CertificateSigningRequest) -> bool {
         })
 }
 
+/// Where a bootstrap token's first use is claimed: the store (a broker's clusters), or
+/// nowhere (the test harness's own control plane, whose tokens it makes itself).
+pub type Uses<'a> = Option<(&'a Store, &'a str)>;
+
+/// Why a bootstrap request for `plan` may not be approved, or `None`: the token's Secret is
+/// the one made for it, with its secret, and this CSR is its first use (claimed in `uses`).
+async fn first_use(
+    client: &kube::Client,
+    csr: &str,
+    plan: &Plan,
+    uses: Uses<'_>,
+) -> Result<Option<String>> {
+    let name = format!("bootstrap-token-{}", plan.token_id);
+    let secret = Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .get_opt(&name)
+        .await
+        .with_context(|| format!("reading Secret kube-system/{name}"))?;
+    let theirs = secret
+        .as_ref()
+        .and_then(|s| s.data.as_ref()?.get("token-secret"))
+        .map(|b| b.0.as_slice());
+    if plan.token_secret.is_some() && theirs != plan.token_secret.as_deref().map(str::as_bytes) {
+        return Ok(Some(format!(
+            "the Secret of the bootstrap token made for {} is gone or not the broker's",
+            plan.node
+        )));
+    }
+    let Some((store, cluster)) = uses else {
+        return Ok(None);
+    };
+    let at = socialweb_broker_core::millis(std::time::SystemTime::now());
+    Ok(store
+        .claim_bootstrap(cluster, &plan.node, &plan.token_id, csr, at)
+        .await?
+        .map(|other| {
+            format!(
+                "the bootstrap token made for {} was used already (CSR {other}): a token \
+                 joins one node, once",
+                plan.node
+            )
+        }))
+}
+
 /// Approves or denies one CSR (nothing when it is decided or not a node signer's).
 pub async fn decide(
-    api: &Api<CertificateSigningRequest>,
+    client: &kube::Client,
     csr: &CertificateSigningRequest,
-    planned: &[Planned<'_>],
+    plans: &[Plan],
+    uses: Uses<'_>,
 ) -> Result<()> {
     if decided(csr) {
         return Ok(());
     }
+    let api: Api<CertificateSigningRequest> = Api::all(client.clone());
     let name = csr.metadata.name.clone().unwrap_or_default();
+    let planned: Vec<Planned<'_>> = plans
+        .iter()
+        .map(|p| Planned {
+            node: &p.node,
+            token_id: &p.token_id,
+            node_ip: p.node_ip,
+        })
+        .collect();
     let (kind, why) = match request_of(csr) {
-        Ok(r) => match judge(&r, planned) {
+        Ok(r) => match judge(&r, &planned) {
             Verdict::Approve(why) => ("Approved", why),
+            Verdict::ApproveFirstUse(why) => {
+                let node = r.common_name.trim_start_matches("system:node:");
+                let plan = plans
+                    .iter()
+                    .find(|p| p.node == node)
+                    .context("the verdict's node is planned")?;
+                match first_use(client, &name, plan, uses).await? {
+                    None => ("Approved", why),
+                    Some(not) => ("Denied", not),
+                }
+            }
             Verdict::Deny(why) => ("Denied", why),
             Verdict::Ignore => return Ok(()),
         },
@@ -116,34 +181,29 @@ pub async fn decide(
     Ok(())
 }
 
-/// A planned node, owned (for callers that keep their own list: the test harness).
+/// A planned node, owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     pub node: String,
     pub token_id: String,
+    /// The secret of the token made for it: a bootstrap request is approved only while the
+    /// token's Secret holds it (`None`: not checked, the harness's tokens).
+    pub token_secret: Option<String>,
     pub node_ip: Option<IpAddr>,
 }
 
-/// Decides every pending CSR against `plans`, once.
+/// Decides every pending CSR against `plans`, once (the test harness's own control plane).
 pub async fn decide_pending(client: &kube::Client, plans: &[Plan]) -> Result<()> {
     let api: Api<CertificateSigningRequest> = Api::all(client.clone());
-    let planned: Vec<Planned<'_>> = plans
-        .iter()
-        .map(|p| Planned {
-            node: &p.node,
-            token_id: &p.token_id,
-            node_ip: p.node_ip,
-        })
-        .collect();
     for csr in api.list(&Default::default()).await? {
-        decide(&api, &csr, &planned).await?;
+        decide(client, &csr, plans, None).await?;
     }
     Ok(())
 }
 
 /// Watches `cluster`'s CSRs until `stop`, deciding each against the store's live provisions.
 pub async fn run(client: kube::Client, cluster: String, store: Store, stop: CancellationToken) {
-    let api: Api<CertificateSigningRequest> = Api::all(client);
+    let api: Api<CertificateSigningRequest> = Api::all(client.clone());
     let events = watcher(api.clone(), watcher::Config::default())
         .default_backoff()
         .applied_objects();
@@ -164,16 +224,17 @@ pub async fn run(client: kube::Client, cluster: String, store: Store, stop: Canc
                 continue;
             }
         };
-        let planned: Vec<Planned<'_>> = provisions
+        let plans: Vec<Plan> = provisions
             .iter()
             .filter(|p| p.state.live())
-            .map(|p| Planned {
-                node: &p.node,
-                token_id: &p.token_id,
+            .map(|p| Plan {
+                node: p.node.clone(),
+                token_id: p.token_id.clone(),
+                token_secret: Some(p.token_secret.clone()),
                 node_ip: p.node_ip,
             })
             .collect();
-        if let Err(e) = decide(&api, &csr, &planned).await {
+        if let Err(e) = decide(&client, &csr, &plans, Some((&store, &cluster))).await {
             warn!(%cluster, "{e:#}");
         }
     }

@@ -522,7 +522,14 @@ pub struct Front {
     /// Each this many bytes of a request body buy one more second of waiting (0: none do;
     /// a body has `body_read_timeout` of waiting in all).
     pub min_body_bytes_per_sec: u64,
+    /// The watches, followed logs and upgraded streams (exec, attach, port-forward) one client
+    /// certificate may hold open at once; one more is answered 429 (docs/security.md).
+    pub max_streams_per_certificate: usize,
 }
+
+/// `front.max_streams_per_certificate`'s default: a CI runner's jobs' attach, exec and log
+/// streams and a controller's informers, with room.
+pub const DEFAULT_MAX_STREAMS_PER_CERTIFICATE: usize = 256;
 
 /// Who may have a cluster, and how much of the broker a user may take (docs/security.md).
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -631,6 +638,13 @@ pub struct ClusterDefaults {
     /// writes are refused and reads and deletes still served (docs/security.md, "Budgets").
     /// etcd clusters keep etcd's own 2048. 0: no quota.
     pub datastore_quota_mib: u64,
+    /// Networks (`203.0.113.0/24`, `0.0.0.0/0` for every public address) a cluster's
+    /// apiserver may reach for the webhooks and conversion webhooks its tenant names by URL
+    /// (docs/security.md, "The control plane's own egress"). A URL that names the cluster's
+    /// own nodes, Pods or Services goes through the tunnel as a Service-backed webhook does;
+    /// any other address must be public and listed. Loopback, private, link-local and other
+    /// non-public addresses are never dialled, listed or not. Default: none.
+    pub webhook_egress_allow: Vec<String>,
 }
 
 /// The smallest datastore quota: a new cluster's objects, their history until kine's first
@@ -650,6 +664,14 @@ impl ClusterDefaults {
     /// The datastore quota in bytes, if there is one.
     pub fn datastore_quota(&self) -> Option<u64> {
         (self.datastore_quota_mib > 0).then_some(self.datastore_quota_mib << 20)
+    }
+
+    /// `webhook_egress_allow`, read (`validate` has refused what does not read).
+    pub fn webhook_egress_allow(&self) -> Vec<ipnet::IpNet> {
+        self.webhook_egress_allow
+            .iter()
+            .filter_map(|n| n.parse().ok())
+            .collect()
     }
 }
 
@@ -734,6 +756,7 @@ impl Default for Front {
             idle_timeout: Duration::from_secs(90),
             body_read_timeout: Duration::from_secs(10),
             min_body_bytes_per_sec: 1024,
+            max_streams_per_certificate: DEFAULT_MAX_STREAMS_PER_CERTIFICATE,
         }
     }
 }
@@ -824,6 +847,7 @@ impl Default for ClusterDefaults {
             pids_max: 8192,
             cpu_max: 2.0,
             datastore_quota_mib: 2048,
+            webhook_egress_allow: Vec::new(),
         }
     }
 }
@@ -1300,6 +1324,14 @@ impl Config {
 
     /// The `[clusters]` section: resolvers, the datastore, GOGC, the port range.
     fn validate_clusters(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
+        for (i, n) in self.clusters.webhook_egress_allow.iter().enumerate() {
+            if n.parse::<ipnet::IpNet>().is_err() {
+                return Err(err(
+                    &format!("clusters.webhook_egress_allow[{i}]"),
+                    format!("{n:?} is not a network (203.0.113.0/24, 2001:db8::/32, 0.0.0.0/0)"),
+                ));
+            }
+        }
         for (i, r) in self.clusters.upstream_resolvers.iter().enumerate() {
             if socialweb_wire::identity::parse_resolver(r).is_none() {
                 return Err(err(
@@ -1450,6 +1482,10 @@ impl Config {
             ("front.header_read_timeout", f.header_read_timeout.is_zero()),
             ("front.idle_timeout", f.idle_timeout.is_zero()),
             ("front.body_read_timeout", f.body_read_timeout.is_zero()),
+            (
+                "front.max_streams_per_certificate",
+                f.max_streams_per_certificate == 0,
+            ),
         ] {
             if zero {
                 return Err(err(key, "must be more than zero"));

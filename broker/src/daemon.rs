@@ -577,6 +577,7 @@ fn cluster_settings(cfg: &Config, host: &str) -> Result<ClusterSettings> {
         gogc: cfg.clusters.gogc,
         budget: cfg.clusters.budget(),
         datastore_quota: cfg.clusters.datastore_quota(),
+        webhook_egress_allow: cfg.clusters.webhook_egress_allow(),
         knobs: Knobs {
             max_nodes: cfg.scale.max_nodes,
             pods_per_node: cfg.scale.pods_per_node,
@@ -677,11 +678,14 @@ impl Daemon {
         let records = Arc::new(Records::new(store.certificates().await?));
         tls.serving.watch(stop.clone());
         let server_tls = crate::front::tls::server_config(tls.serving.clone())?;
-        let front = Arc::new(Front::new(
-            records.clone(),
-            cfg.front_url(),
-            provisioner.metrics().clone(),
-        ));
+        let front = Arc::new(
+            Front::new(
+                records.clone(),
+                cfg.front_url(),
+                provisioner.metrics().clone(),
+            )
+            .with_max_streams_per_certificate(cfg.front.max_streams_per_certificate),
+        );
         let access = Arc::new(Access::new(
             store.clone(),
             records.clone(),

@@ -26,6 +26,12 @@ use tracing::{debug, info};
 pub fn review(sar: &Value) -> Value {
     let attr = &sar["spec"]["resourceAttributes"];
     let s = |k: &str| attr[k].as_str().unwrap_or("");
+    let groups: Vec<String> = sar["spec"]["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|g| g.as_str().map(str::to_string))
+        .collect();
     let req = Request {
         verb: s("verb"),
         group: s("group"),
@@ -33,11 +39,14 @@ pub fn review(sar: &Value) -> Value {
         subresource: s("subresource"),
         name: s("name"),
         namespace: s("namespace"),
+        user: sar["spec"]["user"].as_str().unwrap_or(""),
+        groups: &groups,
     };
     let status = match refuse(&req) {
         Some(why) if attr.is_object() => {
             info!(user = %sar["spec"]["user"].as_str().unwrap_or(""), verb = req.verb,
-                  resource = req.resource, name = req.name, "guard: refused: {why}");
+                  resource = req.resource, name = req.name, namespace = req.namespace,
+                  "guard: refused: {why}");
             json!({"allowed": false, "denied": true, "reason": why})
         }
         _ => json!({"allowed": false}),

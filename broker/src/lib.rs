@@ -13,7 +13,8 @@
 //!   the core's provisioning transitions), [`market`] (the protocol's HTTP client), [`front`]
 //!   (the certificate front), [`auth`] (service-auth tokens), [`tenant`] (what the broker
 //!   does inside a cluster), [`tunnel`] (the way between nodes and their control plane),
-//!   [`guard`] (the authorization webhook that keeps tenants from undoing node isolation),
+//!   [`rights`] (the tenant's role), [`guard`] (the authorization webhook: what RBAC cannot
+//!   say),
 //!   [`approver`] (nodes' certificate requests), [`node_addresses`] (nodes' cluster
 //!   addresses, for the mesh), [`quota`] (the datastore quota on kine),
 //!   [`store`], [`relay`], [`metrics`], [`process`].
@@ -43,6 +44,7 @@ pub mod process;
 pub mod provision;
 pub mod quota;
 pub mod relay;
+pub mod rights;
 pub mod scale;
 pub mod services;
 pub mod store;

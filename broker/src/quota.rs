@@ -1,8 +1,9 @@
 //! The datastore quota of a cluster on kine (docs/security.md, "Budgets"), with etcd's
 //! semantics: once its database holds the quota, the broker sets the cluster's admission
 //! policy `socialweb-datastore-quota` (`broker/deploy/datastore-quota.yaml`) to refuse
-//! tenants' creates and updates; reads and deletes are served, and writes come back once
-//! deleted objects have been compacted away. etcd clusters have etcd's own quota (its default,
+//! tenants' creates and updates, and past the control plane's headroom beyond it
+//! ([`headroom`]) everyone's but the broker's; reads and deletes are served, and writes come
+//! back once deleted objects have been compacted away. etcd clusters have etcd's own quota (its default,
 //! 2 GiB); this watch only publishes that they are not full.
 //!
 //! What counts is the pages SQLite has in use (pages less the free list): deleting and
@@ -29,9 +30,36 @@ pub const STATE: (&str, &str) = ("kube-system", "socialweb-datastore-quota");
 /// in this time (a few MiB at the front's rates), as etcd's own check lags its writes.
 const EVERY: Duration = Duration::from_secs(1);
 
-/// Whether a database of `used` bytes is full under `quota`.
-pub fn full(used: u64, quota: u64) -> bool {
-    used >= quota
+/// How full a datastore is, and who may still write to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// Below the quota: every write.
+    Room,
+    /// At the quota: the tenant's writes are refused; the control plane's own (nodes'
+    /// heartbeats and Pods' status, the controller-manager's and scheduler's, and updates of
+    /// objects being deleted: finalizers removed) go on, within [`headroom`] more.
+    TenantsFull,
+    /// At the quota and its headroom: every write but the broker's is refused. No writer is
+    /// exempt without end: a node's Events or status, or updates of an object being deleted
+    /// that grow it, stop here.
+    Full,
+}
+
+/// The room the control plane's own writers have past the quota: an eighth of it, at least
+/// 8 MiB (256 MiB of the default 2 GiB).
+pub fn headroom(quota: u64) -> u64 {
+    (quota / 8).max(8 << 20)
+}
+
+/// The level of a database of `used` bytes under `quota`.
+pub fn level(used: u64, quota: u64) -> Level {
+    if used >= quota.saturating_add(headroom(quota)) {
+        Level::Full
+    } else if used >= quota {
+        Level::TenantsFull
+    } else {
+        Level::Room
+    }
 }
 
 /// The bytes SQLite's pages in use take: page size times (pages less free pages). Read
@@ -63,10 +91,10 @@ pub async fn open(db: &Path) -> Result<SqliteConnection> {
 /// The cluster's admission policy (`broker/deploy/datastore-quota.yaml`).
 pub const POLICY: &str = "socialweb-datastore-quota";
 
-/// Sets the policy's validation (refuse while full, else pass), then writes the state to
-/// the ConfigMap for those who read it (operators, `kubectl get`): the policy takes no
-/// parameter resource (the manifest says why).
-pub async fn publish(client: &kube::Client, full: bool, quota: Option<u64>) -> Result<()> {
+/// Sets the policy's validation for `level`, then writes the state to the ConfigMap for
+/// those who read it (operators, `kubectl get`): the policy takes no parameter resource (the
+/// manifest says why).
+pub async fn publish(client: &kube::Client, level: Level, quota: Option<u64>) -> Result<()> {
     let quota_mib = quota
         .map(|q| (q >> 20).to_string())
         .unwrap_or_else(|| "none".into());
@@ -74,7 +102,7 @@ pub async fn publish(client: &kube::Client, full: bool, quota: Option<u64>) -> R
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": POLICY},
-        "spec": {"validations": [validation(full, &quota_mib)]},
+        "spec": {"validations": [validation(level, &quota_mib)]},
     });
     kube::Api::<ValidatingAdmissionPolicy>::all(client.clone())
         .patch(
@@ -84,23 +112,35 @@ pub async fn publish(client: &kube::Client, full: bool, quota: Option<u64>) -> R
         )
         .await
         .with_context(|| format!("writing the admission policy {POLICY}"))?;
-    let data = serde_json::json!({"full": full.to_string(), "quota_mib": quota_mib});
+    let data = serde_json::json!({
+        "full": (level != Level::Room).to_string(),
+        "control_plane_full": (level == Level::Full).to_string(),
+        "quota_mib": quota_mib,
+        "headroom_mib": quota.map(|q| (headroom(q) >> 20).to_string()).unwrap_or_else(|| "none".into()),
+    });
     crate::tenant::apply_configmap(client, STATE, &data).await
 }
 
-/// The policy's one validation: `true` while there is room, else `false` with the refusal.
-fn validation(full: bool, quota_mib: &str) -> serde_json::Value {
-    if !full {
-        return serde_json::json!({"expression": "true"});
-    }
+/// The policy's one validation: `true` while there is room; the control plane's writers
+/// only (`variables.control_plane`, in the manifest) at the quota; nothing past its headroom.
+fn validation(level: Level, quota_mib: &str) -> serde_json::Value {
+    let (expression, whom) = match level {
+        Level::Room => return serde_json::json!({"expression": "true"}),
+        Level::TenantsFull => ("variables.control_plane", "writes are refused"),
+        Level::Full => (
+            "false",
+            "it is past the room the control plane's own writers have beyond it too, and every \
+             write is refused",
+        ),
+    };
     serde_json::json!({
-        "expression": "false",
+        "expression": expression,
         "reason": "Forbidden",
         "message": format!(
             "this cluster has filled its datastore quota: it is at its quota of {quota_mib} \
-             MiB, and writes are refused until objects are deleted and the datastore has \
-             compacted them away (kine compacts every 5 minutes and keeps the last 1000 \
-             revisions); reads and deletes are served (docs/security.md, Budgets)"
+             MiB, and {whom} until objects are deleted and the datastore has compacted them \
+             away (kine compacts every 5 minutes and keeps the last 1000 revisions); reads and \
+             deletes are served (docs/security.md, Budgets)"
         ),
     })
 }
@@ -140,12 +180,12 @@ impl Watch {
         &self,
         client: &kube::Client,
         conn: &mut Option<SqliteConnection>,
-        was: &mut Option<bool>,
+        was: &mut Option<Level>,
     ) {
         let cluster = &self.cluster;
         let now = match (&self.kine_db, &self.postgres, self.quota) {
             (_, Some((server, db)), Some(quota)) => match server.size(db).await {
-                Ok(used) => full(used, quota),
+                Ok(used) => level(used, quota),
                 Err(e) => return warn!(%cluster, "measuring the datastore: {e:#}"),
             },
             (Some(db), None, Some(quota)) => {
@@ -157,10 +197,10 @@ impl Watch {
                 }
                 match used_bytes(conn.as_mut().expect("opened above")).await {
                     Ok(used) => {
-                        let now = full(used, quota);
+                        let now = level(used, quota);
                         if *was != Some(now) {
                             info!(%cluster, used_mib = used >> 20, quota_mib = quota >> 20,
-                                  full = now, "datastore quota");
+                                  level = ?now, "datastore quota");
                         }
                         now
                     }
@@ -170,7 +210,7 @@ impl Watch {
                     }
                 }
             }
-            _ => false,
+            _ => Level::Room,
         };
         if *was != Some(now) {
             match publish(client, now, self.quota).await {
@@ -186,10 +226,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_policy_refuses_only_while_full_and_names_the_quota() {
-        assert_eq!(validation(false, "64")["expression"], "true");
-        let v = validation(true, "64");
-        assert_eq!(v["expression"], "false");
+    fn the_policy_refuses_tenants_at_the_quota_and_everyone_past_its_headroom() {
+        assert_eq!(validation(Level::Room, "64")["expression"], "true");
+        let v = validation(Level::TenantsFull, "64");
+        assert_eq!(v["expression"], "variables.control_plane");
         assert_eq!(v["reason"], "Forbidden");
         assert!(
             v["message"]
@@ -197,13 +237,28 @@ mod tests {
                 .unwrap()
                 .contains("at its quota of 64 MiB")
         );
+        let v = validation(Level::Full, "64");
+        assert_eq!(v["expression"], "false");
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap()
+                .contains("every write is refused")
+        );
+        // The manifest defines the variable the validation reads.
+        assert!(crate::control_plane::DATASTORE_QUOTA_MANIFEST.contains("- name: control_plane"));
     }
 
     #[test]
-    fn full_at_the_quota() {
-        assert!(!full(0, 1 << 20));
-        assert!(!full((1 << 20) - 1, 1 << 20));
-        assert!(full(1 << 20, 1 << 20));
+    fn levels_at_the_quota_and_its_headroom() {
+        let q = 64 << 20;
+        assert_eq!(headroom(q), 8 << 20);
+        assert_eq!(headroom(2048 << 20), 256 << 20);
+        assert_eq!(level(0, q), Level::Room);
+        assert_eq!(level(q - 1, q), Level::Room);
+        assert_eq!(level(q, q), Level::TenantsFull);
+        assert_eq!(level(q + (8 << 20) - 1, q), Level::TenantsFull);
+        assert_eq!(level(q + (8 << 20), q), Level::Full);
     }
 
     #[tokio::test]

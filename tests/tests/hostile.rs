@@ -19,6 +19,11 @@ use testbed::k8s::wait_for;
 use testbed::tmp::TempDir;
 use testbed::world::World;
 
+#[path = "hostile/budgets.rs"]
+mod budgets;
+#[path = "hostile/rights.rs"]
+mod rights;
+
 /// A new did:key, its key written where `socialweb-broker api --key` reads it.
 fn user(dir: &Path, name: &str) -> (PathBuf, SigningKey) {
     let key = SigningKey::generate(atrium_crypto::Algorithm::P256);
@@ -555,6 +560,7 @@ fn an_escape_pod_is_refused_and_its_owner_cannot_lift_the_policy() {
     for (name, allowed) in [
         ("v1alpha9.storage.k8s.io", false),
         ("v1.evil.kubernetes.io", false),
+        ("v1alpha9.socialweb.computer", false),
         ("v1alpha1.wardle.example.com", true),
         ("v1beta1.metrics.k8s.io", true),
     ] {
@@ -768,6 +774,23 @@ fn a_tenant_filling_its_datastore_is_stopped_at_the_quota_and_no_one_else_is() {
         kubeconfigs.push(kc);
     }
     let (full, other) = (&kubeconfigs[0], &kubeconfigs[1]);
+    // ConfigMaps held by a finalizer of the tenant's, deleted: an update of an object being
+    // deleted is the control plane's kind of write (finalizers removed), which the quota
+    // lets through at the quota -- and, since issue 58, not past its headroom.
+    for i in 0..12 {
+        let cm = format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: held-{i}, namespace: default, finalizers: [example.com/hold]}}\n"
+        );
+        let (ok, out) = kubectl_with(&b, full, &["create", "-f", "-"], Some(&cm));
+        assert!(ok, "{out}");
+        let (ok, out) = kubectl_with(
+            &b,
+            full,
+            &["delete", "configmap", &format!("held-{i}"), "--wait=false"],
+            None,
+        );
+        assert!(ok, "{out}");
+    }
     // The tenant cannot create a ConfigMap of the broker's names (were one missing).
     let (ok, out) = kubectl_with(
         &b,
@@ -781,7 +804,10 @@ fn a_tenant_filling_its_datastore_is_stopped_at_the_quota_and_no_one_else_is() {
         ],
         None,
     );
-    assert!(!ok && out.contains("are the broker's"), "{out}");
+    assert!(
+        !ok && out.contains("the control plane's namespaces"),
+        "{out}"
+    );
     // Secrets of 960 KiB (a Secret holds at most 1 MiB), eight to a kubectl call.
     let blob = "A".repeat(960 * 1024 / 3 * 4);
     let batch = |from: usize| -> String {
@@ -840,7 +866,7 @@ fn a_tenant_filling_its_datastore_is_stopped_at_the_quota_and_no_one_else_is() {
     assert!(ok, "{out}");
     let (ok, out) = kubectl_with(&b, full, &["delete", "secret", "s-1"], None);
     assert!(ok, "{out}");
-    // The tenant (cluster-admin of its cluster) cannot lift the quota.
+    // The tenant cannot lift the quota.
     let (ok, out) = kubectl_with(
         &b,
         full,
@@ -856,7 +882,10 @@ fn a_tenant_filling_its_datastore_is_stopped_at_the_quota_and_no_one_else_is() {
         ],
         None,
     );
-    assert!(!ok && out.contains("the broker's ConfigMaps"), "{out}");
+    assert!(
+        !ok && out.contains("the control plane's namespaces"),
+        "{out}"
+    );
     let (ok, out) = kubectl_with(
         &b,
         full,
@@ -887,6 +916,65 @@ fn a_tenant_filling_its_datastore_is_stopped_at_the_quota_and_no_one_else_is() {
     // The other cluster is not affected.
     let (ok, out) = kubectl_with(&b, other, &["create", "-f", "-"], Some(&batch(0)));
     assert!(ok, "the other cluster refused a write: {out}");
+
+    // Updates of the objects being deleted go on past the quota, and stop at its headroom
+    // (an eighth of the quota, at least 8 MiB): no writer is exempt without end.
+    let patch = dir.path().join("grow.json");
+    let mut grown = 0;
+    let stopped = loop {
+        let fill = char::from(b'a' + (grown % 26) as u8)
+            .to_string()
+            .repeat(900 * 1024);
+        std::fs::write(&patch, json!({"data": {"blob": fill}}).to_string()).unwrap();
+        let (ok, out) = kubectl_with(
+            &b,
+            full,
+            &[
+                "patch",
+                "configmap",
+                &format!("held-{}", grown % 12),
+                "--type=merge",
+                "--patch-file",
+                patch.to_str().unwrap(),
+            ],
+            None,
+        );
+        if !ok {
+            break out;
+        }
+        grown += 1;
+        assert!(
+            grown < 48,
+            "{grown} updates of 900 KiB to ConfigMaps being deleted, none refused; the database \
+             is {} bytes",
+            std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0)
+        );
+    };
+    let size = std::fs::metadata(&db).unwrap().len();
+    eprintln!(
+        "{grown} updates of 900 KiB to objects being deleted before the refusal; the database \
+         file: {} MiB",
+        size >> 20
+    );
+    assert!(stopped.contains("every write is refused"), "{stopped}");
+    assert!(
+        grown >= 1,
+        "the headroom refused the first update: {stopped}"
+    );
+    assert!(
+        size < (QUOTA_MIB + 8 + 16) << 20,
+        "the database grew to {size} bytes past a quota of {QUOTA_MIB} MiB and 8 of headroom"
+    );
+    // Reads and deletes are still served, and the broker's own writes.
+    let (ok, out) = kubectl_with(
+        &b,
+        full,
+        &["get", "configmap", "held-0", "-o", "name"],
+        None,
+    );
+    assert!(ok, "{out}");
+    b.kubectl("full", &["create", "configmap", "the-brokers-too"])
+        .unwrap();
 }
 
 /// Every component of `cluster`'s control plane is in one cgroup of its own whose memory

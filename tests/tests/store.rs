@@ -204,8 +204,35 @@ async fn exercise(url: &str) {
         Some(("k1".into(), "v1:first".into())),
         "the first sealing of a file stays"
     );
+    // A bootstrap token is used once: its first CSR claims it, a repeat of that CSR (a
+    // crash before its approval) finds its own claim, any other CSR is told which one won.
+    assert_eq!(
+        s.claim_bootstrap("demo", "demo-1", "abcdef", "csr-a", 1)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        s.claim_bootstrap("demo", "demo-1", "abcdef", "csr-a", 2)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        s.claim_bootstrap("demo", "demo-1", "abcdef", "csr-b", 3)
+            .await
+            .unwrap(),
+        Some("csr-a".into())
+    );
     s.delete_cluster("demo").await.unwrap();
     assert!(s.cluster("demo").await.unwrap().is_none());
+    assert_eq!(
+        s.claim_bootstrap("demo", "demo-1", "abcdef", "csr-c", 4)
+            .await
+            .unwrap(),
+        None,
+        "a deleted cluster's uses went with it"
+    );
     assert_eq!(s.sealed_files("demo").await.unwrap(), 0);
     assert_eq!(
         s.owner("demo").await.unwrap(),

@@ -4,7 +4,9 @@
 //! address each node has, so it approves:
 //!
 //! - a kubelet's client certificate (`kube-apiserver-client-kubelet`) for node `n` when the
-//!   request comes with the bootstrap token made for `n`, or from `n` itself (a renewal);
+//!   request comes with the bootstrap token made for `n` -- once, and only while the token's
+//!   Secret is the broker's, unchanged ([`Verdict::ApproveFirstUse`]) -- or from `n` itself
+//!   (a renewal);
 //! - a kubelet's serving certificate (`kubelet-serving`) for node `n` when it comes from `n`
 //!   and names nothing but `n` and `n`'s address;
 //!
@@ -45,6 +47,11 @@ pub struct Planned<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Approve(String),
+    /// Approve if the bootstrap token it came with is the one the broker made (its Secret
+    /// holds the broker's secret) and this is the token's first use; deny otherwise. Whoever
+    /// read the token (a tenant may read kube-system) gets at most that node's one
+    /// certificate, and the node then does not join.
+    ApproveFirstUse(String),
     Deny(String),
     /// Not a node signer's: left alone.
     Ignore,
@@ -102,7 +109,7 @@ fn client(r: &Request, planned: &[Planned<'_>]) -> Verdict {
     };
     if let Some(token) = r.username.strip_prefix("system:bootstrap:") {
         return if token == plan.token_id {
-            Verdict::Approve(format!("the bootstrap token made for {node}"))
+            Verdict::ApproveFirstUse(format!("the bootstrap token made for {node}"))
         } else {
             Verdict::Deny(format!("bootstrap token {token} was not made for {node}"))
         };
@@ -211,10 +218,10 @@ mod tests {
     #[test]
     fn a_token_gets_the_client_certificate_of_its_own_node_only() {
         let p = planned();
-        assert!(approved(&judge(
-            &client_req("system:bootstrap:aaaaaa", "c-1"),
-            &p
-        )));
+        assert!(matches!(
+            judge(&client_req("system:bootstrap:aaaaaa", "c-1"), &p),
+            Verdict::ApproveFirstUse(_)
+        ));
         let v = judge(&client_req("system:bootstrap:aaaaaa", "c-2"), &p);
         assert!(
             matches!(&v, Verdict::Deny(m) if m.contains("not made for c-2")),

@@ -11,7 +11,9 @@
 //! - [`bids`]: which bids to take, and when to stop waiting for more.
 //! - [`csr`]: which node certificate requests the broker approves.
 //! - [`egress`]: which node an apiserver CONNECT goes to.
-//! - [`guard`]: what a tenant's admins may never do on namespace nodes.
+//! - [`guard`]: what RBAC cannot say: the control plane's namespaces and names, whom a
+//!   tenant may impersonate.
+//! - [`rights`]: what a tenant may do in its own cluster, as the ClusterRole it is bound to.
 //! - [`reconcile`]: the store's view against the provider's, as a list of fixes.
 //! - [`names`]: cluster names, account hashes and mount paths.
 //! - [`hibernation`]: when an idle cluster's control plane may stop.
@@ -27,6 +29,7 @@ pub mod placement;
 pub mod provision;
 pub mod reconcile;
 pub mod records;
+pub mod rights;
 pub mod scale;
 
 pub use records::{

@@ -18,9 +18,9 @@ pub mod service;
 
 pub use socialweb_broker_core::names;
 
-/// The group every user certificate carries; the tenant binds it to cluster-admin
-/// (deploy/access.yaml).
+/// The group every user certificate carries; bound to the tenant's role
+/// (deploy/access.yaml, `crate::rights`).
 pub const OWNERS_GROUP: &str = "socialweb.computer:cluster-owners";
 
-/// RBAC every tenant cluster gets for the way in: the owners' group is cluster-admin.
+/// RBAC every tenant cluster gets for the way in: the owners' group holds the tenant's role.
 pub const ACCESS_MANIFEST: &str = include_str!("../../deploy/access.yaml");

@@ -7,7 +7,7 @@
 //! Hibernating (docs/hibernation.md): every component stopped, its ports kept, the store
 //! saying so with since when, the front holding its first request and waking it.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
@@ -28,6 +28,7 @@ use crate::front::proxy::Upstream;
 use crate::front::{Front, Mount, MountState};
 use crate::provision::ClusterCtx;
 use crate::scale::driver::Watches;
+use crate::tunnel::controlplane::ControlPlaneEgress;
 use crate::tunnel::egress::Egress;
 
 /// How often an awake cluster is looked at for hibernation.
@@ -147,9 +148,15 @@ enum Slept {
 }
 
 impl Clusters {
-    /// Starts the cluster's guard (before the apiserver: it asks the guard from its first
-    /// request on); the manifests the cluster gets besides the join configuration.
-    async fn guarded(&self, spec: &Spec, stop: &CancellationToken) -> Result<Vec<String>> {
+    /// Starts the cluster's guard and the apiserver's control-plane egress, its way to the
+    /// guard (before the apiserver: it asks the guard from its first request on); the
+    /// manifests the cluster gets besides the join configuration, and where the control-plane
+    /// egress finds the cluster's once it is served ([`Clusters::served`]).
+    async fn guarded(
+        &self,
+        spec: &Spec,
+        stop: &CancellationToken,
+    ) -> Result<(Vec<String>, Arc<OnceLock<Egress>>)> {
         let files = spec.prepare()?;
         crate::guard::serve(
             files.guard_addr,
@@ -158,17 +165,35 @@ impl Clusters {
             stop.clone(),
         )
         .await?;
+        let to_cluster = Arc::new(OnceLock::new());
+        crate::tunnel::controlplane::serve(
+            ControlPlaneEgress {
+                cluster: spec.cluster.clone(),
+                guard: files.guard_addr,
+                networks: [
+                    crate::control_plane::CLUSTER_CIDR,
+                    crate::control_plane::SERVICE_CIDR,
+                ]
+                .iter()
+                .map(|n| n.parse().expect("a CIDR"))
+                .chain([socialweb_wire::mesh::node_range()])
+                .collect(),
+                allow: self.settings.webhook_egress_allow.clone(),
+                to_cluster: to_cluster.clone(),
+            },
+            &spec.controlplane_egress_socket(),
+            stop.clone(),
+        )?;
         let mut extra = vec![
             crate::access::ACCESS_MANIFEST.to_string(),
             crate::control_plane::APISERVICES_MANIFEST.to_string(),
             crate::control_plane::DATASTORE_QUOTA_MANIFEST.to_string(),
-            crate::control_plane::BROKER_CONFIGMAPS_MANIFEST.to_string(),
             crate::control_plane::NODEPOOL_MANIFEST.to_string(),
         ];
         if spec.isolated {
             extra.push(crate::control_plane::NODE_ISOLATION_MANIFEST.to_string());
         }
-        Ok(extra)
+        Ok((extra, to_cluster))
     }
 
     /// Runs the life of cluster `name` until `stop`.
@@ -481,11 +506,13 @@ impl Clusters {
         }
     }
 
-    /// What the broker keeps up in the cluster for the period: nodes' certificates approved
-    /// by the store's plan, their cluster addresses published from it, and the datastore
-    /// quota's state (published once before this returns).
+    /// What the broker keeps up in the cluster for the period: the tenant's role, nodes'
+    /// certificates approved by the store's plan, their cluster addresses published from it,
+    /// and the datastore quota's state (the role and the quota written once before this
+    /// returns, so before the front serves the cluster).
     async fn keep_up(&self, spec: &Spec, client: &kube::Client, period: &CancellationToken) {
         let name = spec.cluster.as_str();
+        crate::rights::keep(client.clone(), name.to_string(), period.clone()).await;
         tokio::spawn(crate::approver::run(
             client.clone(),
             name.to_string(),
@@ -532,7 +559,7 @@ impl Clusters {
         if woke.is_some() {
             wake_fail_point()?;
         }
-        let extra = self.guarded(spec, &period).await?;
+        let (extra, to_cluster) = self.guarded(spec, &period).await?;
         let progress = Starting {
             state,
             front: &self.front,
@@ -546,7 +573,7 @@ impl Clusters {
         let files = up.running.files.clone();
         self.keep_up(spec, &up.client, &period).await;
         let watches = Watches::start(&up.client, &period);
-        let (ctx, upstream) = match self.served(spec, &up, &watches, &period) {
+        let (ctx, upstream) = match self.served(spec, &up, &watches, &to_cluster, &period) {
             Ok(s) => s,
             Err(e) => {
                 // Nothing runs past the period: a lease's renewal ends with it.
@@ -583,20 +610,19 @@ impl Clusters {
         spec: &Spec,
         up: &crate::control_plane::up::Up,
         watches: &Watches,
+        to_cluster: &OnceLock<Egress>,
         period: &CancellationToken,
     ) -> Result<(ClusterCtx, Upstream)> {
         let files = &up.running.files;
-        crate::tunnel::egress::serve(
-            Egress {
-                cluster: spec.cluster.clone(),
-                tunnels: self.tunnels.clone(),
-                store: self.store.clone(),
-                nodes: watches.nodes.clone(),
-                service_cidr: crate::control_plane::SERVICE_CIDR.parse()?,
-            },
-            &up.running.egress_socket,
-            period.clone(),
-        )?;
+        let egress = Egress {
+            cluster: spec.cluster.clone(),
+            tunnels: self.tunnels.clone(),
+            store: self.store.clone(),
+            nodes: watches.nodes.clone(),
+            service_cidr: crate::control_plane::SERVICE_CIDR.parse()?,
+        };
+        crate::tunnel::egress::serve(egress.clone(), &up.running.egress_socket, period.clone())?;
+        let _ = to_cluster.set(egress);
         let ctx = ClusterCtx {
             name: spec.cluster.clone(),
             server_url: files.node_url.clone(),
@@ -769,39 +795,60 @@ impl Clusters {
     }
 }
 
-/// The Jobs not finished and the CronJobs not suspended, as `ns/name`.
+/// How many Jobs or CronJobs a look for idleness reads per request, and the most names it
+/// keeps of each (the verdict needs one; its reason names a few): a tenant's thousands of
+/// finished Jobs are read a page at a time, never held whole.
+const JOBS_PAGE: u32 = 250;
+const JOBS_KEPT: usize = 16;
+
+/// Up to [`JOBS_KEPT`] names (`ns/name`) of the `K`s that `keep` selects, read in pages.
+async fn some_of<K>(client: &kube::Client, keep: impl Fn(&K) -> bool) -> Result<Vec<String>>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let api = kube::Api::<K>::all(client.clone());
+    let mut lp = kube::api::ListParams::default().limit(JOBS_PAGE);
+    let mut out = Vec::new();
+    loop {
+        let page = api.list(&lp).await?;
+        for k in page.items.iter().filter(|k| keep(k)) {
+            let m = k.meta();
+            out.push(format!(
+                "{}/{}",
+                m.namespace.as_deref().unwrap_or(""),
+                m.name.as_deref().unwrap_or("")
+            ));
+            if out.len() >= JOBS_KEPT {
+                return Ok(out);
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Some of the Jobs not finished and the CronJobs not suspended, as `ns/name`.
 async fn jobs_and_cron_jobs(client: &kube::Client) -> Result<(Vec<String>, Vec<String>)> {
-    let lp = kube::api::ListParams::default();
-    let key = |m: &kube::api::ObjectMeta| {
-        format!(
-            "{}/{}",
-            m.namespace.as_deref().unwrap_or(""),
-            m.name.as_deref().unwrap_or("")
-        )
-    };
-    let jobs = kube::Api::<Job>::all(client.clone()).list(&lp).await?;
-    let unfinished = jobs
-        .items
-        .iter()
-        .filter(|j| {
-            !j.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter().any(|c| {
-                        (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True"
-                    })
-                })
-        })
-        .map(|j| key(&j.metadata))
-        .collect();
-    let crons = kube::Api::<CronJob>::all(client.clone()).list(&lp).await?;
-    let active = crons
-        .items
-        .iter()
-        .filter(|c| !c.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false))
-        .map(|c| key(&c.metadata))
-        .collect();
+    let unfinished = some_of::<Job>(client, |j| {
+        !j.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+            })
+    })
+    .await?;
+    let active = some_of::<CronJob>(client, |c| {
+        !c.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false)
+    })
+    .await?;
     Ok((unfinished, active))
 }
 

@@ -77,6 +77,8 @@ pub struct ClusterSettings {
     pub budget: crate::control_plane::cgroup::Budget,
     /// `clusters.datastore_quota_mib`, in bytes.
     pub datastore_quota: Option<u64>,
+    /// `clusters.webhook_egress_allow`: the public networks URL webhooks may reach.
+    pub webhook_egress_allow: Vec<ipnet::IpNet>,
 }
 
 /// A cluster to create.

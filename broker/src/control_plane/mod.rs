@@ -48,8 +48,6 @@ pub const APISERVICES_MANIFEST: &str = include_str!("../../deploy/apiservices.ya
 /// The admission policy every broker cluster gets: tenants' writes refused while the
 /// datastore is at its quota (`crate::quota`).
 pub const DATASTORE_QUOTA_MANIFEST: &str = include_str!("../../deploy/datastore-quota.yaml");
-/// The admission policy every broker cluster gets: only the broker creates its ConfigMaps.
-pub const BROKER_CONFIGMAPS_MANIFEST: &str = include_str!("../../deploy/broker-configmaps.yaml");
 
 /// How the apiserver reaches etcd: TLS, with a client certificate of etcd's own CA (not
 /// the cluster CA, whose node certificates must not open the datastore).
@@ -199,9 +197,11 @@ pub fn guard_kubeconfig(url: &str, ca: &Path) -> String {
 
 /// The EgressSelectorConfiguration of a broker's cluster: everything the apiserver opens
 /// towards nodes and Pods (logs, exec, attach, port-forward, proxy, webhooks and aggregated
-/// APIs named by Service) is HTTP CONNECT over `socket`, which the broker serves; the
-/// control plane's own connections and etcd stay direct.
-pub fn egress_selector(socket: &Path) -> String {
+/// APIs named by Service) is HTTP CONNECT over `cluster`, and what it opens for the control
+/// plane itself (webhooks and conversion webhooks named by URL, the guard) over
+/// `controlplane`, both served by the broker, which checks every destination
+/// (`socialweb_broker_core::egress`); only etcd stays direct.
+pub fn egress_selector(cluster: &Path, controlplane: &Path) -> String {
     format!(
         "apiVersion: apiserver.k8s.io/v1beta1\n\
          kind: EgressSelectorConfiguration\n\
@@ -214,11 +214,15 @@ pub fn egress_selector(socket: &Path) -> String {
                  udsName: {}\n\
          - name: controlplane\n  \
            connection:\n    \
-             proxyProtocol: Direct\n\
+             proxyProtocol: HTTPConnect\n    \
+             transport:\n      \
+               uds:\n        \
+                 udsName: {}\n\
          - name: etcd\n  \
            connection:\n    \
              proxyProtocol: Direct\n",
-        socket.display()
+        cluster.display(),
+        controlplane.display()
     )
 }
 
@@ -524,17 +528,24 @@ mod tests {
     }
 
     #[test]
-    fn the_cluster_egress_goes_to_the_brokers_socket() {
-        let y = egress_selector(Path::new("/state/clusters/c/run/egress.sock"));
-        assert!(
-            y.contains("name: cluster\n  connection:\n    proxyProtocol: HTTPConnect"),
-            "{y}"
+    fn the_cluster_and_control_plane_egresses_go_to_the_brokers_sockets() {
+        let y = egress_selector(
+            Path::new("/state/clusters/c/run/egress.sock"),
+            Path::new("/state/clusters/c/run/controlplane-egress.sock"),
         );
-        assert!(
-            y.contains("udsName: /state/clusters/c/run/egress.sock"),
-            "{y}"
-        );
-        assert_eq!(y.matches("proxyProtocol: Direct").count(), 2, "{y}");
+        for (name, socket) in [
+            ("cluster", "egress.sock"),
+            ("controlplane", "controlplane-egress.sock"),
+        ] {
+            assert!(
+                y.contains(&format!(
+                    "name: {name}\n  connection:\n    proxyProtocol: HTTPConnect\n    \
+                     transport:\n      uds:\n        udsName: /state/clusters/c/run/{socket}\n"
+                )),
+                "{y}"
+            );
+        }
+        assert_eq!(y.matches("proxyProtocol: Direct").count(), 1, "{y}");
     }
 
     #[test]

@@ -201,6 +201,11 @@ impl Spec {
         self.dir.join("run").join("egress.sock")
     }
 
+    /// The Unix socket the broker serves the apiserver's `controlplane` egress on.
+    pub fn controlplane_egress_socket(&self) -> PathBuf {
+        self.dir.join("run").join("controlplane-egress.sock")
+    }
+
     fn egress_config(&self) -> PathBuf {
         self.dir.join("run").join("egress-selector.yaml")
     }
@@ -256,7 +261,7 @@ impl Spec {
         self.prepare_datastore()?;
         std::fs::write(
             self.egress_config(),
-            super::egress_selector(&self.egress_socket()),
+            super::egress_selector(&self.egress_socket(), &self.controlplane_egress_socket()),
         )
         .with_context(|| format!("writing {}", self.egress_config().display()))?;
         let kubelet_client = pki.client(

@@ -235,9 +235,18 @@ impl Default for Activity {
     }
 }
 
-/// A request in flight, until its response body is done (or dropped).
+/// A request in flight, until its response body is done (or dropped); with the permit of a
+/// long-lived request (`front::streams`), which it gives back then.
 #[derive(Debug)]
-pub struct InFlight(Arc<Activity>);
+pub struct InFlight(Arc<Activity>, Option<super::streams::StreamPermit>);
+
+impl InFlight {
+    /// This request, holding `permit` as long as it is in flight.
+    pub fn holding(mut self, permit: Option<super::streams::StreamPermit>) -> InFlight {
+        self.1 = permit;
+        self
+    }
+}
 
 /// A request body still arriving (`front::body`), until it has arrived or failed.
 #[derive(Debug)]
@@ -248,7 +257,7 @@ impl Activity {
         let mut s = self.state.lock().expect("lock");
         s.in_flight += 1;
         s.changed();
-        InFlight(self.clone())
+        InFlight(self.clone(), None)
     }
 
     /// Marks a request's body as arriving: the request is no work of the front's until it

@@ -21,6 +21,7 @@ pub mod hosts;
 pub mod link;
 pub mod listener;
 pub mod proxy;
+pub mod streams;
 pub mod tls;
 pub mod wake;
 
@@ -91,6 +92,8 @@ pub struct Front {
     metrics: crate::metrics::Metrics,
     /// In a fleet: the other hosts, whose links carry requests for the clusters they run.
     hosts: std::sync::OnceLock<Arc<hosts::Hosts>>,
+    /// The long-lived requests each certificate holds (`front.max_streams_per_certificate`).
+    streams: Arc<streams::Streams>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -114,7 +117,14 @@ impl Front {
             clusters: Mutex::new(HashMap::new()),
             metrics,
             hosts: std::sync::OnceLock::new(),
+            streams: streams::Streams::new(crate::config::DEFAULT_MAX_STREAMS_PER_CERTIFICATE),
         }
+    }
+
+    /// This front, with at most `max` long-lived requests per certificate.
+    pub fn with_max_streams_per_certificate(mut self, max: usize) -> Front {
+        self.streams = streams::Streams::new(max);
+        self
     }
 
     /// Makes this front a fleet host's: requests for clusters other hosts run go to their
@@ -442,9 +452,29 @@ async fn handle(
         Ok(a) => a,
         Err(refused) => return refused.answer(),
     };
+    // A watch, a followed log or an upgraded stream holds one of its certificate's permits
+    // for as long as it lasts.
+    let permit = if streams::long_lived(&req, &tail) {
+        match front.streams.acquire(&who.serial) {
+            Some(p) => Some(p),
+            None => {
+                return proxy::status(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "TooManyRequests",
+                    &format!(
+                        "this client certificate holds {} watches and streams, the most one \
+                         may (front.max_streams_per_certificate): end some first",
+                        front.streams.max()
+                    ),
+                );
+            }
+        }
+    } else {
+        None
+    };
     // Counted from here: a request held while its cluster wakes keeps it from hibernating
     // again, and so does its response body (a watch) or its upgraded stream.
-    let busy = front.activity(&mount.cluster).start();
+    let busy = front.activity(&mount.cluster).start().holding(permit);
     let answer = match front.hosts.get() {
         Some(hosts) => {
             carry::carry(

@@ -19,6 +19,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::cache::{self, Bounded};
 use super::decision::{
     Action, Decision, Knobs, LeaseView, Offers, Pool, decide, go_duration, next_release, releases,
     teardown_due,
@@ -35,8 +36,16 @@ const SETTLE_MAX: Duration = Duration::from_secs(1);
 /// With nothing else to wake for, a pass runs this often (provisions move on their own).
 const IDLE_PASS: Duration = Duration::from_secs(1);
 
-/// Watches a resource and nudges on every change.
-fn watch_into<K>(api: Api<K>, nudge: Arc<Notify>, stop: CancellationToken) -> reflector::Store<K>
+/// Watches a resource (as `config` selects it), keeping each object as `slim` leaves it
+/// and at most `bounded`'s cap of them, and nudges on every change.
+fn watch_into<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    slim: fn(&mut K),
+    mut bounded: Bounded,
+    nudge: Arc<Notify>,
+    stop: CancellationToken,
+) -> reflector::Store<K>
 where
     K: kube::Resource
         + Clone
@@ -48,10 +57,11 @@ where
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (store, writer) = reflector::store();
-    let stream = reflector(
-        writer,
-        watcher(api, watcher::Config::default()).default_backoff(),
-    );
+    let events = watcher(api, config)
+        .default_backoff()
+        .modify(slim)
+        .filter(move |e| std::future::ready(e.as_ref().map_or(true, |e| bounded.admit(e))));
+    let stream = reflector(writer, events);
     tokio::spawn(async move {
         futures_util::pin_mut!(stream);
         loop {
@@ -122,8 +132,22 @@ impl Watches {
     pub fn start(client: &kube::Client, stop: &CancellationToken) -> Watches {
         let nudge = Arc::new(Notify::new());
         Watches {
-            pods: watch_into(Api::all(client.clone()), nudge.clone(), stop.clone()),
-            nodes: watch_into(Api::all(client.clone()), nudge.clone(), stop.clone()),
+            pods: watch_into(
+                Api::all(client.clone()),
+                watcher::Config::default().fields(cache::LIVE_PODS),
+                cache::slim_pod,
+                Bounded::new("Pods", cache::MAX_PODS),
+                nudge.clone(),
+                stop.clone(),
+            ),
+            nodes: watch_into(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                cache::slim_node,
+                Bounded::new("Nodes", cache::MAX_NODES),
+                nudge.clone(),
+                stop.clone(),
+            ),
             nudge,
         }
     }

@@ -234,6 +234,7 @@ impl Store {
             "certificates",
             "sealed_files",
             "owners",
+            "bootstrap_uses",
         ] {
             sqlx::query(&format!("DELETE FROM {table} WHERE cluster = $1"))
                 .bind(name)
@@ -407,6 +408,36 @@ impl Store {
             }
         };
         rows.iter().map(provision_of).collect()
+    }
+
+    /// Claims `token_id`'s one use for CSR `csr` of `node`: `None` when it is this CSR's (now,
+    /// or by an earlier claim a crash left before its approval), else the CSR that used it.
+    pub async fn claim_bootstrap(
+        &self,
+        cluster: &str,
+        node: &str,
+        token_id: &str,
+        csr: &str,
+        at: i64,
+    ) -> Result<Option<String>> {
+        sqlx::query(
+            "INSERT INTO bootstrap_uses (cluster, token_id, node, csr, at)              VALUES ($1, $2, $3, $4, $5) ON CONFLICT (cluster, token_id) DO NOTHING",
+        )
+        .bind(cluster)
+        .bind(token_id)
+        .bind(node)
+        .bind(csr)
+        .bind(at)
+        .execute(&self.pool)
+        .await?;
+        let holder: String = sqlx::query_scalar(
+            "SELECT csr FROM bootstrap_uses WHERE cluster = $1 AND token_id = $2",
+        )
+        .bind(cluster)
+        .bind(token_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((holder != csr).then_some(holder))
     }
 
     /// The mesh endpoint ids of every live provision, whichever host rented it: who a

@@ -78,7 +78,7 @@ pub fn serve(e: Egress, socket: &Path, stop: CancellationToken) -> Result<()> {
 }
 
 /// Reads the request head (up to the empty line), at most [`MAX_HEAD`] bytes.
-async fn read_head(uds: &mut UnixStream) -> Result<Vec<u8>, String> {
+pub(super) async fn read_head(uds: &mut UnixStream) -> Result<Vec<u8>, String> {
     let mut head = Vec::with_capacity(128);
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -156,7 +156,7 @@ impl Egress {
     }
 
     /// A `connect` stream to the node `to` belongs to, once the node has dialled it.
-    async fn open(
+    pub(super) async fn open(
         &self,
         to: std::net::SocketAddr,
     ) -> Result<(iroh::endpoint::SendStream, iroh::endpoint::RecvStream), String> {

@@ -5,8 +5,10 @@
 //! - `api` from a node: connected to its own cluster's apiserver on loopback, nothing else.
 //!   TLS is end to end between the kubelet and the apiserver; the broker sees bytes.
 //! - `connect <ip>:<port>` to a node: the apiserver's `cluster` egress, which [`egress`]
-//!   serves on a per-cluster Unix socket and routes by the core's `egress::route`.
+//!   serves on a per-cluster Unix socket and routes by the core's `egress::route`; also what
+//!   its `controlplane` egress ([`controlplane`]) sends to an address of the cluster.
 
+pub mod controlplane;
 pub mod egress;
 
 use std::collections::HashMap;

@@ -328,6 +328,7 @@ impl<'a> ControlPlane<'a> {
             .push(socialweb_broker::approver::Plan {
                 node: node.to_string(),
                 token_id: token.id.clone(),
+                token_secret: Some(token.secret.clone()),
                 node_ip,
             });
         let expires = humantime::format_rfc3339_seconds(

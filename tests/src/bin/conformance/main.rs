@@ -97,6 +97,13 @@ struct Args {
     /// a fleet keeps its clusters; docs/operations.md, "A fleet").
     #[arg(long, default_value = "kine", value_parser = ["kine", "etcd", "postgres"])]
     datastore: String,
+    /// Run the suite as a tenant, not as the operator: the cluster is made for a DID of the
+    /// runner's (`cluster create --owner`), and e2e.test uses the kubeconfig that DID gets
+    /// from getKubeconfig, so every request goes through the front and holds the tenant's
+    /// rights (docs/security.md, "A tenant's rights"); on namespace nodes the node isolation
+    /// policy applies too, as on every DID's cluster.
+    #[arg(long)]
+    as_tenant: bool,
 }
 
 /// The apiserver's storage figures ([`metrics::Storage`]); its whole `/metrics` kept in `to`.
@@ -260,16 +267,15 @@ fn main() -> Result<std::process::ExitCode> {
             args.datastore
         ),
     );
-    print!(
-        "{}",
-        b.cli(&[
-            "cluster",
-            "create",
-            "conformance",
-            "--datastore",
-            &args.datastore
-        ])?
-    );
+    let tenant = args
+        .as_tenant
+        .then(|| socialweb_broker::auth::token::SigningKey::generate(atrium_crypto::Algorithm::P256));
+    let mut create = vec!["cluster", "create", "conformance", "--datastore", &args.datastore];
+    let owner = tenant.as_ref().map(|k| k.did());
+    if let Some(did) = &owner {
+        create.extend(["--owner", did.as_str()]);
+    }
+    print!("{}", b.cli(&create)?);
     let manifest: String = std::iter::once(
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: socialweb-conformance}\n---\n"
             .to_string(),
@@ -319,11 +325,28 @@ fn main() -> Result<std::process::ExitCode> {
         procs: args.parallel,
     };
     let known = report::known_failures(&std::fs::read_to_string(&args.known).unwrap_or_default());
+    let kubeconfig = match &tenant {
+        None => b.kubeconfig("conformance"),
+        Some(key) => {
+            let key_file = work.path().join("tenant.key");
+            std::fs::write(&key_file, key.to_multibase())?;
+            let out = work.path().join("tenant.kubeconfig");
+            b.api(
+                &key_file,
+                &["kubeconfig", "conformance", "--out", &out.to_string_lossy()],
+            )?;
+            println!(
+                "the suite runs as tenant {} (the owners' group, through the front)",
+                key.did()
+            );
+            out
+        }
+    };
     let suite = Suite {
         ginkgo: &ginkgo,
         e2e: &e2e,
         kubectl: &bin.join("kubectl"),
-        kubeconfig: &b.kubeconfig("conformance"),
+        kubeconfig: &kubeconfig,
         timeout: &args.timeout,
         host,
     };
@@ -333,14 +356,15 @@ fn main() -> Result<std::process::ExitCode> {
         step(
             t,
             &format!(
-                "part {}: ginkgo e2e.test --focus '{}'{} ({} at once), from the host with the admin kubeconfig",
+                "part {}: ginkgo e2e.test --focus '{}'{} ({} at once), from the host with the {} kubeconfig",
                 part.name,
                 part.focus,
                 part.skip
                     .as_ref()
                     .map(|s| format!(" --skip '{s}'"))
                     .unwrap_or_default(),
-                part.procs
+                part.procs,
+                if tenant.is_some() { "tenant's" } else { "admin" }
             ),
         );
         let dir = report_dir.join(&part.name);
