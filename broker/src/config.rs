@@ -447,6 +447,23 @@ pub struct Relay {
     /// UDP: QUIC address discovery (a node learns its public address, for direct paths
     /// through NAT); 0: none.
     pub quic_port: u16,
+    /// TCP connections to the relay open at once, in all: beyond it a new one is closed at
+    /// once. Each takes three file descriptors (the relay's gate carries it to the relay on
+    /// loopback); kept under 10% of the open-file limit.
+    pub max_connections: usize,
+    /// TCP connections to the relay open at once from one address (an IPv6 /64): beyond it
+    /// a new one is closed at once. A node keeps one.
+    pub max_connections_per_source: usize,
+    /// A connection's first bytes (its TLS handshake) must arrive within this.
+    #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
+    pub handshake_timeout: Duration,
+    /// A connection whose client has sent nothing for this long is closed. The relay pings
+    /// its clients every 15-20 s and each answers, so only stalled handshakes and dead
+    /// peers reach it; under 30 s it would cut clients that work.
+    #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
+    pub idle_timeout: Duration,
 }
 
 /// The tunnel endpoint nodes reach their control plane through (contract 9): a public UDP
@@ -813,6 +830,10 @@ impl Default for Relay {
         Relay {
             port: 3340,
             quic_port: 7842,
+            max_connections: 4096,
+            max_connections_per_source: 64,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -1038,6 +1059,7 @@ impl Config {
         self.validate_addresses(&o)?;
         self.validate_clusters(&o)?;
         self.validate_front()?;
+        self.validate_relay()?;
         self.validate_access()
     }
 
@@ -1497,6 +1519,34 @@ impl Config {
                 format!(
                     "{} is more than front.max_connections ({})",
                     f.max_connections_per_source, f.max_connections
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The relay's gate: no bound may be zero, and one address may not have more than all.
+    fn validate_relay(&self) -> Result<(), ConfigError> {
+        let r = &self.relay;
+        for (key, zero) in [
+            ("relay.max_connections", r.max_connections == 0),
+            (
+                "relay.max_connections_per_source",
+                r.max_connections_per_source == 0,
+            ),
+            ("relay.handshake_timeout", r.handshake_timeout.is_zero()),
+            ("relay.idle_timeout", r.idle_timeout.is_zero()),
+        ] {
+            if zero {
+                return Err(err(key, "must be more than zero"));
+            }
+        }
+        if r.max_connections_per_source > r.max_connections {
+            return Err(err(
+                "relay.max_connections_per_source",
+                format!(
+                    "{} is more than relay.max_connections ({})",
+                    r.max_connections_per_source, r.max_connections
                 ),
             ));
         }
@@ -1983,6 +2033,37 @@ mod tests {
             Config::load(Some(&f), |_| None).unwrap_err().source_name,
             "scale.max_nodes"
         );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_relays_bounds_are_more_than_zero_and_one_address_has_no_more_than_all() {
+        let dir = std::env::temp_dir().join(format!("sw-cfgrelay-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("broker.toml");
+        let load = |text: &str| {
+            std::fs::write(&f, text).unwrap();
+            Config::load(Some(&f), |_| None)
+        };
+        let c = load("[relay]\nmax_connections = 200\nidle_timeout = \"3s\"\n").unwrap();
+        assert_eq!(c.relay.max_connections, 200);
+        assert_eq!(c.relay.idle_timeout, Duration::from_secs(3));
+        for (text, key) in [
+            ("max_connections = 0", "relay.max_connections"),
+            (
+                "max_connections_per_source = 0",
+                "relay.max_connections_per_source",
+            ),
+            ("handshake_timeout = \"0s\"", "relay.handshake_timeout"),
+            ("idle_timeout = \"0s\"", "relay.idle_timeout"),
+            (
+                "max_connections = 8\nmax_connections_per_source = 9",
+                "relay.max_connections_per_source",
+            ),
+        ] {
+            let e = load(&format!("[relay]\n{text}\n")).unwrap_err();
+            assert_eq!(e.source_name, key, "{text}: {e}");
+        }
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -29,6 +29,7 @@ use crate::front::Front;
 use crate::market::{Market, MarketClient, Transport};
 use crate::metrics::{Metrics, check};
 use crate::provision::{OnChange, Provisioner, Settings};
+use crate::relay::gate::Gate;
 use crate::relay::{self, Allow};
 use crate::services::Services;
 use crate::store::Store;
@@ -278,6 +279,7 @@ impl FrontTls {
 async fn relay(
     cfg: &Config,
     tls: &FrontTls,
+    metrics: &Metrics,
     stop: &CancellationToken,
 ) -> Result<(url::Url, url::Url, Allow)> {
     let allow = Allow::only([]);
@@ -285,7 +287,11 @@ async fn relay(
     let quic = (cfg.relay.quic_port != 0)
         .then(|| SocketAddr::new(IpAddr::V4(cfg.service_addr), cfg.relay.quic_port));
     let server_config = crate::front::tls::relay_config(tls.serving.clone())?;
-    let server = relay::serve_tls(addr, server_config, quic, allow.clone()).await?;
+    let gate = Gate::new(
+        relay_limits(&cfg.relay),
+        Arc::new(GateMetrics(metrics.relay_gate.clone())),
+    );
+    let server = relay::serve_tls(addr, server_config, quic, allow.clone(), gate).await?;
     let stop = stop.clone();
     tokio::spawn(async move {
         stop.cancelled().await;
@@ -296,6 +302,33 @@ async fn relay(
         format!("https://{a}").parse().context("the relay's URL")
     };
     Ok((url(advertised)?, url(addr)?, allow))
+}
+
+/// The relay gate's bounds, from `[relay]`.
+pub fn relay_limits(r: &crate::config::Relay) -> relay::gate::Limits {
+    relay::gate::Limits {
+        max_connections: r.max_connections,
+        max_per_source: r.max_connections_per_source,
+        handshake_timeout: r.handshake_timeout,
+        idle_timeout: r.idle_timeout,
+    }
+}
+
+/// The relay's gate counted in the broker's metrics (the relay, an edge, knows no metrics).
+struct GateMetrics(crate::metrics::RelayGate);
+
+impl relay::gate::Observe for GateMetrics {
+    fn held(&self, admitted: bool) {
+        self.0.held(admitted);
+    }
+
+    fn refused(&self, why: relay::gate::Refusal) {
+        self.0.refused(why.as_str());
+    }
+
+    fn cut(&self, why: relay::gate::Cut) {
+        self.0.cut(why.as_str());
+    }
 }
 
 /// The callback that keeps the relay's allow list, the tunnel's links and the
@@ -627,7 +660,7 @@ impl Daemon {
         health_checks(&metrics, &store, provider.as_ref(), resumed.clone());
         crate::fleet_host::share_front_ca(&cfg, &store, &front_dir(&cfg)).await?;
         let tls = FrontTls::load(&cfg)?;
-        let (relay_url, local_relay_url, allow) = relay(&cfg, &tls, &stop).await?;
+        let (relay_url, local_relay_url, allow) = relay(&cfg, &tls, &metrics, &stop).await?;
         let tunnels = Tunnels::start(
             &TunnelSettings {
                 bind: SocketAddr::new(IpAddr::V4(cfg.service_addr), cfg.tunnel.port),

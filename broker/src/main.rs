@@ -660,7 +660,13 @@ fn restore(cfg: &Config, from: &std::path::Path, json: bool) -> Result<()> {
 }
 
 async fn relay(a: RelayArgs) -> Result<()> {
+    use socialweb_broker::relay::gate::Gate;
     use socialweb_broker::relay::{Allow, serve};
+    // The broker's bounds for its relay, reported nowhere (no metrics here).
+    let gate = Gate::new(
+        socialweb_broker::daemon::relay_limits(&Config::default().relay),
+        std::sync::Arc::new(()),
+    );
     let allow = if a.open {
         eprintln!("relay: --open: admitting any endpoint");
         Allow::everyone()
@@ -677,14 +683,8 @@ async fn relay(a: RelayArgs) -> Result<()> {
     };
     let server = match &a.tls_dir {
         None => {
-            let server = serve(a.listen, allow).await?;
-            eprintln!(
-                "relay serving on http://{}",
-                server
-                    .http_addr()
-                    .map(|a| a.to_string())
-                    .unwrap_or_default()
-            );
+            let server = serve(a.listen, allow, gate).await?;
+            eprintln!("relay serving on http://{}", server.addr());
             server
         }
         Some(dir) => {
@@ -696,7 +696,8 @@ async fn relay(a: RelayArgs) -> Result<()> {
             let (serving, _) = socialweb_broker::front::tls::serving(None, None, dir, &names)?;
             let config = socialweb_broker::front::tls::relay_config(serving)?;
             let quic = (a.quic_port != 0).then(|| SocketAddr::new(a.listen.ip(), a.quic_port));
-            let server = socialweb_broker::relay::serve_tls(a.listen, config, quic, allow).await?;
+            let server =
+                socialweb_broker::relay::serve_tls(a.listen, config, quic, allow, gate).await?;
             eprintln!(
                 "relay serving on https://{} (CA {}), address discovery on {}",
                 a.listen,
@@ -708,8 +709,7 @@ async fn relay(a: RelayArgs) -> Result<()> {
         }
     };
     until_signal(CancellationToken::new()).await?;
-    server.shutdown().await.context("stopping the relay")?;
-    Ok(())
+    server.shutdown().await
 }
 
 async fn drain(undo: bool, client: ClientArgs) -> Result<()> {

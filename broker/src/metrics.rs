@@ -89,6 +89,68 @@ struct ComponentLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+/// The relay's gate (`relay::gate`): connections it holds now, those it refused at once by
+/// reason (`per_source`, `total`), and those it cut by reason (`handshake`: no first bytes
+/// within `relay.handshake_timeout`; `idle`: nothing from the client for
+/// `relay.idle_timeout`). Cheap to clone; a gate outside the daemon (`socialweb-broker
+/// relay`) keeps one that no registry reads.
+#[derive(Debug, Clone, Default)]
+pub struct RelayGate {
+    held: Gauge,
+    refused: Family<ReasonLabel, Counter>,
+    cut: Family<ReasonLabel, Counter>,
+}
+
+impl RelayGate {
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "relay_connections",
+            "TCP connections the relay holds open now",
+            self.held.clone(),
+        );
+        r.register(
+            "relay_connections_refused",
+            "TCP connections to the relay closed at once, by reason (per_source, total)",
+            self.refused.clone(),
+        );
+        r.register(
+            "relay_connections_cut",
+            "TCP connections to the relay cut, by reason (handshake: no first bytes in time; idle: nothing from the client for relay.idle_timeout)",
+            self.cut.clone(),
+        );
+    }
+
+    /// A connection was admitted (`true`) or has ended (`false`).
+    pub fn held(&self, yes: bool) {
+        if yes {
+            self.held.inc();
+        } else {
+            self.held.dec();
+        }
+    }
+
+    pub fn refused(&self, reason: &str) {
+        self.refused
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    pub fn cut(&self, reason: &str) {
+        self.cut
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProvisionLabel {
     cluster: String,
     provider: String,
@@ -217,6 +279,8 @@ pub struct Metrics {
     /// Live provisions, set by the daemon after each change.
     pub live_provisions: Gauge,
     pub relay_bytes: Counter,
+    /// The relay's gate: its connections held, refused and cut.
+    pub relay_gate: RelayGate,
     /// Clusters whose control plane hibernates now (docs/hibernation.md).
     pub hibernating: Gauge,
     hibernations: Counter,
@@ -242,6 +306,7 @@ impl Default for Metrics {
             orphans_released: Counter::default(),
             live_provisions: Gauge::default(),
             relay_bytes: Counter::default(),
+            relay_gate: RelayGate::default(),
             hibernating: Gauge::default(),
             hibernations: Counter::default(),
             wakes: Counter::default(),
@@ -285,6 +350,7 @@ impl Default for Metrics {
             "Bytes the mesh relay carried",
             m.relay_bytes.clone(),
         );
+        m.relay_gate.register(&mut r);
         m.register_hibernation(&mut r);
         m.traffic.register(&mut r);
         m.health.register(&mut r);
@@ -633,6 +699,9 @@ mod tests {
         m.api_request("other", 501, Duration::from_millis(1));
         m.market_call("p", "offer", Some("timeout"));
         m.component_restarted("a", "apiserver");
+        m.relay_gate.held(true);
+        m.relay_gate.refused("per_source");
+        m.relay_gate.cut("idle");
         m.traffic
             .provisions
             .get_or_create(&ProvisionLabel {

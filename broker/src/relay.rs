@@ -4,16 +4,23 @@
 //! QUIC connection encrypted end to end between the two nodes; but the handshake and the
 //! endpoint ids are not, so the broker serves it over TLS (a public listener,
 //! docs/operations.md), with QUIC address discovery beside it (a node learns the address its
-//! NAT gives it, for direct paths). `--open` and plain HTTP are for experiments.
+//! NAT gives it, for direct paths). `--open` and plain HTTP are for experiments. Either way
+//! its TCP listener is the [`gate`]'s, which bounds every connection; the iroh server listens
+//! on loopback behind it.
+
+pub mod gate;
 
 use std::collections::HashSet;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, RwLock};
 
 use anyhow::{Context, Result};
 use iroh::EndpointId;
 use iroh_relay::server::{Access, AccessControl, ClientRequest, RelayConfig, Server, ServerConfig};
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+
+use gate::Gate;
 
 /// Who may use the relay: everyone, or only the listed endpoints (a cluster's nodes). The list
 /// can change while the relay runs (nodes come and go).
@@ -64,32 +71,65 @@ impl AccessControl for Allow {
     }
 }
 
-/// Starts a relay serving plain HTTP on `bind`. Its URL for nodes is `http://<bind>`.
-pub async fn serve(bind: SocketAddr, allow: Allow) -> Result<Server> {
-    let mut relay = RelayConfig::new(bind);
+/// A relay serving behind its [`gate`].
+#[derive(Debug)]
+pub struct Running {
+    server: Server,
+    addr: SocketAddr,
+    stop: CancellationToken,
+    gate: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Where clients reach it: the gate's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops the gate (its connections end) and the relay server.
+    pub async fn shutdown(self) -> Result<()> {
+        self.stop.cancel();
+        let _ = self.gate.await;
+        self.server.shutdown().await.context("stopping the relay")
+    }
+}
+
+/// Where the iroh server listens: on loopback, behind the gate.
+const BEHIND_THE_GATE: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+
+/// Starts a relay serving plain HTTP on `bind`, through `gate`. Its URL for nodes is
+/// `http://<bind>`.
+pub async fn serve(bind: SocketAddr, allow: Allow, gate: Gate) -> Result<Running> {
+    let mut relay = RelayConfig::new(BEHIND_THE_GATE);
     relay.access = Arc::new(allow);
     let mut config = ServerConfig::default();
     config.relay = Some(relay);
     let server = Server::spawn(config)
         .await
-        .with_context(|| format!("starting the relay on {bind}"))?;
-    info!(addr = ?server.http_addr(), "relay serving");
-    Ok(server)
+        .with_context(|| format!("starting the relay for {bind}"))?;
+    let upstream = server
+        .http_addr()
+        .context("the relay server has no HTTP address")?;
+    let running = behind(gate, bind, upstream, server).await?;
+    info!(addr = %running.addr, "relay serving (HTTP)");
+    Ok(running)
 }
 
-/// Starts a relay serving HTTPS on `bind` with `tls`, and QUIC address discovery on UDP
-/// `quic` (when given). Its URL for nodes is `https://<bind>`. (The plain-HTTP side iroh-relay
-/// always keeps, for captive-portal probes only, is put on loopback.)
+/// Starts a relay serving HTTPS on `bind` with `tls`, through `gate`, and QUIC address
+/// discovery on UDP `quic` (when given; not gated: it answers each packet with its source
+/// address and keeps no state). Its URL for nodes is `https://<bind>`. (The plain-HTTP side
+/// iroh-relay always keeps, for captive-portal probes only, stays on loopback.)
 pub async fn serve_tls(
     bind: SocketAddr,
     tls: rustls::ServerConfig,
     quic: Option<SocketAddr>,
     allow: Allow,
-) -> Result<Server> {
+    gate: Gate,
+) -> Result<Running> {
     use iroh_relay::server::{CertConfig, QuicConfig, TlsConfig};
-    let mut relay = RelayConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)));
+    let mut relay = RelayConfig::new(BEHIND_THE_GATE);
     relay.tls = Some(TlsConfig::new(
-        bind,
+        BEHIND_THE_GATE,
         CertConfig::Manual { server_config: tls },
     ));
     relay.access = Arc::new(allow);
@@ -98,7 +138,29 @@ pub async fn serve_tls(
     config.quic = quic.map(QuicConfig::new);
     let server = Server::spawn(config)
         .await
-        .with_context(|| format!("starting the relay on {bind}"))?;
-    info!(https = ?server.https_addr(), quic = ?server.quic_addr(), "relay serving");
-    Ok(server)
+        .with_context(|| format!("starting the relay for {bind}"))?;
+    let upstream = server
+        .https_addr()
+        .context("the relay server has no HTTPS address")?;
+    let quic = server.quic_addr();
+    let running = behind(gate, bind, upstream, server).await?;
+    info!(https = %running.addr, ?quic, "relay serving");
+    Ok(running)
+}
+
+/// `server`, listening on `upstream`, behind `gate` on `bind`.
+async fn behind(
+    gate: Gate,
+    bind: SocketAddr,
+    upstream: SocketAddr,
+    server: Server,
+) -> Result<Running> {
+    let stop = CancellationToken::new();
+    let (addr, task) = gate.open(bind, upstream, stop.clone()).await?;
+    Ok(Running {
+        server,
+        addr,
+        stop,
+        gate: task,
+    })
 }

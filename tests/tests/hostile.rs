@@ -2,6 +2,9 @@
 //! test performs an attack a review of the broker found, against the real daemon, its real
 //! front and the Kubernetes we ship, and checks that it fails and says why.
 
+#[path = "hostile/relay.rs"]
+mod relay;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;

@@ -17,6 +17,7 @@
 //! - [`reconcile`]: the store's view against the provider's, as a list of fixes.
 //! - [`names`]: cluster names, account hashes and mount paths.
 //! - [`hibernation`]: when an idle cluster's control plane may stop.
+//! - [`source`]: what counts as one source address for the limits per address.
 
 pub mod bids;
 pub mod csr;
@@ -31,6 +32,7 @@ pub mod reconcile;
 pub mod records;
 pub mod rights;
 pub mod scale;
+pub mod source;
 
 pub use records::{
     CertRecord, Cluster, ClusterPhase, DecisionRow, Provision, Step, from_millis, millis,

@@ -62,7 +62,7 @@ impl Rates {
     pub fn source(&self, ip: IpAddr) -> Result<(), Exceeded> {
         check(
             &self.source,
-            &crate::front::listener::source_key(ip),
+            &socialweb_broker_core::source::source_key(ip),
             "requests from this address (access.requests_per_minute_per_source)",
         )
     }

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use http::Response;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use socialweb_broker_core::source::source_key;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -123,22 +124,6 @@ pub struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.counts.inner.lock().expect("lock").remove(self.id);
-    }
-}
-
-/// The key of a source address, for the limits per source: an IPv4-mapped address as the
-/// IPv4 one (the front binds `[::]` on a host with IPv6), an IPv6 address by its /64 (one
-/// host's share of a network).
-pub fn source_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let s = v6.segments();
-                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-            }
-        },
-        v4 => v4,
     }
 }
 
@@ -437,17 +422,6 @@ mod tests {
                 min_bytes_per_sec: 1,
             },
         }
-    }
-
-    #[test]
-    fn a_source_is_an_ipv4_address_or_an_ipv6_slash_64() {
-        let key = |s: &str| source_key(s.parse().unwrap()).to_string();
-        assert_eq!(key("192.0.2.1"), "192.0.2.1");
-        // What a [::] listener sees of an IPv4 client is that client.
-        assert_eq!(key("::ffff:192.0.2.1"), "192.0.2.1");
-        assert_eq!(key("2001:db8:1:2:aaaa::1"), "2001:db8:1:2::");
-        assert_eq!(key("2001:db8:1:2:bbbb::9"), key("2001:db8:1:2:aaaa::1"));
-        assert_ne!(key("2001:db8:1:3::1"), key("2001:db8:1:2::1"));
     }
 
     #[test]
