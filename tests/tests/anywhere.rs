@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use socialweb_wire::mesh::{ENDPOINT_ANNOTATION, PublishedNodes};
 use testbed::broker::{Broker, BrokerOptions, FRONT_PORT};
 use testbed::k8s::wait_for;
 use testbed::ticker::Ticker;
@@ -266,19 +267,19 @@ fn running_leases(b: &Broker<'_>) -> Vec<usize> {
         .collect()
 }
 
-/// A Pod no other Pod of `app=drain` shares a node with.
-fn apart(name: &str) -> String {
+/// A Pod no other Pod of `app=<app>` shares a node with.
+fn apart(app: &str, name: &str) -> String {
     format!(
         r#"apiVersion: v1
 kind: Pod
-metadata: {{name: {name}, namespace: default, labels: {{app: drain}}}}
+metadata: {{name: {name}, namespace: default, labels: {{app: {app}}}}}
 spec:
   terminationGracePeriodSeconds: 1
   affinity:
     podAntiAffinity:
       requiredDuringSchedulingIgnoredDuringExecution:
       - topologyKey: kubernetes.io/hostname
-        labelSelector: {{matchLabels: {{app: drain}}}}
+        labelSelector: {{matchLabels: {{app: {app}}}}}
   containers:
   - name: c
     image: socialweb.local/busybox:1
@@ -308,7 +309,7 @@ fn a_drained_provider_takes_no_new_lease_and_its_running_node_runs_on() {
     let u = User::new(&b, dir.path(), "drain");
     let run = |name: &str| {
         let manifest = dir.path().join(format!("{name}.yaml"));
-        std::fs::write(&manifest, apart(name)).unwrap();
+        std::fs::write(&manifest, apart("drain", name)).unwrap();
         u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
         u.ok(
             &b,
@@ -535,12 +536,9 @@ fn route_dev(b: &Broker<'_>, node: &str, ip: &str) -> String {
         .to_string()
 }
 
-/// Issue 36, attack 5: node `a`, with its own kubelet credentials, names the broker's public
-/// address as its own (the annotation agents once read) and tries to write the broker's
-/// ConfigMap of node addresses. Node `z` routes neither to it: peers take addresses from
-/// the broker only, and only inside the node range.
-fn a_node_names_no_address_but_its_own(b: &Broker<'_>, u: &User, a: &str, z: &str) {
-    let ips = node_ips(u, b);
+/// `kubectl <args>` on node `a` with its kubelet's own credentials (what a node that turned
+/// on its cluster holds).
+fn as_node<'b>(b: &'b Broker<'_>, a: &str) -> impl Fn(&[&str]) -> std::process::Output + 'b {
     let machine = b.agent_socket(a).unwrap().parent().unwrap().to_path_buf();
     // The kubelet's kubeconfig names its certificate inside the machine (/var/lib/kubelet,
     // which is var-lib/kubelet of a machine running this host's agent, kubelet of an image's).
@@ -563,11 +561,21 @@ fn a_node_names_no_address_but_its_own(b: &Broker<'_>, u: &User, a: &str, z: &st
     let kc_path = machine.join("attacker.kubeconfig");
     std::fs::write(&kc_path, kc).unwrap();
     let kube = testbed::k8s::binaries().unwrap().kube();
-    let as_node = |args: &[&str]| {
+    let a = a.to_string();
+    move |args: &[&str]| {
         let mut all = vec!["kubectl", "--kubeconfig", kc_path.to_str().unwrap()];
         all.extend_from_slice(args);
-        b.on_node(a, kube.to_str().unwrap(), &all).unwrap()
-    };
+        b.on_node(&a, kube.to_str().unwrap(), &all).unwrap()
+    }
+}
+
+/// Issue 36, attack 5: node `a`, with its own kubelet credentials, names the broker's public
+/// address as its own (the annotation agents once read) and tries to write the broker's
+/// ConfigMap of node addresses. Node `z` routes neither to it: peers take addresses from
+/// the broker only, and only inside the node range.
+fn a_node_names_no_address_but_its_own(b: &Broker<'_>, u: &User, a: &str, z: &str) {
+    let ips = node_ips(u, b);
+    let as_node = as_node(b, a);
     let broker_addr = OPERATOR_ADDR.to_string();
     let o = as_node(&[
         "annotate",
@@ -608,6 +616,11 @@ fn a_node_names_no_address_but_its_own(b: &Broker<'_>, u: &User, a: &str, z: &st
     ]);
     let published: BTreeMap<String, String> = serde_json::from_str(&text(&o))
         .unwrap_or_else(|e| panic!("the node addresses as a node reads them: {e}: {}", text(&o)));
+    let published: BTreeMap<String, String> = PublishedNodes::from_data(&published)
+        .addresses
+        .into_iter()
+        .map(|(node, ip)| (node, ip.to_string()))
+        .collect();
     assert_eq!(
         published, ips,
         "the broker's node addresses are the Nodes' InternalIPs"
@@ -976,4 +989,209 @@ fn nodes_come_back_after_the_broker_restarts_and_after_a_minute_cut_off() {
         t,
         "a node cut from the broker for a minute recovered; its pods kept running",
     );
+}
+
+/// Issue 58, attack 4: a node, with its own kubelet credentials, annotates its Node with
+/// another node's mesh endpoint id. Agents that took endpoint ids from the annotations took
+/// the nodes in name order, gave the victim's id to the attacker (named before it) and
+/// refused the victim as a duplicate, so a third node lost the victim's Pods until the
+/// annotation was put back. They take them from the broker's ConfigMap alone now: every
+/// directory stays as it was, and every Pod reaches every other.
+#[test]
+fn a_node_that_claims_another_nodes_endpoint_cuts_no_one_off() {
+    let t = Instant::now();
+    let world = World::new(2).unwrap();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            providers: 2,
+            provider_capacity: 2,
+            max_nodes: 3,
+            hold: Duration::from_secs(600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let dir = TempDir::new("claim").unwrap();
+    let u = User::new(&b, dir.path(), "claim");
+    let manifest = dir.path().join("pods.yaml");
+    let pods = ["p1", "p2", "p3"].map(|p| apart("claim", p));
+    std::fs::write(&manifest, pods.join("---\n")).unwrap();
+    u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
+    u.ok(
+        &b,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod",
+            "-l",
+            "app=claim",
+            "--timeout=240s",
+        ],
+    );
+    step(t, "three nodes, a Pod on each");
+
+    // Each node's Pod and the Pod's IP, by node name; the nodes in name order, the order a
+    // directory takes them in: the attacker is named before its victim.
+    let pod_on: BTreeMap<String, (String, String)> = u
+        .json(&b, &["get", "pods", "-l", "app=claim"])["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let s = |v: &Value| v.as_str().unwrap().to_string();
+            let pod = (s(&p["metadata"]["name"]), s(&p["status"]["podIP"]));
+            (s(&p["spec"]["nodeName"]), pod)
+        })
+        .collect();
+    let nodes: Vec<&String> = pod_on.keys().collect();
+    assert_eq!(nodes.len(), 3, "a Pod on each of three nodes: {pod_on:?}");
+    let (attacker, victim) = (nodes[0].as_str(), nodes[1].as_str());
+    let status = |n: &str| -> Value {
+        serde_json::from_str(&b.agent_cli(n, &["mesh", "status", "--json"]).unwrap()).unwrap()
+    };
+    let endpoint: BTreeMap<String, String> = nodes
+        .iter()
+        .map(|n| {
+            (
+                n.to_string(),
+                status(n)["endpoint"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let pod_cidr: BTreeMap<String, String> = u.json(&b, &["get", "nodes"])["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            let s = |v: &Value| v.as_str().unwrap().to_string();
+            (s(&n["metadata"]["name"]), s(&n["spec"]["podCIDR"]))
+        })
+        .collect();
+
+    let as_attacker = as_node(&b, attacker);
+    let claim = |id: &str| {
+        let o = as_attacker(&[
+            "annotate",
+            "node",
+            attacker,
+            "--overwrite",
+            &format!("{ENDPOINT_ANNOTATION}={id}"),
+        ]);
+        assert!(
+            o.status.success(),
+            "{attacker} annotates its Node: {}",
+            text(&o)
+        );
+    };
+    // What every node's directory must say, before the attack and after: each other node
+    // at its own endpoint id and pod CIDR, connected, and no one refused. What is not so.
+    let wrong = || -> Vec<String> {
+        let mut out = Vec::new();
+        for n in &nodes {
+            let st = status(n);
+            let peers: BTreeMap<String, (String, String, bool)> = st["peers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    let s = |v: &Value| v.as_str().unwrap().to_string();
+                    let seen = (s(&p["endpoint"]), s(&p["pod_cidr"]), p["connected"] == true);
+                    (s(&p["node"]), seen)
+                })
+                .collect();
+            let want: BTreeMap<String, (String, String, bool)> = nodes
+                .iter()
+                .filter(|m| *m != n)
+                .map(|m| {
+                    let m = m.as_str();
+                    (
+                        m.to_string(),
+                        (endpoint[m].clone(), pod_cidr[m].clone(), true),
+                    )
+                })
+                .collect();
+            if peers != want || st["rejected"] != serde_json::json!([]) {
+                out.push(format!("{n}'s peers {peers:?}, want {want:?}: {st}"));
+            }
+        }
+        out
+    };
+    wait_for(
+        "every node connected to every other",
+        Duration::from_secs(30),
+        || Ok(wrong().is_empty().then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}: {:?}\n{}", wrong(), b.diagnostics()));
+
+    claim(&endpoint[victim]);
+    // A directory that believed the annotation changed within a second (it is a watch).
+    std::thread::sleep(Duration::from_secs(3));
+    step(
+        t,
+        &format!("{attacker} annotated its Node with {victim}'s endpoint id"),
+    );
+    let after = wrong();
+    assert!(
+        after.is_empty(),
+        "after {attacker} claimed {victim}'s endpoint:\n{}",
+        after.join("\n")
+    );
+    // And every Pod reaches every other, the victim's from the third node's above all.
+    for from in &nodes {
+        for to in nodes.iter().filter(|to| *to != from) {
+            let (pod, ip) = (&pod_on[*from].0, &pod_on[*to].1);
+            let o = u.exec(&b, pod, &["ping", "-c", "1", "-W", "3", ip]);
+            assert!(
+                o.status.success(),
+                "{pod} on {from} pings {to}'s Pod {ip} after {attacker} claimed {victim}'s endpoint: {}",
+                text(&o)
+            );
+        }
+    }
+    step(
+        t,
+        "every directory unchanged, every Pod reaches every other",
+    );
+
+    // Where the ids come from: the broker's ConfigMap, which nodes read and cannot write.
+    let o = as_attacker(&[
+        "-n",
+        "kube-system",
+        "get",
+        "configmap",
+        "socialweb-node-addresses",
+        "-o",
+        "jsonpath={.data}",
+    ]);
+    let data: BTreeMap<String, String> = serde_json::from_str(&text(&o)).unwrap_or_else(|e| {
+        panic!(
+            "the published nodes as a node reads them: {e}: {}",
+            text(&o)
+        )
+    });
+    let published = PublishedNodes::from_data(&data).endpoints;
+    assert_eq!(
+        published, endpoint,
+        "the broker publishes every node's endpoint id"
+    );
+    let o = as_attacker(&[
+        "-n",
+        "kube-system",
+        "patch",
+        "configmap",
+        "socialweb-node-addresses",
+        "--type=merge",
+        "-p",
+        &format!(
+            r#"{{"data": {{"endpoint_{attacker}": "{}"}}}}"#,
+            endpoint[victim]
+        ),
+    ]);
+    assert!(
+        !o.status.success() && text(&o).contains("forbidden"),
+        "a node wrote the broker's endpoint ids: {}",
+        text(&o)
+    );
+    claim(&endpoint[attacker]);
 }

@@ -82,10 +82,16 @@ pub fn watch_own(cx: &Ctx, client: &kube::Client, dns: Option<std::sync::Arc<Dns
     tokio::spawn(label_own(client.clone(), id.clone()));
 }
 
-/// The peer directory from the cluster's Nodes.
+/// The peer directory from the cluster's Nodes and what the broker publishes, peers'
+/// endpoint ids from the broker alone in a broker's cluster.
 pub fn directory(cx: &Ctx, client: &kube::Client, mesh: &Mesh) -> watch::Receiver<Vec<NodeEntry>> {
-    let endpoint = mesh.endpoint_id().to_string();
-    crate::directory::kube::watch(client.clone(), cx.id.node.clone(), endpoint, cx.id.node_ip)
+    use crate::directory::nodes::{Me, Trust};
+    let me = Me {
+        node: cx.id.node.clone(),
+        endpoint: mesh.endpoint_id().to_string(),
+        node_ip: cx.id.node_ip,
+    };
+    crate::directory::kube::watch(client.clone(), me, Trust::of(cx.id.node_ip))
 }
 
 /// This node's endpoint and addresses on its Node, for its peers' directories.

@@ -3,10 +3,12 @@
 //! (`socialweb_mesh_core::directory::view`).
 //!
 //! - [`static_file`]: a JSON file, re-read when it changes (the demo, machines without k3s).
-//! - [`kube`]: Kubernetes Nodes: `spec.podCIDR` plus the annotations each agent writes on its
-//!   own Node.
+//! - [`kube`]: Kubernetes Nodes (`spec.podCIDR`, and each agent's annotations on its own
+//!   Node) and the nodes the broker publishes (addresses, endpoint ids); [`nodes`] is what
+//!   they make of the directory, pure.
 
 pub mod kube;
+pub mod nodes;
 pub mod static_file;
 
 pub use socialweb_mesh_core::directory::NodeEntry;
