@@ -334,7 +334,13 @@ subjects: [{kind: ServiceAccount, name: mallory, namespace: default}]
             "--from-literal=token-secret=0123456789abcdef",
             "--from-literal=usage-bootstrap-authentication=true",
         ],
-        vec!["-n", "kube-system", "delete", "secret", "bootstrap-token-abcdef"],
+        vec![
+            "-n",
+            "kube-system",
+            "delete",
+            "secret",
+            "bootstrap-token-abcdef",
+        ],
         vec![
             "-n",
             "kube-system",

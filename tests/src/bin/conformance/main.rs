@@ -267,10 +267,16 @@ fn main() -> Result<std::process::ExitCode> {
             args.datastore
         ),
     );
-    let tenant = args
-        .as_tenant
-        .then(|| socialweb_broker::auth::token::SigningKey::generate(atrium_crypto::Algorithm::P256));
-    let mut create = vec!["cluster", "create", "conformance", "--datastore", &args.datastore];
+    let tenant = args.as_tenant.then(|| {
+        socialweb_broker::auth::token::SigningKey::generate(atrium_crypto::Algorithm::P256)
+    });
+    let mut create = vec![
+        "cluster",
+        "create",
+        "conformance",
+        "--datastore",
+        &args.datastore,
+    ];
     let owner = tenant.as_ref().map(|k| k.did());
     if let Some(did) = &owner {
         create.extend(["--owner", did.as_str()]);
@@ -364,7 +370,11 @@ fn main() -> Result<std::process::ExitCode> {
                     .map(|s| format!(" --skip '{s}'"))
                     .unwrap_or_default(),
                 part.procs,
-                if tenant.is_some() { "tenant's" } else { "admin" }
+                if tenant.is_some() {
+                    "tenant's"
+                } else {
+                    "admin"
+                }
             ),
         );
         let dir = report_dir.join(&part.name);
