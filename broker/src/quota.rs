@@ -46,9 +46,10 @@ pub enum Level {
 }
 
 /// The room the control plane's own writers have past the quota: an eighth of it, at least
-/// 8 MiB (256 MiB of the default 2 GiB).
+/// 16 MiB (256 MiB of the default 2 GiB): more than a tenant can write past the quota in
+/// the second between two measures, which would otherwise eat it.
 pub fn headroom(quota: u64) -> u64 {
-    (quota / 8).max(8 << 20)
+    (quota / 8).max(16 << 20)
 }
 
 /// The level of a database of `used` bytes under `quota`.
@@ -252,13 +253,13 @@ mod tests {
     #[test]
     fn levels_at_the_quota_and_its_headroom() {
         let q = 64 << 20;
-        assert_eq!(headroom(q), 8 << 20);
+        assert_eq!(headroom(q), 16 << 20);
         assert_eq!(headroom(2048 << 20), 256 << 20);
         assert_eq!(level(0, q), Level::Room);
         assert_eq!(level(q - 1, q), Level::Room);
         assert_eq!(level(q, q), Level::TenantsFull);
-        assert_eq!(level(q + (8 << 20) - 1, q), Level::TenantsFull);
-        assert_eq!(level(q + (8 << 20), q), Level::Full);
+        assert_eq!(level(q + (16 << 20) - 1, q), Level::TenantsFull);
+        assert_eq!(level(q + (16 << 20), q), Level::Full);
     }
 
     #[tokio::test]

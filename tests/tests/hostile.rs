@@ -921,7 +921,7 @@ fn a_tenant_filling_its_datastore_is_stopped_at_the_quota_and_no_one_else_is() {
     assert!(ok, "the other cluster refused a write: {out}");
 
     // Updates of the objects being deleted go on past the quota, and stop at its headroom
-    // (an eighth of the quota, at least 8 MiB): no writer is exempt without end.
+    // (an eighth of the quota, at least 16 MiB): no writer is exempt without end.
     let patch = dir.path().join("grow.json");
     let mut grown = 0;
     let stopped = loop {
@@ -965,8 +965,8 @@ fn a_tenant_filling_its_datastore_is_stopped_at_the_quota_and_no_one_else_is() {
         "the headroom refused the first update: {stopped}"
     );
     assert!(
-        size < (QUOTA_MIB + 8 + 16) << 20,
-        "the database grew to {size} bytes past a quota of {QUOTA_MIB} MiB and 8 of headroom"
+        size < (QUOTA_MIB + 16 + 16) << 20,
+        "the database grew to {size} bytes past a quota of {QUOTA_MIB} MiB and 16 of headroom"
     );
     // Reads and deletes are still served, and the broker's own writes.
     let (ok, out) = kubectl_with(
