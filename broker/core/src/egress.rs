@@ -241,6 +241,16 @@ mod tests {
         #[test]
         fn arbitrary_heads_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
             let _ = parse_connect(&bytes);
+            let _ = parse_connect_target(&bytes);
+        }
+
+        #[test]
+        fn a_target_read_is_a_name_or_an_address_as_written(host in "[a-z0-9-]{1,12}(\\.[a-z0-9-]{1,12}){0,3}", port in 1u16..) {
+            let head = format!("CONNECT {host}:{port} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+            match parse_connect_target(head.as_bytes()).unwrap() {
+                Target::Name(h, p) => proptest::prop_assert_eq!((h, p), (host, port)),
+                Target::Addr(a) => proptest::prop_assert_eq!(a.port(), port),
+            }
         }
     }
 
