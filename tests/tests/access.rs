@@ -195,7 +195,8 @@ fn a_did_reaches_its_cluster_only_through_the_front_and_loses_it_on_revocation()
         format!("{}/clusters/root:{hash}:ci:clusters", b.front_url())
     );
 
-    // The resting state, and cluster-admin.
+    // The resting state, and the tenant's rights: not cluster-admin, its own namespaces'
+    // everything (docs/security.md, "A tenant's rights").
     let nodes = run(b.kubectl_as(&kc, &[], &["get", "nodes"]));
     assert!(nodes.status.success(), "{}", text(&nodes));
     assert!(
@@ -203,7 +204,28 @@ fn a_did_reaches_its_cluster_only_through_the_front_and_loses_it_on_revocation()
         "{}",
         text(&nodes)
     );
-    assert_eq!(ok(&b, &kc, &[], &["auth", "can-i", "*", "*"]).trim(), "yes");
+    let all = run(b.kubectl_as(&kc, &[], &["auth", "can-i", "*", "*"]));
+    assert_eq!(text(&all).trim(), "no", "the tenant is not cluster-admin");
+    let ns_all = run(b.kubectl_as(
+        &kc,
+        &[],
+        &["auth", "can-i", "*", "*", "--namespace", "default"],
+    ));
+    assert_eq!(
+        text(&ns_all).trim(),
+        "no",
+        "nor a wildcard in a namespace: it holds a list of rights"
+    );
+    assert_eq!(
+        ok(
+            &b,
+            &kc,
+            &[],
+            &["auth", "can-i", "delete", "deployments", "--all-namespaces"]
+        )
+        .trim(),
+        "yes"
+    );
     let me = ok(&b, &kc, &[], &["auth", "whoami", "-o", "json"]);
     let me: Value = serde_json::from_str(&me).unwrap();
     assert_eq!(me["status"]["userInfo"]["username"], alice_did.as_str());
@@ -220,7 +242,7 @@ fn a_did_reaches_its_cluster_only_through_the_front_and_loses_it_on_revocation()
     }
     step(
         t,
-        "kubectl through the front: no nodes, can-i * * yes, a namespace created",
+        "kubectl through the front: no nodes, can-i * * no, a namespace created",
     );
 
     // A node, and the streams.

@@ -308,8 +308,29 @@ pub fn read_config(path: &Path) -> Result<Config> {
     toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
-/// Writes `config` to `path` as the broker reads it.
+/// Writes `config` to `path` as the broker reads it: only what differs from the defaults, as
+/// an operator writes one. So the file also reads in another version of the broker that has
+/// fewer settings (the upgrade test's previous release), which refuses any key it does not
+/// know, and takes its own defaults for the rest.
 pub fn write_config(path: &Path, config: &Config) -> Result<()> {
-    let text = toml::to_string_pretty(config).context("writing a configuration as TOML")?;
+    let mut value = toml::Value::try_from(config).context("a configuration as TOML")?;
+    let defaults = toml::Value::try_from(Config::default()).context("the defaults as TOML")?;
+    without_defaults(&mut value, &defaults);
+    let text = toml::to_string_pretty(&value).context("writing a configuration as TOML")?;
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Removes from the table `v` every key whose value is `defaults`' (tables key by key).
+fn without_defaults(v: &mut toml::Value, defaults: &toml::Value) {
+    let (toml::Value::Table(t), toml::Value::Table(d)) = (v, defaults) else {
+        return;
+    };
+    t.retain(|k, value| match d.get(k) {
+        Some(def @ toml::Value::Table(_)) => {
+            without_defaults(value, def);
+            value.as_table().is_none_or(|t| !t.is_empty())
+        }
+        Some(def) => value != def,
+        None => true,
+    });
 }
