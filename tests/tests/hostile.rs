@@ -35,6 +35,21 @@ fn user(dir: &Path, name: &str) -> (PathBuf, SigningKey) {
     (path, key)
 }
 
+/// A new DID's cluster `name`, made through the gateway API, and the DID's kubeconfig for
+/// it (the owners' group, through the front): a tenant.
+fn tenant_cluster(b: &Broker<'_>, dir: &Path, name: &str) -> PathBuf {
+    let (key_file, _) = user(dir, name);
+    b.api(&key_file, &["create-cluster", name, "--wait", "2m"])
+        .unwrap();
+    let kc = dir.join(format!("{name}.kubeconfig"));
+    b.api(
+        &key_file,
+        &["kubeconfig", name, "--out", kc.to_str().unwrap()],
+    )
+    .unwrap();
+    kc
+}
+
 /// The broker's DID (the tokens' audience), from describeServer.
 fn audience(b: &Broker<'_>) -> String {
     let v = curl_json(
@@ -382,15 +397,7 @@ fn an_escape_pod_is_refused_and_its_owner_cannot_lift_the_policy() {
     let world = World::new(0).unwrap();
     let dir = TempDir::new("escape").unwrap();
     let b = Broker::start(&world, BrokerOptions::default()).unwrap();
-    let (key_file, key) = user(dir.path(), "tenant");
-    b.api(&key_file, &["create-cluster", "t", "--wait", "2m"])
-        .unwrap();
-    let kc = dir.path().join("t.kubeconfig");
-    b.api(
-        &key_file,
-        &["kubeconfig", "t", "--out", kc.to_str().unwrap()],
-    )
-    .unwrap();
+    let kc = tenant_cluster(&b, dir.path(), "t");
     control_plane_in_its_budget(&b, "t");
     let kubectl = |args: &[&str], stdin: Option<&str>| kubectl_with(&b, &kc, args, stdin);
     // The attack as it was done: privileged, hostPID, the host's / mounted.
@@ -711,7 +718,6 @@ fn an_escape_pod_is_refused_and_its_owner_cannot_lift_the_policy() {
         )
         .unwrap();
     assert_eq!(v["spec"]["validationActions"], json!(["Deny"]));
-    let _ = key;
 }
 
 /// A tenant's kubectl: (success, stdout and stderr), `stdin` piped in when given.
@@ -763,20 +769,10 @@ fn a_tenant_filling_its_datastore_is_stopped_at_the_quota_and_no_one_else_is() {
         },
     )
     .unwrap();
-    let mut kubeconfigs = Vec::new();
-    for name in ["full", "other"] {
-        let (key_file, _) = user(dir.path(), name);
-        b.api(&key_file, &["create-cluster", name, "--wait", "2m"])
-            .unwrap();
-        let kc = dir.path().join(format!("{name}.kubeconfig"));
-        b.api(
-            &key_file,
-            &["kubeconfig", name, "--out", kc.to_str().unwrap()],
-        )
-        .unwrap();
-        kubeconfigs.push(kc);
-    }
-    let (full, other) = (&kubeconfigs[0], &kubeconfigs[1]);
+    let (full, other) = (
+        &tenant_cluster(&b, dir.path(), "full"),
+        &tenant_cluster(&b, dir.path(), "other"),
+    );
     // ConfigMaps held by a finalizer of the tenant's, deleted: an update of an object being
     // deleted is the control plane's kind of write (finalizers removed), which the quota
     // lets through at the quota -- and, since issue 58, not past its headroom.

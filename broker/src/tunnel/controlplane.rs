@@ -12,20 +12,19 @@
 //! webhook's error.
 
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use ipnet::IpNet;
 use socialweb_broker_core::egress::{
     ControlPlaneRoute, Facts, Target, control_plane_route, parse_connect_target, refusal_head,
 };
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::net::{TcpStream, UnixStream};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::egress::{Egress, read_head};
 
@@ -50,34 +49,17 @@ pub struct ControlPlaneEgress {
 
 /// Serves `e` on `socket` (mode 0600) until `stop`.
 pub fn serve(e: ControlPlaneEgress, socket: &Path, stop: CancellationToken) -> Result<()> {
-    if let Some(d) = socket.parent() {
-        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-    }
-    let _ = std::fs::remove_file(socket);
-    let listener =
-        UnixListener::bind(socket).with_context(|| format!("binding {}", socket.display()))?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
-    let path = socket.to_path_buf();
-    info!(cluster = %e.cluster, socket = %path.display(), "apiserver control-plane egress served");
-    tokio::spawn(async move {
-        loop {
-            let uds = tokio::select! {
-                r = listener.accept() => match r {
-                    Ok((s, _)) => s,
-                    Err(err) => {
-                        warn!("control-plane egress socket: accept: {err}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-                _ = stop.cancelled() => break,
-            };
+    let cluster = e.cluster.clone();
+    super::serve_socket(
+        socket,
+        "apiserver control-plane egress",
+        &cluster,
+        stop,
+        move |uds| {
             let e = e.clone();
-            tokio::spawn(async move { e.one(uds).await });
-        }
-        let _ = std::fs::remove_file(&path);
-    });
-    Ok(())
+            async move { e.one(uds).await }
+        },
+    )
 }
 
 /// The addresses of this host's interfaces (what a webhook's URL may not name).

@@ -5,20 +5,19 @@
 //! `connect` stream on that node's tunnel, and answered `200` once the node has dialled, or
 //! `502 <reason>` naming the destination and why. Never a fallback to another way.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector;
 use socialweb_broker_core::egress::{MAX_HEAD, NodeRoute, parse_connect, refusal_head, route};
 use socialweb_wire::tunnel::{Open, Reply};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::{Tunnels, read_line, splice};
 use crate::store::Store;
@@ -47,34 +46,11 @@ impl std::fmt::Debug for Egress {
 
 /// Serves `e` on `socket` (mode 0600: the apiserver runs as the broker's user) until `stop`.
 pub fn serve(e: Egress, socket: &Path, stop: CancellationToken) -> Result<()> {
-    if let Some(d) = socket.parent() {
-        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-    }
-    let _ = std::fs::remove_file(socket);
-    let listener =
-        UnixListener::bind(socket).with_context(|| format!("binding {}", socket.display()))?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
-    let path: PathBuf = socket.to_path_buf();
-    info!(cluster = %e.cluster, socket = %path.display(), "apiserver egress served");
-    tokio::spawn(async move {
-        loop {
-            let uds = tokio::select! {
-                r = listener.accept() => match r {
-                    Ok((s, _)) => s,
-                    Err(err) => {
-                        warn!("egress socket: accept: {err}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-                _ = stop.cancelled() => break,
-            };
-            let e = e.clone();
-            tokio::spawn(async move { e.one(uds).await });
-        }
-        let _ = std::fs::remove_file(&path);
-    });
-    Ok(())
+    let cluster = e.cluster.clone();
+    super::serve_socket(socket, "apiserver egress", &cluster, stop, move |uds| {
+        let e = e.clone();
+        async move { e.one(uds).await }
+    })
 }
 
 /// Reads the request head (up to the empty line), at most [`MAX_HEAD`] bytes.

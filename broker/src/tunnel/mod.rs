@@ -319,6 +319,50 @@ pub fn path_of(conn: &Connection) -> String {
     }
 }
 
+/// Serves the Unix socket `socket` (mode 0600: only the broker's user, whom the apiserver
+/// runs as) until `stop`, handing each connection to `one`; the socket is removed at the end.
+/// The way a cluster's apiserver reaches its egresses.
+pub fn serve_socket<F, Fut>(
+    socket: &Path,
+    what: &'static str,
+    cluster: &str,
+    stop: CancellationToken,
+    one: F,
+) -> Result<()>
+where
+    F: Fn(tokio::net::UnixStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(d) = socket.parent() {
+        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    let _ = std::fs::remove_file(socket);
+    let listener = tokio::net::UnixListener::bind(socket)
+        .with_context(|| format!("binding {}", socket.display()))?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
+    let path = socket.to_path_buf();
+    info!(%cluster, socket = %path.display(), "{what} served");
+    tokio::spawn(async move {
+        loop {
+            let uds = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok((s, _)) => s,
+                    Err(err) => {
+                        warn!("{what} socket: accept: {err}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                _ = stop.cancelled() => break,
+            };
+            tokio::spawn(one(uds));
+        }
+        let _ = std::fs::remove_file(&path);
+    });
+    Ok(())
+}
+
 /// Reads one header or reply line (newline included), at most [`MAX_LINE`] bytes, within
 /// [`LINE_WITHIN`]; byte by byte, as what follows is the stream's payload.
 pub async fn read_line(recv: &mut RecvStream) -> Result<Vec<u8>> {

@@ -10,7 +10,7 @@ use testbed::broker::{Broker, BrokerOptions};
 use testbed::tmp::TempDir;
 use testbed::world::World;
 
-use super::{kubectl_with, user};
+use super::{kubectl_with, tenant_cluster};
 
 /// The broker's resident memory, in bytes.
 fn rss(b: &Broker<'_>) -> u64 {
@@ -64,15 +64,7 @@ fn a_tenants_pods_and_streams_cost_the_broker_a_bounded_amount() {
         },
     )
     .unwrap();
-    let (key_file, _) = user(dir.path(), "tenant");
-    b.api(&key_file, &["create-cluster", "t", "--wait", "2m"])
-        .unwrap();
-    let kc = dir.path().join("t.kubeconfig");
-    b.api(
-        &key_file,
-        &["kubeconfig", "t", "--out", kc.to_str().unwrap()],
-    )
-    .unwrap();
+    let kc = tenant_cluster(&b, dir.path(), "t");
 
     // Watches: a certificate holds so many; one more is refused with the reason; requests
     // that end are served meanwhile; a watch that ends gives its place back.

@@ -16,7 +16,7 @@ use testbed::broker::{Broker, BrokerOptions};
 use testbed::tmp::TempDir;
 use testbed::world::World;
 
-use super::{kubectl_with, user};
+use super::{kubectl_with, tenant_cluster};
 
 /// A kubeconfig for `cluster`'s apiserver on loopback with a bearer token: what an
 /// in-cluster client of the tenant's (a Pod's ServiceAccount) presents.
@@ -142,15 +142,7 @@ fn a_tenant_holds_a_list_of_rights_and_every_cluster_scoped_write_is_named() {
     let world = World::new(0).unwrap();
     let dir = TempDir::new("rights").unwrap();
     let b = Broker::start(&world, BrokerOptions::default()).unwrap();
-    let (key_file, _) = user(dir.path(), "tenant");
-    b.api(&key_file, &["create-cluster", "t", "--wait", "2m"])
-        .unwrap();
-    let kc = dir.path().join("t.kubeconfig");
-    b.api(
-        &key_file,
-        &["kubeconfig", "t", "--out", kc.to_str().unwrap()],
-    )
-    .unwrap();
+    let kc = tenant_cluster(&b, dir.path(), "t");
     let kubectl = |args: &[&str]| kubectl_with(&b, &kc, args, None);
 
     // The owners are bound to the role, and to nothing that is cluster-admin.
