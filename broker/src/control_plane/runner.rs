@@ -396,8 +396,8 @@ impl Spec {
             super::arg("trusted-ca-file", &e.ca),
             // Its metrics would listen on :8080 of every address.
             OsString::from("--metrics-bind-address=0"),
-            // The apiserver decides what is compacted, as on etcd (every 5 minutes, to the
-            // revision it saw 5 minutes before). kine's default floor of 1,000 revisions
+            // The apiserver decides what is compacted, as on etcd (every 4 minutes here, to
+            // the revision it saw 4 minutes before: `apiserver_args`). kine's default floor of 1,000 revisions
             // kept a quiet cluster from compacting what the apiserver asked: the
             // conformance test of a continue token whose revision was compacted away
             // waited 10 minutes for it on SQLite and failed (docs/conformance.md).
