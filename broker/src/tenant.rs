@@ -2,17 +2,20 @@
 //! nodes, removing a released node's Node and token, Events on Pods nothing can hold, and the
 //! Pod view the scale decision reads.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Config};
 
 use socialweb_broker_core::placement::NodeRequirements;
 use socialweb_broker_core::placement::{AntiAffinity, Selector, Spread};
-use socialweb_broker_core::scale::{Phase, PodView, Pool};
+use socialweb_broker_core::requests::{Amounts, Init, is_extended, pod_requests};
+use socialweb_broker_core::scale::{Phase, PodView, Pool, Scheduling};
 
 /// A client for a tenant cluster, from its admin kubeconfig.
 pub async fn client(admin_kubeconfig: &Path) -> Result<Client> {
@@ -271,34 +274,101 @@ pub fn quantity_bytes(q: &str) -> Option<u64> {
     q.parse::<f64>().ok().map(|v| v.ceil() as u64)
 }
 
-/// The decision's view of a Pod. Requests are what the scheduler counts: the sum over the
-/// containers, or the largest init container if that is more.
+/// A container's requests (resource name to amount: CPU in millicores, the rest in units);
+/// a quantity that does not parse counts as none (the API admits none such).
+fn amounts(list: Option<&BTreeMap<String, Quantity>>) -> Amounts {
+    list.into_iter()
+        .flatten()
+        .filter_map(|(name, q)| {
+            let v = if name == "cpu" {
+                quantity_millis(&q.0)
+            } else {
+                quantity_bytes(&q.0)
+            };
+            Some((name.clone(), v?))
+        })
+        .collect()
+}
+
+/// The scheduler this broker plans for: a Pod for another (`spec.schedulerName`) is not
+/// ours to place.
+pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+
+/// The most of the scheduler's message the broker keeps (it names every node's reason: a
+/// tenant grows it with nodes and rules).
+const MAX_VERDICT_TEXT: usize = 512;
+
+/// The scheduler's message, at most [`MAX_VERDICT_TEXT`] bytes.
+pub fn verdict_text(message: &str) -> String {
+    let mut end = message.len().min(MAX_VERDICT_TEXT);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message[..end].to_string()
+}
+
+/// What kube-scheduler has said of an unbound Pod, or why it will not say.
+fn scheduling(p: &Pod) -> Scheduling {
+    let spec = p.spec.as_ref();
+    let status = p.status.as_ref();
+    if let Some(name) = spec.and_then(|s| s.scheduler_name.as_deref())
+        && name != DEFAULT_SCHEDULER
+    {
+        return Scheduling::OtherScheduler(name.to_string());
+    }
+    if spec
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .is_some_and(|g| !g.is_empty())
+    {
+        return Scheduling::Gated;
+    }
+    if let Some(node) = status
+        .and_then(|s| s.nominated_node_name.as_deref())
+        .filter(|n| !n.is_empty())
+    {
+        return Scheduling::Nominated(node.to_string());
+    }
+    let refused = status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        });
+    match refused {
+        Some(c) => Scheduling::Unschedulable(verdict_text(c.message.as_deref().unwrap_or(""))),
+        None => Scheduling::Unseen,
+    }
+}
+
+/// The decision's view of a Pod. Requests are what the scheduler counts
+/// ([`socialweb_broker_core::requests`]): the containers and native sidecars, or the
+/// largest init container if that is more, Pod-level requests, the overhead.
 pub fn pod_view(p: &Pod) -> PodView {
     let spec = p.spec.as_ref();
-    let sum = |containers: &[k8s_openapi::api::core::v1::Container]| {
-        containers.iter().fold((0u64, 0u64), |(c, m), k| {
-            let req = k.resources.as_ref().and_then(|r| r.requests.as_ref());
-            let cpu = req
-                .and_then(|r| r.get("cpu"))
-                .and_then(|q| quantity_millis(&q.0))
-                .unwrap_or(0);
-            let mem = req
-                .and_then(|r| r.get("memory"))
-                .and_then(|q| quantity_bytes(&q.0))
-                .unwrap_or(0);
-            (c + cpu, m + mem)
-        })
+    let requests = |c: &k8s_openapi::api::core::v1::Container| {
+        amounts(c.resources.as_ref().and_then(|r| r.requests.as_ref()))
     };
-    let (mut cpu, mut mem) = spec.map(|s| sum(&s.containers)).unwrap_or((0, 0));
-    for init in spec
+    let containers: Vec<Amounts> = spec
+        .map(|s| s.containers.iter().map(requests).collect())
+        .unwrap_or_default();
+    let init: Vec<Init> = spec
         .and_then(|s| s.init_containers.as_ref())
         .into_iter()
         .flatten()
-    {
-        let (c, m) = sum(std::slice::from_ref(init));
-        cpu = cpu.max(c);
-        mem = mem.max(m);
-    }
+        .map(|c| Init {
+            requests: requests(c),
+            sidecar: c.restart_policy.as_deref() == Some("Always"),
+        })
+        .collect();
+    let pod_level = amounts(
+        spec.and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref()),
+    );
+    let overhead = amounts(spec.and_then(|s| s.overhead.as_ref()));
+    let total = pod_requests(&containers, &init, &pod_level, &overhead);
     let phase = match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
         Some("Running") => Phase::Running,
         Some("Succeeded") => Phase::Succeeded,
@@ -319,8 +389,24 @@ pub fn pod_view(p: &Pod) -> PodView {
         priority: spec.and_then(|s| s.priority).unwrap_or(0),
         node_name: spec.and_then(|s| s.node_name.clone()),
         follows_nodes: mirror || owners.iter().any(|o| o.kind == "DaemonSet"),
-        cpu_millis: cpu,
-        memory_bytes: mem,
+        cpu_millis: total.get("cpu").copied().unwrap_or(0),
+        memory_bytes: total.get("memory").copied().unwrap_or(0),
+        extended: total
+            .iter()
+            .filter(|(name, _)| is_extended(name))
+            .map(|(name, n)| (name.clone(), *n))
+            .collect(),
+        scheduling: if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
+            Scheduling::Unseen
+        } else {
+            scheduling(p)
+        },
+        claims: spec
+            .and_then(|s| s.volumes.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|v| Some(v.persistent_volume_claim.as_ref()?.claim_name.clone()))
+            .collect(),
         labels: p.metadata.labels.clone().unwrap_or_default(),
         anti_affinity: anti_affinity(spec),
         affinity: affinity(spec),
@@ -609,6 +695,73 @@ mod tests {
         assert_eq!(v.cpu_millis, 2000, "the init container is larger");
         assert_eq!(v.memory_bytes, (1 << 30) + (512 << 20));
         assert!(!v.follows_nodes);
+    }
+
+    #[test]
+    fn a_pod_is_read_as_the_scheduler_reads_it() {
+        // The job: build 600m, helper 100m, and a 600m native sidecar.
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "job", "namespace": "ci"},
+            "spec": {"containers": [
+                {"name": "build", "resources": {"requests": {"cpu": "600m", "nvidia.com/gpu": "1"}}},
+                {"name": "helper", "resources": {"requests": {"cpu": "100m"}}}],
+                "initContainers": [{"name": "svc", "restartPolicy": "Always",
+                                    "resources": {"requests": {"cpu": "600m", "memory": "64Mi"}}}],
+                "overhead": {"memory": "32Mi"}},
+            "status": {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "message": "0/1 nodes are available: 1 Insufficient cpu."}]}
+        }))
+        .unwrap();
+        let v = pod_view(&p);
+        assert_eq!((v.cpu_millis, v.memory_bytes), (1300, 96 << 20));
+        assert_eq!(v.extended, vec![("nvidia.com/gpu".to_string(), 1)]);
+        assert_eq!(
+            v.scheduling,
+            Scheduling::Unschedulable("0/1 nodes are available: 1 Insufficient cpu.".into())
+        );
+        let with = |patch: serde_json::Value| {
+            let mut j = serde_json::to_value(&p).unwrap();
+            json_patch_merge(&mut j, &patch);
+            pod_view(&serde_json::from_value(j).unwrap()).scheduling
+        };
+        assert_eq!(
+            with(serde_json::json!({"spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}})),
+            Scheduling::Gated
+        );
+        assert_eq!(
+            with(serde_json::json!({"spec": {"schedulerName": "gitlab"}})),
+            Scheduling::OtherScheduler("gitlab".into())
+        );
+        assert_eq!(
+            with(serde_json::json!({"status": {"nominatedNodeName": "n1"}})),
+            Scheduling::Nominated("n1".into())
+        );
+        assert_eq!(
+            with(serde_json::json!({"status": {"conditions": []}})),
+            Scheduling::Unseen
+        );
+        // Pod-level requests stand for the containers'.
+        let mut j = serde_json::to_value(&p).unwrap();
+        json_patch_merge(&mut j, &serde_json::json!({"spec": {"resources": {"requests": {"cpu": "2"}}}}));
+        let v = pod_view(&serde_json::from_value(j).unwrap());
+        assert_eq!(v.cpu_millis, 2000);
+    }
+
+    /// RFC 7386 merge of `patch` into `doc`.
+    fn json_patch_merge(doc: &mut serde_json::Value, patch: &serde_json::Value) {
+        match (doc, patch) {
+            (serde_json::Value::Object(d), serde_json::Value::Object(p)) => {
+                for (k, v) in p {
+                    if v.is_null() {
+                        d.remove(k);
+                    } else {
+                        json_patch_merge(d.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+                    }
+                }
+            }
+            (d, p) => *d = p.clone(),
+        }
     }
 
     #[test]

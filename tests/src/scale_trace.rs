@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
 
 use socialweb_broker_core::scale::{
-    Action, Knobs, LeaseView, Offers, Phase, PodView, Pool, decide, releases,
+    Action, Knobs, LeaseView, Offers, Phase, PodView, Pool, Scheduling, decide, releases,
 };
 use socialweb_market::{NodeSpec, Shape};
 
@@ -23,8 +23,38 @@ use socialweb_market::{NodeSpec, Shape};
 pub struct Job {
     pub arrives_s: u64,
     pub runs_s: u64,
+    /// Its containers' requests; a native sidecar's come on top ([`Job::cpu`]).
     pub cpu_millis: u64,
     pub memory_bytes: u64,
+    /// A native sidecar's CPU (a job's service), 0 for none.
+    pub sidecar_millis: u64,
+    /// When its scheduling gate is lifted (Kueue admits it): `arrives_s` for none.
+    pub gated_until_s: u64,
+    /// -10 for a pause Pod (expendable: it runs on a node's spare room until preempted).
+    pub priority: i32,
+}
+
+impl Job {
+    /// What the scheduler counts: the containers and the sidecar.
+    pub fn cpu(&self) -> u64 {
+        self.cpu_millis + self.sidecar_millis
+    }
+
+    fn is_pause(&self) -> bool {
+        self.priority < 0
+    }
+
+    fn plain(arrives_s: u64, runs_s: u64, cpu_millis: u64, memory_bytes: u64) -> Job {
+        Job {
+            arrives_s,
+            runs_s,
+            cpu_millis,
+            memory_bytes,
+            sidecar_millis: 0,
+            gated_until_s: arrives_s,
+            priority: 0,
+        }
+    }
 }
 
 /// A small deterministic generator (xorshift64*): the trace is the same on every run.
@@ -62,15 +92,63 @@ pub fn ci_hour(per_minute: u64, seed: u64) -> Vec<Job> {
             50..80 => (1000, 2),
             _ => (1500, 3),
         };
-        jobs.push(Job {
-            arrives_s: t,
-            runs_s,
-            cpu_millis,
-            memory_bytes: gib << 30,
-        });
+        jobs.push(Job::plain(t, runs_s, cpu_millis, gib << 30));
         t += 1 + rng.below(120 / per_minute.max(1));
     }
     jobs
+}
+
+/// [`ci_hour`] as CI is written now (issue 59): 30 % of the jobs with a 250m native sidecar
+/// (a service beside the build), 20 % held by a scheduling gate for 1-5 minutes after they
+/// arrive (a queue admitting them), and two pause Pods of 500m at priority -10 from the
+/// start (docs/gitlab.md: they keep spare room warm and are preempted by jobs).
+pub fn ci_hour_mixed(per_minute: u64, seed: u64) -> Vec<Job> {
+    let mut rng = Rng(seed.wrapping_mul(31) | 1);
+    let mut jobs = ci_hour(per_minute, seed);
+    for j in &mut jobs {
+        if rng.below(100) < 30 {
+            j.sidecar_millis = 250;
+        }
+        if rng.below(100) < 20 {
+            j.gated_until_s = j.arrives_s + 60 + rng.below(240);
+        }
+    }
+    for _ in 0..2 {
+        let mut pause = Job::plain(0, u64::MAX / 4, 500, 64 << 20);
+        pause.priority = -10;
+        jobs.push(pause);
+    }
+    jobs
+}
+
+/// The least a replay of `jobs` could pay, each job running the moment its gate lifts (no
+/// boot, no wait, no hold) on nodes of `largest` packed perfectly by CPU and memory: at each
+/// step, the work's requests over the largest shape, rounded up. Pause Pods ask nothing of
+/// the bound: they only fill room. Node-minutes and the requests' vCPU-minutes.
+pub fn lower_bound(jobs: &[Job], largest: NodeSpec, step_s: u64) -> (f64, f64) {
+    let end = jobs
+        .iter()
+        .filter(|j| !j.is_pause())
+        .map(|j| j.gated_until_s + j.runs_s)
+        .max()
+        .unwrap_or(0);
+    let mem = largest.mem_mib << 20;
+    let alloc_mem = mem - mem * socialweb_broker_core::scale::MEMORY_RESERVE_PERCENT / 100;
+    let (mut node_minutes, mut vcpu_minutes) = (0.0, 0.0);
+    let mut t = 0;
+    while t < end {
+        let (cpu, mem) = jobs
+            .iter()
+            .filter(|j| !j.is_pause() && j.gated_until_s <= t && t < j.gated_until_s + j.runs_s)
+            .fold((0, 0), |(c, m), j| (c + j.cpu(), m + j.memory_bytes));
+        let nodes = cpu
+            .div_ceil(u64::from(largest.vcpu) * 1000)
+            .max(mem.div_ceil(alloc_mem));
+        node_minutes += nodes as f64 * step_s as f64 / 60.0;
+        vcpu_minutes += cpu as f64 / 1000.0 * step_s as f64 / 60.0;
+        t += step_s;
+    }
+    (node_minutes, vcpu_minutes)
 }
 
 /// What a decision under test answers each pass.
@@ -207,9 +285,10 @@ pub fn replay(
             .iter()
             .enumerate()
             .filter(|(i, j)| j.arrives_s <= now && !done(*i, &bound[*i]))
-            .map(|(i, j)| view(i, j, bound[i].map(|(n, _)| nodes[n].name.clone())))
+            .map(|(i, j)| view(i, j, bound[i].map(|(n, _)| nodes[n].name.clone()), now))
             .collect();
-        if pods.is_empty() && jobs.iter().all(|j| j.arrives_s <= now) && live(&nodes) == 0 {
+        let work_left = pods.iter().any(|p| p.priority >= 0);
+        if !work_left && jobs.iter().all(|j| j.arrives_s <= now) && live(&nodes) == 0 {
             break;
         }
         let leases: Vec<LeaseView> = nodes
@@ -236,11 +315,17 @@ pub fn replay(
             let Some(i) = nodes.iter().position(|n| n.name == name) else {
                 continue;
             };
-            // The driver cordons first and calls the release off if a job is on it.
-            let busy = (0..jobs.len())
-                .any(|j| bound[j].is_some_and(|(n, _)| n == i) && !done(j, &bound[j]));
+            // The driver cordons first and calls the release off if a job is on it; a
+            // pause Pod there goes back to waiting.
+            let on_it = |j: usize| bound[j].is_some_and(|(n, _)| n == i) && !done(j, &bound[j]);
+            let busy = (0..jobs.len()).any(|j| on_it(j) && !jobs[j].is_pause());
             if !busy {
                 nodes[i].released_at = Some(now);
+                for j in 0..jobs.len() {
+                    if on_it(j) {
+                        bound[j] = None;
+                    }
+                }
             }
         }
         now += step_s;
@@ -252,7 +337,7 @@ fn live(nodes: &[SimNode]) -> usize {
     nodes.iter().filter(|n| n.released_at.is_none()).count()
 }
 
-fn view(i: usize, j: &Job, node: Option<String>) -> PodView {
+fn view(i: usize, j: &Job, node: Option<String>, now: u64) -> PodView {
     PodView {
         namespace: "ci".into(),
         name: format!("job-{i}"),
@@ -261,11 +346,18 @@ fn view(i: usize, j: &Job, node: Option<String>) -> PodView {
         } else {
             Phase::Pending
         },
-        priority: 0,
+        priority: j.priority,
         node_name: node,
         follows_nodes: false,
-        cpu_millis: j.cpu_millis,
+        cpu_millis: j.cpu(),
         memory_bytes: j.memory_bytes,
+        extended: Vec::new(),
+        scheduling: if j.gated_until_s > now {
+            Scheduling::Gated
+        } else {
+            Scheduling::Unschedulable(String::new())
+        },
+        claims: Vec::new(),
         labels: BTreeMap::new(),
         anti_affinity: Vec::new(),
         affinity: Vec::new(),
@@ -274,36 +366,76 @@ fn view(i: usize, j: &Job, node: Option<String>) -> PodView {
     }
 }
 
-/// The scheduler: each waiting job, in arrival order, to the first Ready node where its
-/// requests fit beside the jobs running there (the node's allocatable: its shape less the
-/// decision's memory reserve).
+/// The scheduler: each waiting job whose gate is lifted, in arrival order, to the first
+/// Ready node where its requests fit beside the Pods running there (the node's allocatable:
+/// its shape less the decision's memory reserve); a job that fits nowhere preempts the
+/// pause Pods of the first node where that makes room. Pause Pods take room left over.
 fn schedule(jobs: &[Job], nodes: &[SimNode], bound: &mut [Option<(usize, u64)>], now: u64) {
+    let running = |i: usize, b: &Option<(usize, u64)>| {
+        b.is_some_and(|(_, start)| start + jobs[i].runs_s > now)
+    };
     let mut used = vec![(0u64, 0u64); nodes.len()];
+    let mut pause = vec![(0u64, 0u64); nodes.len()];
     for (i, b) in bound.iter().enumerate() {
-        if let Some((n, start)) = b
-            && start + jobs[i].runs_s > now
+        if let Some((n, _)) = b
+            && running(i, b)
         {
-            used[*n].0 += jobs[i].cpu_millis;
+            used[*n].0 += jobs[i].cpu();
             used[*n].1 += jobs[i].memory_bytes;
+            if jobs[i].is_pause() {
+                pause[*n].0 += jobs[i].cpu();
+                pause[*n].1 += jobs[i].memory_bytes;
+            }
         }
     }
-    for (i, j) in jobs.iter().enumerate() {
-        if bound[i].is_some() || j.arrives_s > now {
+    let room = |node: &SimNode, j: &Job, taken: (u64, u64)| {
+        let mem = node.spec.mem_mib << 20;
+        let alloc_mem = mem - mem * socialweb_broker_core::scale::MEMORY_RESERVE_PERCENT / 100;
+        node.released_at.is_none()
+            && node.ready_at <= now
+            && taken.0 + j.cpu() <= u64::from(node.spec.vcpu) * 1000
+            && taken.1 + j.memory_bytes <= alloc_mem
+    };
+    // Work first, then the pause Pods in what is left.
+    let order = (0..jobs.len())
+        .filter(|&i| !jobs[i].is_pause())
+        .chain((0..jobs.len()).filter(|&i| jobs[i].is_pause()));
+    for i in order.collect::<Vec<_>>() {
+        let j = &jobs[i];
+        if bound[i].is_some() || j.arrives_s > now || j.gated_until_s > now {
             continue;
         }
-        let fit = nodes.iter().enumerate().position(|(n, node)| {
-            let mem = node.spec.mem_mib << 20;
-            let alloc_mem = mem - mem * socialweb_broker_core::scale::MEMORY_RESERVE_PERCENT / 100;
-            node.released_at.is_none()
-                && node.ready_at <= now
-                && used[n].0 + j.cpu_millis <= u64::from(node.spec.vcpu) * 1000
-                && used[n].1 + j.memory_bytes <= alloc_mem
-        });
+        let fit = nodes
+            .iter()
+            .enumerate()
+            .position(|(n, node)| room(node, j, used[n]));
         if let Some(n) = fit {
-            used[n].0 += j.cpu_millis;
+            used[n].0 += j.cpu();
             used[n].1 += j.memory_bytes;
             bound[i] = Some((n, now));
+            continue;
         }
+        if j.is_pause() {
+            continue;
+        }
+        let without_pause = |n: usize| (used[n].0 - pause[n].0, used[n].1 - pause[n].1);
+        let Some(n) = nodes
+            .iter()
+            .enumerate()
+            .position(|(n, node)| pause[n].0 > 0 && room(node, j, without_pause(n)))
+        else {
+            continue;
+        };
+        for (k, b) in bound.iter_mut().enumerate() {
+            if jobs[k].is_pause() && b.is_some_and(|(m, _)| m == n) {
+                *b = None;
+            }
+        }
+        used[n] = without_pause(n);
+        pause[n] = (0, 0);
+        used[n].0 += j.cpu();
+        used[n].1 += j.memory_bytes;
+        bound[i] = Some((n, now));
     }
 }
 
@@ -315,10 +447,12 @@ fn bill(jobs: &[Job], nodes: &[SimNode], bound: &[Option<(usize, u64)>], end: u6
         node_minutes += minutes;
         vcpu_minutes += minutes * f64::from(n.spec.vcpu);
     }
+    // A job waits from its gate's lifting: the queue, not the nodes, held it before.
     let mut waits: Vec<f64> = jobs
         .iter()
         .zip(bound)
-        .filter_map(|(j, b)| b.map(|(_, start)| (start - j.arrives_s) as f64))
+        .filter(|(j, _)| !j.is_pause())
+        .filter_map(|(j, b)| b.map(|(_, start)| start.saturating_sub(j.gated_until_s) as f64))
         .collect();
     waits.sort_by(f64::total_cmp);
     let pct = |q: f64| crate::stats::percentile_sorted(&waits, q);
@@ -328,7 +462,11 @@ fn bill(jobs: &[Job], nodes: &[SimNode], bound: &[Option<(usize, u64)>], end: u6
         nodes_rented: nodes.len(),
         wait_p50_s: pct(0.5),
         wait_p99_s: pct(0.99),
-        never_ran: bound.iter().filter(|b| b.is_none()).count(),
+        never_ran: jobs
+            .iter()
+            .zip(bound)
+            .filter(|(j, b)| !j.is_pause() && b.is_none())
+            .count(),
     }
 }
 
@@ -379,5 +517,35 @@ mod tests {
         let p = replay(&jobs, &mut product, 10, 30, 4 * 3600);
         assert_eq!(p.never_ran, 0, "{p:?}");
         assert!(p.vcpu_minutes > 0.0);
+    }
+
+    #[test]
+    fn a_mixed_replay_runs_every_job_and_pays_at_least_the_lower_bound() {
+        let jobs = ci_hour_mixed(2, 7);
+        assert!(jobs.iter().any(|j| j.sidecar_millis > 0));
+        assert!(jobs.iter().any(|j| j.gated_until_s > j.arrives_s));
+        let mut product = Product {
+            knobs: Knobs {
+                max_nodes: 100,
+                pods_per_node: 8,
+                hold: Duration::from_secs(120),
+                expendable_priority_cutoff: -10,
+                node: socialweb_broker_core::scale::NodeSize::default(),
+                max_hold: Duration::from_secs(3600),
+            },
+            shapes: [1, 2, 4]
+                .map(|v| Shape {
+                    spec: spec(v),
+                    price_micros_per_hour: u64::from(v) * 10_000,
+                })
+                .to_vec(),
+            last_intent: SystemTime::UNIX_EPOCH,
+            empty_since: HashMap::new(),
+        };
+        let b = replay(&jobs, &mut product, 10, 30, 4 * 3600);
+        assert_eq!(b.never_ran, 0, "{b:?}");
+        let (nodes, vcpus) = lower_bound(&jobs, spec(4), 10);
+        assert!(nodes > 0.0 && vcpus > 0.0);
+        assert!(b.vcpu_minutes >= vcpus, "{b:?} against {vcpus}");
     }
 }

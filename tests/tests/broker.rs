@@ -11,6 +11,9 @@ use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
 use testbed::world::World;
 
+#[path = "broker/verdict.rs"]
+mod verdict;
+
 fn world() -> World {
     World::new(1).unwrap()
 }

@@ -30,6 +30,7 @@ pub mod placement;
 pub mod provision;
 pub mod reconcile;
 pub mod records;
+pub mod requests;
 pub mod rights;
 pub mod scale;
 pub mod source;

@@ -4,11 +4,19 @@
 //!
 //! - Intent = Pods Pending, Running or Unknown, except the cluster's own addons (kube-system,
 //!   DaemonSet and static Pods, which follow nodes rather than ask for them), Pods at or below
-//!   the expendable priority cutoff (GitLab's pause Pods run at -10), and Pending Pods whose
-//!   requests no node size on offer can hold (those are reported, to get an Event).
+//!   the expendable priority cutoff (GitLab's pause Pods run at -10), Pods the scheduler will
+//!   not look at (scheduling gates) or that are not ours to schedule (another
+//!   `schedulerName`), and Pending Pods no node size on offer can hold (reported, to get an
+//!   Event).
+//! - The scheduler's verdict first ([`Scheduling`]): of the Pods not bound, only those
+//!   kube-scheduler has marked `Unschedulable` wait for a node; a Pod it has not looked at
+//!   yet, or has nominated to a node by preemption, is intent that rents nothing. A Pod the
+//!   scheduler keeps refusing on the node the plan gave it is [`Scheduling::Refused`]: told,
+//!   and no longer intent, so that node empties and goes.
 //! - The Pods that wait are placed as the scheduler would ([`crate::placement`]): on the
-//!   leased nodes beside the Pods bound to them, then on as few new nodes as
-//!   first-fit-decreasing finds (requests, `pods_per_node` slots, `nodeSelector` and node
+//!   leased nodes beside the Pods bound to them (expendable ones left out: the scheduler
+//!   preempts them), then on as few new nodes as first-fit-decreasing finds (requests as the
+//!   scheduler sums them ([`crate::requests`]), `pods_per_node` slots, `nodeSelector` and node
 //!   affinity against the labels our nodes carry, required anti-affinity on the hostname,
 //!   the DaemonSets' overhead), at most up to `max_nodes`, each of the cheapest shape on
 //!   offer that holds its Pods ([`Offers`]: the providers' shapes, else the `[node]` size).
@@ -83,9 +91,15 @@ pub struct PodView {
     pub node_name: Option<String>,
     /// Owned by a DaemonSet, or a static (mirror) Pod.
     pub follows_nodes: bool,
-    /// Sum of the containers' requests (init containers: the largest, as the scheduler counts).
+    /// Its CPU and memory requests as the scheduler counts them ([`crate::requests`]).
     pub cpu_millis: u64,
     pub memory_bytes: u64,
+    /// Its requests of extended resources (`nvidia.com/gpu`), which no node we rent has.
+    pub extended: Vec<(String, u64)>,
+    /// What the scheduler has said of it (read while it is not bound).
+    pub scheduling: Scheduling,
+    /// The PersistentVolumeClaims its volumes name (`persistentVolumeClaim.claimName`).
+    pub claims: Vec<String>,
     pub labels: BTreeMap<String, String>,
     /// Its required pod anti-affinity terms on the hostname.
     pub anti_affinity: Vec<AntiAffinity>,
@@ -97,7 +111,47 @@ pub struct PodView {
     pub node: NodeRequirements,
 }
 
+/// What kube-scheduler has said of a Pod that is not bound, or why it will not say: the
+/// scheduler owns the fact of whether a Pod fits the nodes there are, so a Pod rents a node
+/// only once the scheduler has refused it every node the cluster has (Karpenter and
+/// cluster-autoscaler both act on this verdict alone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scheduling {
+    /// Not said yet (the scheduler looks at a new Pod within milliseconds), or bound.
+    Unseen,
+    /// `PodScheduled=False`, reason `Unschedulable`: no node the cluster has can take it
+    /// now; the scheduler's message (what each node lacked).
+    Unschedulable(String),
+    /// Held by `schedulingGates` (Kueue gates every Pod until it admits it): the scheduler
+    /// does not look at it until they are gone, so neither does the plan.
+    Gated,
+    /// For another scheduler (`spec.schedulerName`): not ours to place.
+    OtherScheduler(String),
+    /// Nominated to a node by preemption (`status.nominatedNodeName`): the scheduler binds
+    /// it there once its victims are gone, so it needs no new node.
+    Nominated(String),
+    /// Unschedulable, and mounts a PersistentVolumeClaim that does not exist (named): the
+    /// scheduler refuses it every node, a new one too, until the claim is made.
+    MissingClaim(String),
+    /// Unschedulable still, [`MISJUDGED_AFTER`] after the plan put it on a node that had
+    /// registered: the scheduler refuses what the plan thought fits (a rule the plan does
+    /// not model). It rents nothing and keeps no node; it is told why, in the scheduler's
+    /// words.
+    Refused(String),
+}
+
+/// How long a Pod may stay Unschedulable on a registered node the plan gave it before the
+/// plan takes the scheduler's word over its own ([`Scheduling::Refused`]): the scheduler
+/// retries a Pod at once when a node is added or becomes Ready, and at most 10 s after a
+/// failure otherwise (its backoff), so a minute is several of its tries.
+pub const MISJUDGED_AFTER: Duration = Duration::from_secs(60);
+
 impl PodView {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
     fn placeable(&self, takes_slot: bool) -> Placeable<'_> {
         Placeable {
             namespace: &self.namespace,
@@ -260,10 +314,24 @@ pub struct Decision {
     /// has work elsewhere: released once empty for the hold ([`releases`]). Empty when
     /// intent is zero (then the whole cluster follows the hold).
     pub empty: Vec<String>,
+    /// Unschedulable Pods (`namespace/name`) the placement put on a leased node whose Node
+    /// has registered: the scheduler has seen that node and still refuses them, so past
+    /// [`MISJUDGED_AFTER`] ([`held_past`]) they are [`Scheduling::Refused`].
+    pub on_registered: Vec<String>,
 }
 
 /// Why a Pending Pod cannot be placed on any node on offer (after the DaemonSets' overhead).
 fn unfit(p: &PodView, offers: &[NodeKind<'_>], shapes: &[Shape], overhead: Usage) -> String {
+    if let Scheduling::Refused(why) = &p.scheduling {
+        return why.clone();
+    }
+    if !p.extended.is_empty() {
+        let asks: Vec<String> = p.extended.iter().map(|(r, n)| format!("{r}: {n}")).collect();
+        return format!(
+            "requests {}, which no node on offer has (they have CPU, memory and Pod slots)",
+            asks.join(", ")
+        );
+    }
     if shapes.is_empty() {
         return "the NodePool default's requirements match no shape on offer".into();
     }
@@ -337,6 +405,10 @@ struct Picture<'a> {
     offers: Vec<NodeKind<'a>>,
     overhead: Usage,
     waiting: Vec<Placeable<'a>>,
+    /// The Pods behind `waiting`, in its order.
+    waiting_pods: Vec<&'a PodView>,
+    /// The live nodes a Pod is nominated to (by preemption): not empty.
+    nominated: Vec<bool>,
     intent: u32,
     unfit: Vec<(String, String)>,
 }
@@ -408,6 +480,8 @@ fn picture<'a>(
             .collect(),
         overhead: Usage::default(),
         waiting: Vec::new(),
+        waiting_pods: Vec::new(),
+        nominated: vec![false; live.len()],
         intent: 0,
         unfit: Vec::new(),
     };
@@ -418,9 +492,14 @@ fn picture<'a>(
             continue;
         }
         let work = is_work(p, k.expendable_priority_cutoff);
+        let expendable = !p.follows_nodes && p.priority <= k.expendable_priority_cutoff;
         if let Some(node) = &p.node_name {
-            // Bound: it takes room on its node, an addon's or a DaemonSet's Pod too.
-            if let Some(&i) = index.get(node.as_str()) {
+            // Bound: it takes room on its node, an addon's or a DaemonSet's Pod too; an
+            // expendable one does not, since the scheduler preempts it for work
+            // (cluster-autoscaler leaves such Pods out of its picture too).
+            if let Some(&i) = index.get(node.as_str())
+                && !expendable
+            {
                 pic.existing[i].pods.push(p.placeable(work));
                 if p.follows_nodes {
                     daemonsets[i].cpu_millis += p.cpu_millis;
@@ -429,7 +508,21 @@ fn picture<'a>(
             }
             pic.intent += u32::from(work);
         } else if work && p.phase == Phase::Pending {
-            pending.push(p);
+            match &p.scheduling {
+                // Only what the scheduler has refused every node there is asks for one.
+                Scheduling::Unschedulable(_) => pending.push(p),
+                Scheduling::Refused(_) => pic.unfit.push((p.key(), unfit(p, &[], &[], Usage::default()))),
+                // Work that will run without a new node: it keeps the hold from ending.
+                Scheduling::Unseen => pic.intent += 1,
+                Scheduling::Nominated(node) => {
+                    pic.intent += 1;
+                    if let Some(&i) = index.get(node.as_str()) {
+                        pic.nominated[i] = true;
+                    }
+                }
+                // Not the scheduler's to place yet, or not ours: neither rents nor keeps.
+                Scheduling::Gated | Scheduling::OtherScheduler(_) | Scheduling::MissingClaim(_) => {}
+            }
         } else if work {
             pic.intent += 1;
         }
@@ -442,12 +535,13 @@ fn picture<'a>(
         .unwrap_or_default();
     for p in pending {
         let x = p.placeable(true);
-        if placement::holdable(&x, &pic.offers, pic.overhead) {
+        if p.extended.is_empty() && placement::holdable(&x, &pic.offers, pic.overhead) {
             pic.waiting.push(x);
+            pic.waiting_pods.push(p);
             pic.intent += 1;
         } else {
             let why = unfit(p, &pic.offers, shapes, pic.overhead);
-            pic.unfit.push((format!("{}/{}", p.namespace, p.name), why));
+            pic.unfit.push((p.key(), why));
         }
     }
     pic
@@ -483,10 +577,19 @@ pub fn decide(
     let placed = Placed::of(&plan, &pic.waiting, pool);
     let new = placed.new;
     let empty = if intent > 0 {
-        empty_nodes(&live, &pic.existing, &plan.places)
+        empty_nodes(&live, &pic.existing, &pic.nominated, &plan.places)
     } else {
         Vec::new()
     };
+    let on_registered = plan
+        .places
+        .iter()
+        .zip(&pic.waiting_pods)
+        .filter_map(|(x, p)| match x {
+            Place::Existing(i) if live[*i].allocatable.is_some() => Some(p.key()),
+            _ => None,
+        })
+        .collect();
     let mut d = Decision {
         action: Action::Hold,
         target: nodes + new,
@@ -497,6 +600,7 @@ pub fn decide(
         reason: String::new(),
         shapes: plan.new_nodes.iter().map(|&i| shapes[i].spec).collect(),
         empty,
+        on_registered,
     };
     if intent > 0 {
         work(&mut d, &placed, k);
@@ -637,11 +741,17 @@ fn work(d: &mut Decision, p: &Placed, k: &Knobs) {
     }
 }
 
-/// The live nodes no work is bound to and the placement sends none.
-fn empty_nodes(live: &[&LeaseView], existing: &[Existing<'_>], places: &[Place]) -> Vec<String> {
+/// The live nodes no work is bound to, nominated to, or sent by the placement.
+fn empty_nodes(
+    live: &[&LeaseView],
+    existing: &[Existing<'_>],
+    nominated: &[bool],
+    places: &[Place],
+) -> Vec<String> {
     let mut used: Vec<bool> = existing
         .iter()
-        .map(|e| e.pods.iter().any(|p| p.takes_slot))
+        .zip(nominated)
+        .map(|(e, nominated)| *nominated || e.pods.iter().any(|p| p.takes_slot))
         .collect();
     for p in places {
         if let Place::Existing(i) = p {
@@ -664,9 +774,22 @@ pub fn releases(
     now: SystemTime,
     hold: Duration,
 ) -> Vec<(String, Duration)> {
-    since.retain(|n, _| empty.contains(n));
+    held_past(empty, since, now, hold)
+}
+
+/// Of `names` (seen now), those seen at every call for longer than `hold`, and for how
+/// long. `since` remembers when each was first seen; one missing from a call is forgotten,
+/// so its clock starts over.
+pub fn held_past(
+    names: &[String],
+    since: &mut HashMap<String, SystemTime>,
+    now: SystemTime,
+    hold: Duration,
+) -> Vec<(String, Duration)> {
+    let seen: std::collections::HashSet<&String> = names.iter().collect();
+    since.retain(|n, _| seen.contains(n));
     let mut due = Vec::new();
-    for n in empty {
+    for n in names {
         let at = *since.entry(n.clone()).or_insert(now);
         let idle = now.duration_since(at).unwrap_or_default();
         if idle > hold {
@@ -736,6 +859,9 @@ mod tests {
             follows_nodes: false,
             cpu_millis: 500,
             memory_bytes: 256 << 20,
+            extended: Vec::new(),
+            scheduling: Scheduling::Unschedulable(String::new()),
+            claims: Vec::new(),
             labels: BTreeMap::new(),
             anti_affinity: Vec::new(),
             affinity: Vec::new(),
@@ -1291,5 +1417,144 @@ mod tests {
             "{}",
             d.reason
         );
+    }
+
+    #[test]
+    fn only_what_the_scheduler_refused_rents() {
+        let k = knobs();
+        let with = |name: &str, s: Scheduling| {
+            let mut p = pod(name, Phase::Pending);
+            p.scheduling = s;
+            p
+        };
+        // Gated, another scheduler's: no intent, no node, and no hold on the nodes there are.
+        for s in [
+            Scheduling::Gated,
+            Scheduling::OtherScheduler("gitlab".into()),
+            Scheduling::MissingClaim("data".into()),
+        ] {
+            let d = decide_on(&[with("a", s.clone())], &[], &k, t(1), t(0));
+            assert_eq!((d.action, d.intent), (Action::Hold, 0), "{s:?}");
+            let d = decide_on(&[with("a", s.clone())], &leases(1), &k, t(100), t(0));
+            assert_eq!(d.action, Action::Teardown, "{s:?}: {}", d.reason);
+        }
+        // Not looked at yet: intent (the hold does not end under it), but no rent.
+        let d = decide_on(&[with("a", Scheduling::Unseen)], &[], &k, t(1), t(0));
+        assert_eq!((d.action, d.intent), (Action::Hold, 1), "{}", d.reason);
+        // Refused every node there is: rents.
+        let refused = with("a", Scheduling::Unschedulable("0/0 nodes".into()));
+        let d = decide_on(&[refused], &[], &k, t(1), t(0));
+        assert_eq!(d.action, Action::Provision { count: 1 });
+    }
+
+    #[test]
+    fn a_preempting_pod_rents_nothing_and_keeps_its_node() {
+        // The pause-Pod recipe: a -10 Pod holds n0; the job is nominated to n0.
+        let k = knobs();
+        let mut pause = pod("pause", Phase::Running);
+        pause.priority = -10;
+        pause.node_name = Some("n0".into());
+        pause.cpu_millis = 1900;
+        let mut job = pod("job", Phase::Pending);
+        job.cpu_millis = 1500;
+        job.scheduling = Scheduling::Nominated("n0".into());
+        let d = decide_on(&[pause.clone(), job.clone()], &leases(2), &k, t(1), t(0));
+        assert_eq!((d.action, d.intent), (Action::Hold, 1), "{}", d.reason);
+        assert_eq!(d.empty, vec!["n1".to_string()], "n0 is the job's");
+        // Before the scheduler nominates it, the plan sees the room the pause Pod will
+        // give up: still no second node.
+        job.scheduling = Scheduling::Unschedulable("Insufficient cpu".into());
+        let d = decide_on(&[pause, job], &leases(1), &k, t(1), t(0));
+        assert_eq!(d.action, Action::Hold, "{}", d.reason);
+    }
+
+    #[test]
+    fn an_extended_resource_rents_nothing_and_is_told() {
+        let mut gpu = pod("cuda", Phase::Pending);
+        gpu.extended = vec![("nvidia.com/gpu".into(), 1)];
+        let d = decide_on(&[gpu], &[], &knobs(), t(1), t(0));
+        assert_eq!((d.action, d.intent), (Action::Hold, 0));
+        assert_eq!(d.unfit.len(), 1);
+        assert!(d.unfit[0].1.contains("nvidia.com/gpu: 1"), "{}", d.unfit[0].1);
+    }
+
+    #[test]
+    fn a_pod_the_scheduler_keeps_refusing_lets_its_node_go() {
+        let k = knobs();
+        let mut registered = leases(1);
+        registered[0].allocatable = Some((2000, 3 << 30));
+        let mut p = pod("odd", Phase::Pending);
+        p.scheduling = Scheduling::Unschedulable("1 node(s) had untolerated taint".into());
+        let d = decide_on(std::slice::from_ref(&p), &registered, &k, t(1), t(0));
+        assert_eq!(d.action, Action::Hold);
+        assert_eq!(d.on_registered, vec!["gitlab-runner/odd".to_string()]);
+        // Not before the node registered: the scheduler has not seen it.
+        let d = decide_on(std::slice::from_ref(&p), &leases(1), &k, t(1), t(0));
+        assert!(d.on_registered.is_empty());
+        // The clock: seen at every pass for longer than MISJUDGED_AFTER.
+        let mut since = HashMap::new();
+        let names = vec!["gitlab-runner/odd".to_string()];
+        assert!(held_past(&names, &mut since, t(0), MISJUDGED_AFTER).is_empty());
+        assert!(held_past(&names, &mut since, t(60), MISJUDGED_AFTER).is_empty());
+        assert_eq!(held_past(&names, &mut since, t(61), MISJUDGED_AFTER).len(), 1);
+        // Refused: told, no intent, and the node goes with the hold.
+        p.scheduling = Scheduling::Refused("kube-scheduler has refused it".into());
+        let d = decide_on(std::slice::from_ref(&p), &registered, &k, t(200), t(100));
+        assert_eq!(d.intent, 0);
+        assert_eq!(d.unfit[0].1, "kube-scheduler has refused it");
+        assert_eq!(d.action, Action::Teardown, "{}", d.reason);
+    }
+
+    #[test]
+    fn a_bound_expendable_pod_takes_no_room() {
+        let k = knobs();
+        let mut pause = pod("pause", Phase::Running);
+        pause.priority = -10;
+        pause.node_name = Some("n0".into());
+        pause.cpu_millis = 2000;
+        let d = decide_on(&[pause, pod("a", Phase::Pending)], &leases(1), &k, t(1), t(0));
+        assert_eq!(d.action, Action::Hold, "{}", d.reason);
+    }
+
+    proptest::proptest! {
+        /// Pods the scheduler will not place on any node we could rent (gated, another
+        /// scheduler's, a missing claim, an extended resource, refused, nominated, not
+        /// looked at) never
+        /// change how many nodes are rented: the plan is the plan of the others alone.
+        #[test]
+        fn pods_no_new_node_helps_rent_nothing(
+            pods in proptest::collection::vec((0u64..2500, 0u64..(3 << 30), 0u8..8), 0..30),
+        ) {
+            let k = knobs();
+            let views: Vec<PodView> = pods
+                .iter()
+                .enumerate()
+                .map(|(i, &(cpu, mem, kind))| {
+                    let mut p = pod(&format!("p{i}"), Phase::Pending);
+                    (p.cpu_millis, p.memory_bytes) = (cpu, mem);
+                    p.scheduling = match kind {
+                        0 => Scheduling::Gated,
+                        1 => Scheduling::OtherScheduler("other".into()),
+                        2 => Scheduling::Refused("no".into()),
+                        3 => Scheduling::Nominated("elsewhere".into()),
+                        4 => Scheduling::Unseen,
+                        5 => Scheduling::MissingClaim("data".into()),
+                        _ => Scheduling::Unschedulable(String::new()),
+                    };
+                    if kind == 6 && cpu % 2 == 0 {
+                        p.extended = vec![("nvidia.com/gpu".into(), 1)];
+                    }
+                    p
+                })
+                .collect();
+            let rentable: Vec<PodView> = views
+                .iter()
+                .filter(|p| matches!(p.scheduling, Scheduling::Unschedulable(_)) && p.extended.is_empty())
+                .cloned()
+                .collect();
+            let all = decide_on(&views, &[], &k, t(1), t(0));
+            let some = decide_on(&rentable, &[], &k, t(1), t(0));
+            proptest::prop_assert_eq!(all.shapes, some.shapes);
+        }
     }
 }

@@ -5,7 +5,8 @@
 //!   environment, commands, probes and mounts, its statuses of containers, every object's
 //!   managed fields and annotations but the few read, a Node's list of images): the view the
 //!   scale decision takes ([`crate::tenant::pod_view`]) reads none of them;
-//! - at most [`MAX_PODS`] Pods and [`MAX_NODES`] Nodes per cluster; past that, new ones are
+//! - at most [`MAX_PODS`] Pods, [`MAX_NODES`] Nodes and [`MAX_CLAIMS`] claims (names only)
+//!   per cluster; past that, new ones are
 //!   not kept (and the log says so once per listing), so the decision sees that many.
 //!
 //! Finished Pods (Succeeded, Failed) are not watched at all: they are no intent and hold no
@@ -13,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use kube::runtime::watcher::Event;
 use tracing::warn;
 
@@ -22,6 +23,9 @@ use tracing::warn;
 pub const MAX_PODS: usize = 20_000;
 /// The most Nodes: past any `scale.max_nodes` a broker allows.
 pub const MAX_NODES: usize = 2_000;
+
+/// The most PersistentVolumeClaims: as many as Pods.
+pub const MAX_CLAIMS: usize = MAX_PODS;
 
 /// The field selector of the Pod watch: the Pods that may still run.
 pub const LIVE_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
@@ -79,7 +83,12 @@ pub fn slim_pod(p: &mut Pod) {
         status.resource_claim_statuses = None;
         if let Some(conditions) = &mut status.conditions {
             for c in conditions {
-                c.message = None;
+                // The scheduler's word on why it cannot place the Pod is read (and told back
+                // to the tenant); the rest is not.
+                c.message = match c.type_.as_str() {
+                    "PodScheduled" => c.message.take().map(|m| crate::tenant::verdict_text(&m)),
+                    _ => None,
+                };
             }
         }
     }
@@ -94,6 +103,15 @@ pub fn slim_node(n: &mut Node) {
         status.volumes_in_use = None;
         status.config = None;
     }
+}
+
+/// `c` as its name: whether a claim exists is all the broker reads of it.
+pub fn slim_claim(c: &mut PersistentVolumeClaim) {
+    c.metadata.managed_fields = None;
+    c.metadata.annotations = None;
+    c.metadata.labels = None;
+    c.spec = None;
+    c.status = None;
 }
 
 /// A watch's events with at most `cap` objects kept: a new object past it is left out (a

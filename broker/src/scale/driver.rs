@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use kube::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use socialweb_broker_core::provision::{plan_backoff, recent_failures};
@@ -21,8 +21,8 @@ use tracing::{info, warn};
 
 use super::cache::{self, Bounded};
 use super::decision::{
-    Action, Decision, Knobs, LeaseView, Offers, Pool, decide, go_duration, next_release, releases,
-    teardown_due,
+    Action, Decision, Knobs, LeaseView, MISJUDGED_AFTER, Offers, PodView, Pool, Scheduling,
+    decide, go_duration, held_past, next_release, releases, teardown_due,
 };
 use crate::provision::{ClusterCtx, Provisioner};
 use crate::tenant;
@@ -90,6 +90,7 @@ struct Driver {
     knobs: Knobs,
     pods: reflector::Store<Pod>,
     nodes: reflector::Store<Node>,
+    claims: reflector::Store<PersistentVolumeClaim>,
     nudge: Arc<Notify>,
     /// The task moving each provision that is not where it will stay.
     tasks: HashMap<String, tokio::task::JoinHandle<()>>,
@@ -103,6 +104,11 @@ struct Driver {
     empty_since: HashMap<String, SystemTime>,
     /// Provisions whose empty node is being released (not started twice).
     released: HashSet<String>,
+    /// When each Unschedulable Pod was first seen placed by the plan on a registered node.
+    on_registered_since: HashMap<String, SystemTime>,
+    /// The Pods the scheduler kept refusing where the plan put them, and what they are told
+    /// ([`Scheduling::Refused`]); forgotten once bound or gone.
+    refused: HashMap<String, String>,
     /// The tenant's NodePool as last read, and when ([`Driver::pool`]).
     pool: Option<(Instant, Pool)>,
     /// The NodePool version last told it could not be read (told once).
@@ -118,6 +124,9 @@ const POOL_FOR: Duration = Duration::from_secs(5);
 pub struct Watches {
     pub pods: reflector::Store<Pod>,
     pub nodes: reflector::Store<Node>,
+    /// Which claims exist: a Pod that mounts one that does not is refused every node, a new
+    /// one too.
+    pub claims: reflector::Store<PersistentVolumeClaim>,
     nudge: Arc<Notify>,
 }
 
@@ -148,6 +157,14 @@ impl Watches {
                 nudge.clone(),
                 stop.clone(),
             ),
+            claims: watch_into(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                cache::slim_claim,
+                Bounded::new("PersistentVolumeClaims", cache::MAX_CLAIMS),
+                nudge.clone(),
+                stop.clone(),
+            ),
             nudge,
         }
     }
@@ -161,9 +178,18 @@ pub async fn run(
     w: Watches,
     stop: CancellationToken,
 ) {
-    let Watches { pods, nodes, nudge } = w;
+    let Watches {
+        pods,
+        nodes,
+        claims,
+        nudge,
+    } = w;
     tokio::select! {
-        _ = async { let _ = pods.wait_until_ready().await; let _ = nodes.wait_until_ready().await; } => {}
+        _ = async {
+            let _ = pods.wait_until_ready().await;
+            let _ = nodes.wait_until_ready().await;
+            let _ = claims.wait_until_ready().await;
+        } => {}
         _ = stop.cancelled() => return,
     }
     info!(cluster = %c.name, "scale driver watching Pods and Nodes");
@@ -173,6 +199,7 @@ pub async fn run(
         knobs,
         pods,
         nodes,
+        claims,
         nudge,
         tasks: HashMap::new(),
         recorded: None,
@@ -181,6 +208,8 @@ pub async fn run(
         next_plan_at: tokio::time::Instant::now(),
         empty_since: HashMap::new(),
         released: HashSet::new(),
+        on_registered_since: HashMap::new(),
+        refused: HashMap::new(),
         pool: None,
         pool_told: None,
     };
@@ -338,7 +367,7 @@ impl Driver {
 
     /// The core's decision on the picture now; intent is recorded so the hold survives a
     /// restart.
-    async fn decide(&self, provisions: &[Provision], pool: &Pool, knobs: &Knobs) -> Decision {
+    async fn decide(&mut self, provisions: &[Provision], pool: &Pool, knobs: &Knobs) -> Decision {
         let store = self.p.store();
         let last_intent = store
             .cluster(&self.c.name)
@@ -347,12 +376,14 @@ impl Driver {
             .flatten()
             .map(|x| from_millis(x.last_intent_at))
             .unwrap_or_else(SystemTime::now);
-        let views: Vec<_> = self
+        let mut views: Vec<_> = self
             .pods
             .state()
             .iter()
             .map(|x| tenant::pod_view(x))
             .collect();
+        self.take_refusals(&mut views);
+        self.check_claims(&mut views);
         let leases: Vec<LeaseView> = provisions
             .iter()
             .map(|x| LeaseView {
@@ -372,12 +403,73 @@ impl Driver {
         let t = Instant::now();
         let d = decide(&views, &leases, &offers, pool, knobs, now, last_intent);
         self.p.metrics().decided(t.elapsed().as_secs_f64());
+        self.note_refusals(&d, &views, now);
         if d.intent > 0
             && let Err(e) = store.set_last_intent(&self.c.name, now).await
         {
             warn!(cluster = %self.c.name, "recording intent: {e:#}");
         }
         d
+    }
+
+    /// Marks the Pods the scheduler kept refusing as [`Scheduling::Refused`], and forgets
+    /// those it has bound since or that are gone.
+    fn take_refusals(&mut self, views: &mut [PodView]) {
+        if self.refused.is_empty() {
+            return;
+        }
+        let mut still = HashSet::new();
+        for v in views.iter_mut() {
+            let key = v.key();
+            if let Some(why) = self.refused.get(&key)
+                && matches!(v.scheduling, Scheduling::Unschedulable(_))
+            {
+                v.scheduling = Scheduling::Refused(why.clone());
+                still.insert(key);
+            }
+        }
+        self.refused.retain(|k, _| still.contains(k));
+    }
+
+    /// Marks each Unschedulable Pod that mounts a claim that does not exist as
+    /// [`Scheduling::MissingClaim`]: the scheduler refuses it every node until the claim is
+    /// made, so no new node helps.
+    fn check_claims(&self, views: &mut [PodView]) {
+        for v in views.iter_mut() {
+            if !matches!(v.scheduling, Scheduling::Unschedulable(_)) {
+                continue;
+            }
+            let missing = v.claims.iter().find(|name| {
+                self.claims
+                    .get(&reflector::ObjectRef::new(name).within(&v.namespace))
+                    .is_none()
+            });
+            if let Some(name) = missing {
+                v.scheduling = Scheduling::MissingClaim(name.clone());
+            }
+        }
+    }
+
+    /// Starts the clock of each Unschedulable Pod the plan put on a registered node; past
+    /// [`MISJUDGED_AFTER`] the plan takes the scheduler's word ([`Driver::take_refusals`]
+    /// from the next pass on).
+    fn note_refusals(&mut self, d: &Decision, views: &[PodView], now: SystemTime) {
+        let due = held_past(&d.on_registered, &mut self.on_registered_since, now, MISJUDGED_AFTER);
+        for (pod, after) in due {
+            let said = views.iter().find_map(|v| match &v.scheduling {
+                Scheduling::Unschedulable(m) if v.key() == pod => Some(m.clone()),
+                _ => None,
+            });
+            let why = format!(
+                "kube-scheduler has refused it for {} on a node where the plan found room, \
+                 so the plan takes its word: {}",
+                go_duration(after),
+                said.unwrap_or_default()
+            );
+            info!(cluster = %self.c.name, pod = %pod, "{why}");
+            self.on_registered_since.remove(&pod);
+            self.refused.insert(pod, why);
+        }
     }
 
     /// The tenant's NodePool `default` (read at most every [`POOL_FOR`]); none, or one the

@@ -21,7 +21,9 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use socialweb_broker::config::{Access, ClusterDefaults, Registration};
 use socialweb_broker_core::scale::NodeSize;
-use socialweb_broker_core::scale::{Knobs, LeaseView, Offers, Phase, PodView, Pool, decide};
+use socialweb_broker_core::scale::{
+    Knobs, LeaseView, Offers, Phase, PodView, Pool, Scheduling, decide,
+};
 use socialweb_market::{NodeSpec, Shape};
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::stats::{percentile_sorted, show};
@@ -93,6 +95,9 @@ fn pods() -> Vec<PodView> {
             follows_nodes: i % 333 == 0,
             cpu_millis: 100,
             memory_bytes: 64 << 20,
+            extended: Vec::new(),
+            scheduling: Scheduling::Unschedulable(String::new()),
+            claims: Vec::new(),
             labels: Default::default(),
             anti_affinity: Vec::new(),
             affinity: Vec::new(),
@@ -181,6 +186,9 @@ fn mixed_pods(n: usize) -> Vec<PodView> {
                 follows_nodes: false,
                 cpu_millis: cpus[(h % 6) as usize],
                 memory_bytes: mems[((h / 6) % 6) as usize].min(cpus[(h % 6) as usize] << 21),
+                extended: Vec::new(),
+                scheduling: Scheduling::Unschedulable(String::new()),
+                claims: Vec::new(),
                 labels: Default::default(),
                 anti_affinity: Vec::new(),
                 affinity: Vec::new(),
@@ -304,6 +312,42 @@ fn trace(knobs: &Knobs, shapes: &[Shape]) {
     println!(
         "ratio_trace_node_minutes_vs_count={:.3}",
         p.node_minutes / c.node_minutes
+    );
+    mixed_trace(&product.knobs, shapes, (step_s, boot_s, limit_s));
+}
+
+/// The CI hour as CI is written now (issue 59): native sidecars, gated jobs and pause Pods,
+/// replayed against the product's decision; what it paid against the least any decision
+/// could pay (every job running the moment its gate lifts, on perfectly packed nodes of the
+/// largest shape).
+fn mixed_trace(knobs: &Knobs, shapes: &[Shape], (step_s, boot_s, limit_s): (u64, u64, u64)) {
+    use testbed::scale_trace::{Product, ci_hour_mixed, lower_bound, replay};
+    let jobs = ci_hour_mixed(2, 7);
+    let mut product = Product {
+        knobs: *knobs,
+        shapes: shapes.to_vec(),
+        last_intent: SystemTime::UNIX_EPOCH,
+        empty_since: Default::default(),
+    };
+    let b = replay(&jobs, &mut product, step_s, boot_s, limit_s);
+    let largest = shapes
+        .iter()
+        .map(|s| s.spec)
+        .max_by_key(|s| (s.vcpu, s.mem_mib))
+        .expect("shapes on offer");
+    let (lb_nodes, lb_vcpus) = lower_bound(&jobs, largest, step_s);
+    println!("trace_mixed_jobs={}", jobs.len());
+    println!("trace_mixed_node_minutes={:.0}", b.node_minutes);
+    println!("trace_mixed_vcpu_minutes={:.0}", b.vcpu_minutes);
+    println!("trace_mixed_lower_bound_node_minutes={lb_nodes:.0}");
+    println!("trace_mixed_lower_bound_vcpu_minutes={lb_vcpus:.0}");
+    println!("trace_mixed_nodes_rented={}", b.nodes_rented);
+    println!("trace_mixed_wait_p50_s={}", show(b.wait_p50_s, 0));
+    println!("trace_mixed_wait_p99_s={}", show(b.wait_p99_s, 0));
+    println!("trace_mixed_jobs_never_ran={}", b.never_ran);
+    println!(
+        "ratio_trace_mixed_vcpu_minutes_vs_lower_bound={:.3}",
+        b.vcpu_minutes / lb_vcpus
     );
 }
 

@@ -1,0 +1,290 @@
+//! The scale decision asks the scheduler (issue 59): each cluster from zero, with the real
+//! kube-scheduler, Pods as CI users write them. A node is rented only for a Pod the
+//! scheduler has refused every node there is, sized as the scheduler sums its requests;
+//! a Pod no new node can help rents nothing; a Pod the plan misjudges keeps no node.
+
+use std::time::{Duration, Instant};
+
+use testbed::broker::{Broker, BrokerOptions};
+use testbed::k8s::wait_for;
+
+use super::{event, step, world};
+
+/// A Pod with `spec` (YAML lines at two spaces, with its containers) in `default`.
+fn pod_with(name: &str, spec: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+{spec}---
+"#
+    )
+}
+
+/// A container asking `cpu` and 64 MiB, sleeping.
+fn container(name: &str, cpu: &str) -> String {
+    container_with(name, &format!("{{requests: {{cpu: \"{cpu}\", memory: 64Mi}}}}"))
+}
+
+/// A container with `resources` (a YAML flow mapping), sleeping.
+fn container_with(name: &str, resources: &str) -> String {
+    format!(
+        r#"  - name: {name}
+    image: socialweb.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sleep", "600"]
+    resources: {resources}
+"#
+    )
+}
+
+fn running_on(b: &Broker<'_>, cluster: &str, pod: &str, within: Duration) -> String {
+    wait_for(&format!("{pod} Running"), within, || {
+        let v = b.kubectl_json(cluster, &["get", "pod", pod])?;
+        Ok((v["status"]["phase"] == "Running")
+            .then(|| v["spec"]["nodeName"].as_str().unwrap_or("").to_string()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()))
+}
+
+fn created(b: &Broker<'_>, name: &str) {
+    assert_eq!(
+        b.cli_json(&["cluster", "create", name]).unwrap()["state"],
+        "ready"
+    );
+}
+
+/// The issue's job: `build` 600m and `helper` 100m beside a 600m native sidecar (an init
+/// container with `restartPolicy: Always`) ask 1300m as the scheduler sums them. On a
+/// broker whose `[node]` is 1 vCPU with 1- and 2-vCPU shapes on offer, the plan rents the
+/// 2-vCPU node and the job runs there (counted as 700m, it got a 1-vCPU node and stayed
+/// Pending with `Insufficient cpu`).
+#[test]
+fn a_job_with_a_native_sidecar_runs_on_a_node_that_holds_it() {
+    let t = Instant::now();
+    let world = world();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            node_vcpu: 1,
+            pods_per_node: 8,
+            shapes: vec![(1, 2048, 10_000), (2, 4096, 20_000)],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    created(&b, "side");
+    let spec = format!(
+        "  initContainers:\n{}    restartPolicy: Always\n  containers:\n{}{}",
+        container("svc", "600m"),
+        container("build", "600m"),
+        container("helper", "100m")
+    );
+    b.apply("side", &pod_with("job", &spec)).unwrap();
+    step(t, "applied the job with a sidecar");
+    let node = running_on(&b, "side", "job", Duration::from_secs(180));
+    step(t, &format!("job Running on {node}"));
+    let n = b.kubectl_json("side", &["get", "node", &node]).unwrap();
+    assert_eq!(
+        n["metadata"]["labels"]["node.kubernetes.io/instance-type"], "2vcpu-4096mib",
+        "1300m needs the 2-vCPU shape: {n}"
+    );
+    assert_eq!(b.provider_leases().unwrap().len(), 1, "one node rented");
+}
+
+/// A Pod held by a scheduling gate (Kueue's), one for another scheduler (GitLab Runner's
+/// `scheduler_name`), one asking for a GPU and one mounting a claim that does not exist: no
+/// node we rent can help any of them, so for 30 s nothing is rented; the GPU Pod is told
+/// why. The gate's removal then rents one node
+/// and the Pod runs there.
+#[test]
+fn pods_no_new_node_can_help_rent_nothing_until_a_gate_is_lifted() {
+    let t = Instant::now();
+    let world = world();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            pods_per_node: 8,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    created(&b, "held");
+    let gated = format!(
+        "  schedulingGates: [{{name: kueue.x-k8s.io/admission}}]\n  containers:\n{}",
+        container("c", "100m")
+    );
+    let other = format!(
+        "  schedulerName: gitlab-scheduler\n  containers:\n{}",
+        container("c", "100m")
+    );
+    // An extended resource is asked as a limit (its request is defaulted to it).
+    let gpu = format!(
+        "  containers:\n{}",
+        container_with(
+            "c",
+            "{requests: {cpu: 100m, memory: 64Mi}, limits: {nvidia.com/gpu: 1}}"
+        )
+    );
+    let claimed = format!(
+        "  volumes: [{{name: data, persistentVolumeClaim: {{claimName: data}}}}]\n  containers:\n{}",
+        container("c", "100m")
+    );
+    b.apply(
+        "held",
+        &format!(
+            "{}{}{}{}",
+            pod_with("gated", &gated),
+            pod_with("other", &other),
+            pod_with("cuda", &gpu),
+            pod_with("claimed", &claimed)
+        ),
+    )
+    .unwrap();
+    step(t, "applied the gated, other-scheduler, GPU and missing-claim Pods");
+    let ev = event(&b, "held", "cuda", "NotTriggerScaleUp");
+    assert!(ev.contains("nvidia.com/gpu: 1"), "{ev}");
+    let quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_secs(30) {
+        let leases = b.provider_leases().unwrap();
+        assert!(
+            leases.is_empty(),
+            "a node rented {:.1}s after the Pods no node can help: {leases:?}\n{}",
+            quiet.elapsed().as_secs_f64(),
+            b.diagnostics()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    step(t, "30 s and nothing rented");
+    b.kubectl(
+        "held",
+        &[
+            "patch",
+            "pod",
+            "gated",
+            "--type=json",
+            "-p",
+            r#"[{"op": "remove", "path": "/spec/schedulingGates"}]"#,
+        ],
+    )
+    .unwrap();
+    let node = running_on(&b, "held", "gated", Duration::from_secs(180));
+    step(t, &format!("the gate lifted, gated Running on {node}"));
+    assert_eq!(b.provider_leases().unwrap().len(), 1, "one node, for gated");
+}
+
+/// docs/gitlab.md's pause Pod: a job rents a node, a pause Pod at priority -10 keeps it
+/// warm after the job, and the next job preempts it there. The expendable Pod's requests
+/// do not count against the node, so the next job rents no second node.
+#[test]
+fn the_pause_pod_recipe_rents_no_second_node() {
+    let t = Instant::now();
+    let world = world();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            pods_per_node: 8,
+            hold: Duration::from_secs(300),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    created(&b, "warm");
+    let class = "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: gitlab-pause}\nvalue: -10\ndescription: pause pods\n---\n";
+    let job = |name: &str| format!("  containers:\n{}", container(name, "1200m"));
+    b.apply("warm", &format!("{class}{}", pod_with("job-1", &job("build"))))
+        .unwrap();
+    let node = running_on(&b, "warm", "job-1", Duration::from_secs(180));
+    step(t, &format!("job-1 Running on {node}"));
+    b.kubectl("warm", &["delete", "pod", "job-1", "--wait=true"])
+        .unwrap();
+    let pause = format!(
+        "  priorityClassName: gitlab-pause\n  containers:\n{}",
+        container("pause", "1200m")
+    );
+    b.apply("warm", &pod_with("pause", &pause)).unwrap();
+    assert_eq!(running_on(&b, "warm", "pause", Duration::from_secs(60)), node);
+    step(t, "the pause Pod keeps the node warm");
+    b.apply("warm", &pod_with("job-2", &job("build"))).unwrap();
+    assert_eq!(
+        running_on(&b, "warm", "job-2", Duration::from_secs(120)),
+        node,
+        "job-2 preempts the pause Pod on its node"
+    );
+    step(t, "job-2 Running where the pause Pod was");
+    // Had a second node been planned, its lease would show within the bid deadline.
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(
+        b.provider_leases().unwrap().len(),
+        1,
+        "no second node\n{}",
+        b.diagnostics()
+    );
+}
+
+/// A Pod the plan misjudges: a `DoNotSchedule` spread on a topology key no node of ours
+/// carries, which the plan does not model and the scheduler refuses on every node. The plan
+/// rents a node for it; the scheduler keeps refusing it there; past the plan's patience the
+/// Pod is told in the scheduler's words, and the node goes with the hold.
+#[test]
+fn a_pod_the_plan_misjudges_keeps_no_node_past_the_hold() {
+    let t = Instant::now();
+    let world = world();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            pods_per_node: 8,
+            hold: Duration::from_secs(15),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    created(&b, "odd");
+    let spec = format!(
+        r#"  topologySpreadConstraints:
+  - {{maxSkew: 1, topologyKey: example.com/rack, whenUnsatisfiable: DoNotSchedule,
+     labelSelector: {{matchLabels: {{app: odd}}}}}}
+  containers:
+{}"#,
+        container("c", "100m")
+    );
+    let labelled = pod_with("odd", &spec).replace(
+        "namespace: default}",
+        "namespace: default, labels: {app: odd}}",
+    );
+    b.apply("odd", &labelled).unwrap();
+    step(t, "applied a Pod spread on example.com/rack");
+    wait_for("a node rented", Duration::from_secs(120), || {
+        Ok((!b.provider_leases()?.is_empty()).then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    step(t, "the plan rented a node (it does not model the rule)");
+    let ev = event_within(&b, "odd", "odd", Duration::from_secs(240));
+    assert!(ev.contains("kube-scheduler has refused it"), "{ev}");
+    step(t, &format!("told: {ev}"));
+    wait_for("no node rented", Duration::from_secs(180), || {
+        Ok(b.provider_leases()?.is_empty().then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    step(t, "the node is gone");
+    let p = b.kubectl_json("odd", &["get", "pod", "odd"]).unwrap();
+    assert_eq!(p["status"]["phase"], "Pending");
+}
+
+/// The pod's NotTriggerScaleUp Event, waiting up to `within`.
+fn event_within(b: &Broker<'_>, cluster: &str, pod: &str, within: Duration) -> String {
+    wait_for("a NotTriggerScaleUp Event", within, || {
+        let selector = format!("involvedObject.name={pod}");
+        let v = b.kubectl_json(cluster, &["get", "events", "--field-selector", &selector])?;
+        Ok(v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["reason"] == "NotTriggerScaleUp")
+            .map(|e| e["message"].as_str().unwrap_or("").to_string()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()))
+}
