@@ -726,7 +726,9 @@ mod tests {
             pod_view(&serde_json::from_value(j).unwrap()).scheduling
         };
         assert_eq!(
-            with(serde_json::json!({"spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}})),
+            with(
+                serde_json::json!({"spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}})
+            ),
             Scheduling::Gated
         );
         assert_eq!(
@@ -743,7 +745,10 @@ mod tests {
         );
         // Pod-level requests stand for the containers'.
         let mut j = serde_json::to_value(&p).unwrap();
-        json_patch_merge(&mut j, &serde_json::json!({"spec": {"resources": {"requests": {"cpu": "2"}}}}));
+        json_patch_merge(
+            &mut j,
+            &serde_json::json!({"spec": {"resources": {"requests": {"cpu": "2"}}}}),
+        );
         let v = pod_view(&serde_json::from_value(j).unwrap());
         assert_eq!(v.cpu_millis, 2000);
     }

@@ -321,10 +321,9 @@ pub fn replay(
             let busy = (0..jobs.len()).any(|j| on_it(j) && !jobs[j].is_pause());
             if !busy {
                 nodes[i].released_at = Some(now);
-                for j in 0..jobs.len() {
-                    if on_it(j) {
-                        bound[j] = None;
-                    }
+                let paused: Vec<usize> = (0..jobs.len()).filter(|&j| on_it(j)).collect();
+                for j in paused {
+                    bound[j] = None;
                 }
             }
         }

@@ -326,7 +326,11 @@ fn unfit(p: &PodView, offers: &[NodeKind<'_>], shapes: &[Shape], overhead: Usage
         return why.clone();
     }
     if !p.extended.is_empty() {
-        let asks: Vec<String> = p.extended.iter().map(|(r, n)| format!("{r}: {n}")).collect();
+        let asks: Vec<String> = p
+            .extended
+            .iter()
+            .map(|(r, n)| format!("{r}: {n}"))
+            .collect();
         return format!(
             "requests {}, which no node on offer has (they have CPU, memory and Pod slots)",
             asks.join(", ")
@@ -455,6 +459,31 @@ fn existing<'a>(live: &[&LeaseView], labels: &'a Labels, slots: u32) -> Vec<Exis
         .collect()
 }
 
+impl<'a> Picture<'a> {
+    /// Counts a Pending Pod no node has by what the scheduler said of it; `true` when it
+    /// waits for a node (the scheduler has refused it every node there is).
+    fn unbound(&mut self, p: &'a PodView, index: &HashMap<&str, usize>) -> bool {
+        match &p.scheduling {
+            Scheduling::Unschedulable(_) => return true,
+            Scheduling::Refused(_) => {
+                let why = unfit(p, &[], &[], Usage::default());
+                self.unfit.push((p.key(), why));
+            }
+            // Work that will run without a new node: it keeps the hold from ending.
+            Scheduling::Unseen => self.intent += 1,
+            Scheduling::Nominated(node) => {
+                self.intent += 1;
+                if let Some(&i) = index.get(node.as_str()) {
+                    self.nominated[i] = true;
+                }
+            }
+            // Not the scheduler's to place yet, or not ours: neither rents nor keeps.
+            Scheduling::Gated | Scheduling::OtherScheduler(_) | Scheduling::MissingClaim(_) => {}
+        }
+        false
+    }
+}
+
 fn picture<'a>(
     pods: &'a [PodView],
     live: &[&LeaseView],
@@ -508,20 +537,8 @@ fn picture<'a>(
             }
             pic.intent += u32::from(work);
         } else if work && p.phase == Phase::Pending {
-            match &p.scheduling {
-                // Only what the scheduler has refused every node there is asks for one.
-                Scheduling::Unschedulable(_) => pending.push(p),
-                Scheduling::Refused(_) => pic.unfit.push((p.key(), unfit(p, &[], &[], Usage::default()))),
-                // Work that will run without a new node: it keeps the hold from ending.
-                Scheduling::Unseen => pic.intent += 1,
-                Scheduling::Nominated(node) => {
-                    pic.intent += 1;
-                    if let Some(&i) = index.get(node.as_str()) {
-                        pic.nominated[i] = true;
-                    }
-                }
-                // Not the scheduler's to place yet, or not ours: neither rents nor keeps.
-                Scheduling::Gated | Scheduling::OtherScheduler(_) | Scheduling::MissingClaim(_) => {}
+            if pic.unbound(p, &index) {
+                pending.push(p);
             }
         } else if work {
             pic.intent += 1;
@@ -1475,7 +1492,11 @@ mod tests {
         let d = decide_on(&[gpu], &[], &knobs(), t(1), t(0));
         assert_eq!((d.action, d.intent), (Action::Hold, 0));
         assert_eq!(d.unfit.len(), 1);
-        assert!(d.unfit[0].1.contains("nvidia.com/gpu: 1"), "{}", d.unfit[0].1);
+        assert!(
+            d.unfit[0].1.contains("nvidia.com/gpu: 1"),
+            "{}",
+            d.unfit[0].1
+        );
     }
 
     #[test]
@@ -1496,7 +1517,10 @@ mod tests {
         let names = vec!["gitlab-runner/odd".to_string()];
         assert!(held_past(&names, &mut since, t(0), MISJUDGED_AFTER).is_empty());
         assert!(held_past(&names, &mut since, t(60), MISJUDGED_AFTER).is_empty());
-        assert_eq!(held_past(&names, &mut since, t(61), MISJUDGED_AFTER).len(), 1);
+        assert_eq!(
+            held_past(&names, &mut since, t(61), MISJUDGED_AFTER).len(),
+            1
+        );
         // Refused: told, no intent, and the node goes with the hold.
         p.scheduling = Scheduling::Refused("kube-scheduler has refused it".into());
         let d = decide_on(std::slice::from_ref(&p), &registered, &k, t(200), t(100));
@@ -1512,7 +1536,13 @@ mod tests {
         pause.priority = -10;
         pause.node_name = Some("n0".into());
         pause.cpu_millis = 2000;
-        let d = decide_on(&[pause, pod("a", Phase::Pending)], &leases(1), &k, t(1), t(0));
+        let d = decide_on(
+            &[pause, pod("a", Phase::Pending)],
+            &leases(1),
+            &k,
+            t(1),
+            t(0),
+        );
         assert_eq!(d.action, Action::Hold, "{}", d.reason);
     }
 

@@ -290,12 +290,8 @@ pub fn apiserver_args(a: &Apiserver, c: &Credentials) -> Vec<OsString> {
             MAX_MUTATING_INFLIGHT.to_string(),
         ),
         arg("kubelet-preferred-address-types", "InternalIP"),
-        // The apiserver compacts the datastore to the revision it saw one interval before,
-        // so an old revision (a list's continue token, a watch's resume point) lives one to
-        // two intervals. Kubernetes' conformance test of a compacted-away continue token
-        // waits two default intervals (10 minutes) for that, which a token made just after a
-        // compaction reaches only at the very end: it failed so once in a full run, 7 s
-        // short (docs/conformance.md). At 4 minutes the token expires within 8.
+        // An old revision lives one to two intervals; conformance waits 10 minutes for a
+        // continue token's to go, missed by 7 s at the default 5 (docs/conformance.md).
         arg("etcd-compaction-interval", "4m"),
     ];
     if let Some(ip) = a.advertise {

@@ -21,8 +21,8 @@ use tracing::{info, warn};
 
 use super::cache::{self, Bounded};
 use super::decision::{
-    Action, Decision, Knobs, LeaseView, MISJUDGED_AFTER, Offers, PodView, Pool, Scheduling,
-    decide, go_duration, held_past, next_release, releases, teardown_due,
+    Action, Decision, Knobs, LeaseView, MISJUDGED_AFTER, Offers, PodView, Pool, Scheduling, decide,
+    go_duration, held_past, next_release, releases, teardown_due,
 };
 use crate::provision::{ClusterCtx, Provisioner};
 use crate::tenant;
@@ -368,8 +368,9 @@ impl Driver {
     /// The core's decision on the picture now; intent is recorded so the hold survives a
     /// restart.
     async fn decide(&mut self, provisions: &[Provision], pool: &Pool, knobs: &Knobs) -> Decision {
-        let store = self.p.store();
-        let last_intent = store
+        let last_intent = self
+            .p
+            .store()
             .cluster(&self.c.name)
             .await
             .ok()
@@ -405,7 +406,7 @@ impl Driver {
         self.p.metrics().decided(t.elapsed().as_secs_f64());
         self.note_refusals(&d, &views, now);
         if d.intent > 0
-            && let Err(e) = store.set_last_intent(&self.c.name, now).await
+            && let Err(e) = self.p.store().set_last_intent(&self.c.name, now).await
         {
             warn!(cluster = %self.c.name, "recording intent: {e:#}");
         }
@@ -454,7 +455,12 @@ impl Driver {
     /// [`MISJUDGED_AFTER`] the plan takes the scheduler's word ([`Driver::take_refusals`]
     /// from the next pass on).
     fn note_refusals(&mut self, d: &Decision, views: &[PodView], now: SystemTime) {
-        let due = held_past(&d.on_registered, &mut self.on_registered_since, now, MISJUDGED_AFTER);
+        let due = held_past(
+            &d.on_registered,
+            &mut self.on_registered_since,
+            now,
+            MISJUDGED_AFTER,
+        );
         for (pod, after) in due {
             let said = views.iter().find_map(|v| match &v.scheduling {
                 Scheduling::Unschedulable(m) if v.key() == pod => Some(m.clone()),

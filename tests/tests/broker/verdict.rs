@@ -26,7 +26,10 @@ spec:
 
 /// A container asking `cpu` and 64 MiB, sleeping.
 fn container(name: &str, cpu: &str) -> String {
-    container_with(name, &format!("{{requests: {{cpu: \"{cpu}\", memory: 64Mi}}}}"))
+    container_with(
+        name,
+        &format!("{{requests: {{cpu: \"{cpu}\", memory: 64Mi}}}}"),
+    )
 }
 
 /// A container with `resources` (a YAML flow mapping), sleeping.
@@ -144,7 +147,10 @@ fn pods_no_new_node_can_help_rent_nothing_until_a_gate_is_lifted() {
         ),
     )
     .unwrap();
-    step(t, "applied the gated, other-scheduler, GPU and missing-claim Pods");
+    step(
+        t,
+        "applied the gated, other-scheduler, GPU and missing-claim Pods",
+    );
     let ev = event(&b, "held", "cuda", "NotTriggerScaleUp");
     assert!(ev.contains("nvidia.com/gpu: 1"), "{ev}");
     let quiet = Instant::now();
@@ -195,8 +201,11 @@ fn the_pause_pod_recipe_rents_no_second_node() {
     created(&b, "warm");
     let class = "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: gitlab-pause}\nvalue: -10\ndescription: pause pods\n---\n";
     let job = |name: &str| format!("  containers:\n{}", container(name, "1200m"));
-    b.apply("warm", &format!("{class}{}", pod_with("job-1", &job("build"))))
-        .unwrap();
+    b.apply(
+        "warm",
+        &format!("{class}{}", pod_with("job-1", &job("build"))),
+    )
+    .unwrap();
     let node = running_on(&b, "warm", "job-1", Duration::from_secs(180));
     step(t, &format!("job-1 Running on {node}"));
     b.kubectl("warm", &["delete", "pod", "job-1", "--wait=true"])
@@ -206,7 +215,10 @@ fn the_pause_pod_recipe_rents_no_second_node() {
         container("pause", "1200m")
     );
     b.apply("warm", &pod_with("pause", &pause)).unwrap();
-    assert_eq!(running_on(&b, "warm", "pause", Duration::from_secs(60)), node);
+    assert_eq!(
+        running_on(&b, "warm", "pause", Duration::from_secs(60)),
+        node
+    );
     step(t, "the pause Pod keeps the node warm");
     b.apply("warm", &pod_with("job-2", &job("build"))).unwrap();
     assert_eq!(
@@ -265,8 +277,8 @@ fn a_pod_the_plan_misjudges_keeps_no_node_past_the_hold() {
     let ev = event_within(&b, "odd", "odd", Duration::from_secs(240));
     assert!(ev.contains("kube-scheduler has refused it"), "{ev}");
     step(t, &format!("told: {ev}"));
-    wait_for("no node rented", Duration::from_secs(180), || {
-        Ok(b.provider_leases()?.is_empty().then_some(()))
+    wait_for("no node leased", Duration::from_secs(180), || {
+        Ok(b.live_leases()?.is_empty().then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
     step(t, "the node is gone");
