@@ -481,6 +481,28 @@ mod tests {
         }
     }
 
+    /// The product's decision on 1-, 2- and 4-vCPU shapes priced by the vCPU.
+    fn product() -> Product {
+        Product {
+            knobs: Knobs {
+                max_nodes: 100,
+                pods_per_node: 8,
+                hold: Duration::from_secs(120),
+                expendable_priority_cutoff: -10,
+                node: socialweb_broker_core::scale::NodeSize::default(),
+                max_hold: Duration::from_secs(3600),
+            },
+            shapes: [1, 2, 4]
+                .map(|v| Shape {
+                    spec: spec(v),
+                    price_micros_per_hour: u64::from(v) * 10_000,
+                })
+                .to_vec(),
+            last_intent: SystemTime::UNIX_EPOCH,
+            empty_since: HashMap::new(),
+        }
+    }
+
     #[test]
     fn a_replay_pays_for_the_nodes_its_decision_rents_and_runs_every_job() {
         let jobs = ci_hour(2, 7);
@@ -495,24 +517,7 @@ mod tests {
         let b = replay(&jobs, &mut count, 10, 30, 4 * 3600);
         assert_eq!(b.never_ran, 0, "{b:?}");
         assert!(b.node_minutes > 60.0, "{b:?}");
-        let mut product = Product {
-            knobs: Knobs {
-                max_nodes: 100,
-                pods_per_node: 8,
-                hold: Duration::from_secs(120),
-                expendable_priority_cutoff: -10,
-                node: socialweb_broker_core::scale::NodeSize::default(),
-                max_hold: Duration::from_secs(3600),
-            },
-            shapes: [1, 2, 4]
-                .map(|v| Shape {
-                    spec: spec(v),
-                    price_micros_per_hour: u64::from(v) * 10_000,
-                })
-                .to_vec(),
-            last_intent: SystemTime::UNIX_EPOCH,
-            empty_since: HashMap::new(),
-        };
+        let mut product = product();
         let p = replay(&jobs, &mut product, 10, 30, 4 * 3600);
         assert_eq!(p.never_ran, 0, "{p:?}");
         assert!(p.vcpu_minutes > 0.0);
@@ -523,24 +528,7 @@ mod tests {
         let jobs = ci_hour_mixed(2, 7);
         assert!(jobs.iter().any(|j| j.sidecar_millis > 0));
         assert!(jobs.iter().any(|j| j.gated_until_s > j.arrives_s));
-        let mut product = Product {
-            knobs: Knobs {
-                max_nodes: 100,
-                pods_per_node: 8,
-                hold: Duration::from_secs(120),
-                expendable_priority_cutoff: -10,
-                node: socialweb_broker_core::scale::NodeSize::default(),
-                max_hold: Duration::from_secs(3600),
-            },
-            shapes: [1, 2, 4]
-                .map(|v| Shape {
-                    spec: spec(v),
-                    price_micros_per_hour: u64::from(v) * 10_000,
-                })
-                .to_vec(),
-            last_intent: SystemTime::UNIX_EPOCH,
-            empty_since: HashMap::new(),
-        };
+        let mut product = product();
         let b = replay(&jobs, &mut product, 10, 30, 4 * 3600);
         assert_eq!(b.never_ran, 0, "{b:?}");
         let (nodes, vcpus) = lower_bound(&jobs, spec(4), 10);

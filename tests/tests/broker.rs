@@ -620,22 +620,29 @@ fn provider_answers(provider: &testbed::netns::Netns) {
     }
 }
 
-/// A Pod's Warning Event with `reason`, its message.
+/// A Pod's Warning Event with `reason`, its message (waiting up to 30 s).
 fn event(b: &Broker<'_>, cluster: &str, pod: &str, reason: &str) -> String {
-    wait_for(
-        &format!("a {reason} Event on {pod}"),
-        Duration::from_secs(30),
-        || {
-            let selector = format!("involvedObject.name={pod}");
-            let v = b.kubectl_json(cluster, &["get", "events", "--field-selector", &selector])?;
-            Ok(v["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|e| e["reason"] == reason)
-                .map(|e| e["message"].as_str().unwrap_or("").to_string()))
-        },
-    )
+    event_within(b, cluster, pod, reason, Duration::from_secs(30))
+}
+
+/// A Pod's Warning Event with `reason`, its message, waiting up to `within`.
+fn event_within(
+    b: &Broker<'_>,
+    cluster: &str,
+    pod: &str,
+    reason: &str,
+    within: Duration,
+) -> String {
+    wait_for(&format!("a {reason} Event on {pod}"), within, || {
+        let selector = format!("involvedObject.name={pod}");
+        let v = b.kubectl_json(cluster, &["get", "events", "--field-selector", &selector])?;
+        Ok(v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["reason"] == reason)
+            .map(|e| e["message"].as_str().unwrap_or("").to_string()))
+    })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()))
 }
 

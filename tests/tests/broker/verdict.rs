@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
 
-use super::{event, step, world};
+use super::{event, event_within, step, world};
 
 /// A Pod with `spec` (YAML lines at two spaces, with its containers) in `default`.
 fn pod_with(name: &str, spec: &str) -> String {
@@ -274,7 +274,13 @@ fn a_pod_the_plan_misjudges_keeps_no_node_past_the_hold() {
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
     step(t, "the plan rented a node (it does not model the rule)");
-    let ev = event_within(&b, "odd", "odd", Duration::from_secs(240));
+    let ev = event_within(
+        &b,
+        "odd",
+        "odd",
+        "NotTriggerScaleUp",
+        Duration::from_secs(240),
+    );
     assert!(ev.contains("kube-scheduler has refused it"), "{ev}");
     step(t, &format!("told: {ev}"));
     wait_for("no node leased", Duration::from_secs(180), || {
@@ -284,19 +290,4 @@ fn a_pod_the_plan_misjudges_keeps_no_node_past_the_hold() {
     step(t, "the node is gone");
     let p = b.kubectl_json("odd", &["get", "pod", "odd"]).unwrap();
     assert_eq!(p["status"]["phase"], "Pending");
-}
-
-/// The pod's NotTriggerScaleUp Event, waiting up to `within`.
-fn event_within(b: &Broker<'_>, cluster: &str, pod: &str, within: Duration) -> String {
-    wait_for("a NotTriggerScaleUp Event", within, || {
-        let selector = format!("involvedObject.name={pod}");
-        let v = b.kubectl_json(cluster, &["get", "events", "--field-selector", &selector])?;
-        Ok(v["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|e| e["reason"] == "NotTriggerScaleUp")
-            .map(|e| e["message"].as_str().unwrap_or("").to_string()))
-    })
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()))
 }
