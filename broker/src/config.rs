@@ -351,6 +351,13 @@ pub struct LocalProvider {
     pub machine: MachineKind,
     /// How VMs run (`machine = "vm"`).
     pub vm: Vm,
+    /// The region and zone its offer names (label values): its nodes carry them as
+    /// `topology.kubernetes.io/region` and `topology.kubernetes.io/zone`, so that Pods
+    /// spread over zones or kept in one can run on them (docs/scale.md). Unset: neither.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 /// `[[local_provider.shapes]]`: a node size and its price.
@@ -821,6 +828,8 @@ impl Default for LocalProvider {
             image: None,
             machine: MachineKind::Namespace,
             vm: Vm::default(),
+            region: None,
+            zone: None,
         }
     }
 }
@@ -1223,6 +1232,22 @@ impl Config {
                     self.node.mem_mib
                 ),
             ));
+        }
+        for (field, v) in [
+            ("local_provider.region", &self.local_provider.region),
+            ("local_provider.zone", &self.local_provider.zone),
+        ] {
+            if let Some(v) = v
+                && !socialweb_market::valid_label_value(v)
+            {
+                return Err(err(
+                    field,
+                    format!(
+                        "{v:?} is not a label value (1-63 of A-Z a-z 0-9 - _ ., alphanumeric \
+                         at both ends)"
+                    ),
+                ));
+            }
         }
         for (i, s) in self.local_provider.shapes.iter().enumerate() {
             let at = format!("local_provider.shapes[{i}]");

@@ -93,6 +93,10 @@ pub fn provider_config(cfg: &Config) -> ProviderConfig {
             }
         },
         name: "local".into(),
+        topology: socialweb_market::Topology {
+            region: lp.region.clone(),
+            zone: lp.zone.clone(),
+        },
     }
 }
 

@@ -6,9 +6,7 @@
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use socialweb_market::{
-    Accept, ErrorBody, Lease, LeaseList, Offer, PREFIX, Rfp, RfpRequest, Shape,
-};
+use socialweb_market::{Accept, ErrorBody, Lease, LeaseList, Offer, PREFIX, Rfp, RfpRequest};
 use url::Url;
 
 /// Why a market call failed.
@@ -362,24 +360,9 @@ impl Market {
             })
     }
 
-    /// Sends the RFP to every provider; fine when at least one took it (the others' errors
-    /// are logged), else the last error.
+    /// Sends the RFP to every provider ([`Market::post_rfp_to`]).
     pub async fn post_rfp(&self, r: &RfpRequest) -> Result<(), MarketError> {
-        let mut last = None;
-        let mut taken = 0;
-        for (name, c) in &self.providers {
-            match self.note(name, "post_rfp", c.post_rfp(r).await) {
-                Ok(_) => taken += 1,
-                Err(e) => {
-                    tracing::warn!(provider = %name, "{e}");
-                    last = Some(e);
-                }
-            }
-        }
-        match (taken, last) {
-            (0, Some(e)) => Err(e),
-            _ => Ok(()),
-        }
+        self.post_rfp_to(r, None).await
     }
 
     /// The bids on RFP `id` from every provider that answers (an error only when none does).
@@ -443,33 +426,52 @@ impl Market {
         self.note(provider, "release", r)
     }
 
-    /// The shapes the providers rent at `isolation` or more, each at its lowest price; a
-    /// provider that does not answer (or offers less isolation) adds none. Empty when none
-    /// answers: the caller falls back to its own node size.
-    pub async fn shapes(&self, isolation: socialweb_market::Isolation) -> Vec<Shape> {
-        let mut out: Vec<Shape> = Vec::new();
+    /// The offers of the providers that rent at `isolation` or more, by the names this
+    /// broker gives them; a provider that does not answer (or offers less isolation) is
+    /// left out.
+    pub async fn offers(&self, isolation: socialweb_market::Isolation) -> Vec<(String, Offer)> {
+        let mut out = Vec::new();
         for (name, c) in &self.providers {
-            let o = match self.note(name, "offer", c.offer().await) {
-                Ok(o) => o,
-                Err(e) => {
-                    tracing::warn!(provider = %name, "its offer: {e}");
-                    continue;
-                }
-            };
-            if o.isolation < isolation {
-                continue;
-            }
-            for s in o.shapes {
-                match out.iter_mut().find(|x| x.spec == s.spec) {
-                    Some(x) => {
-                        x.price_micros_per_hour =
-                            x.price_micros_per_hour.min(s.price_micros_per_hour)
-                    }
-                    None => out.push(s),
-                }
+            match self.note(name, "offer", c.offer().await) {
+                Ok(o) if o.isolation >= isolation => out.push((name.clone(), o)),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(provider = %name, "its offer: {e}"),
             }
         }
         out
+    }
+
+    /// Sends the RFP to the providers named in `only` (every one when `None`); fine when at
+    /// least one took it (the others' errors are logged), else the last error.
+    pub async fn post_rfp_to(
+        &self,
+        r: &RfpRequest,
+        only: Option<&[String]>,
+    ) -> Result<(), MarketError> {
+        let mut last = None;
+        let mut taken = 0;
+        for (name, c) in &self.providers {
+            if only.is_some_and(|o| !o.contains(name)) {
+                continue;
+            }
+            match self.note(name, "post_rfp", c.post_rfp(r).await) {
+                Ok(_) => taken += 1,
+                Err(e) => {
+                    tracing::warn!(provider = %name, "{e}");
+                    last = Some(e);
+                }
+            }
+        }
+        match (taken, last) {
+            (0, Some(e)) => Err(e),
+            (0, None) => Err(MarketError::Refused {
+                call: "POST /rfps".into(),
+                status: 404,
+                code: "not_found".into(),
+                message: format!("no configured provider is among {only:?}"),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Every lease with tag `key=value`, from every provider, with the provider's name; an

@@ -92,6 +92,7 @@ mod tests {
             endpoint: endpoint.into(),
             node_ip: Some(format!("10.41.0.{n}").parse().unwrap()),
             spec: None,
+            topology: Default::default(),
             reason: None,
             attempts: 0,
             created_at: 0,

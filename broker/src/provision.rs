@@ -15,11 +15,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use socialweb_broker_core::provision::{Limits, Next, Seen, next};
-use socialweb_broker_core::scale::NodeSize;
+use socialweb_broker_core::scale::{NodeSize, Rentable};
 use socialweb_broker_core::{Provision, Step, millis};
 use socialweb_market::{Accept, Bid, Lease, RfpRequest};
 use socialweb_wire::{BootstrapToken, CaTrust, MeshSecretKey, NodeIdentity};
@@ -100,8 +100,8 @@ pub struct Provisioner {
     metrics: Metrics,
     /// Called whenever the set of live provisions changes (the relay's allow list).
     on_change: OnChange,
-    /// The shapes the market rented when last asked, and when ([`Provisioner::shapes`]).
-    shapes: tokio::sync::Mutex<Option<(Instant, Vec<socialweb_market::Shape>)>>,
+    /// The providers' offers when last asked, and when ([`Provisioner::offers`]).
+    shapes: tokio::sync::Mutex<Option<(Instant, Vec<(String, socialweb_market::Offer)>)>>,
 }
 
 /// How long the market's shapes are taken as known before they are asked for again.
@@ -205,19 +205,24 @@ impl Provisioner {
         }
     }
 
-    /// The shapes the market rents at the isolation RFPs ask for, asked at most every
-    /// [`SHAPES_FOR`] (one call per provider for every cluster); empty when no provider
-    /// says (the decision then rents the `[node]` size).
-    pub async fn shapes(&self) -> Vec<socialweb_market::Shape> {
+    /// The providers' offers at the isolation RFPs ask for, asked at most every
+    /// [`SHAPES_FOR`] (one call per provider for every cluster).
+    pub async fn offers(&self) -> Vec<(String, socialweb_market::Offer)> {
         let mut known = self.shapes.lock().await;
-        if let Some((at, shapes)) = known.as_ref()
+        if let Some((at, offers)) = known.as_ref()
             && at.elapsed() < SHAPES_FOR
         {
-            return shapes.clone();
+            return offers.clone();
         }
-        let shapes = self.market.shapes(self.settings.isolation).await;
-        *known = Some((Instant::now(), shapes.clone()));
-        shapes
+        let offers = self.market.offers(self.settings.isolation).await;
+        *known = Some((Instant::now(), offers.clone()));
+        offers
+    }
+
+    /// The shapes the market rents, where ([`socialweb_broker_core::offers::rentables`]);
+    /// empty when no provider says (the decision then rents the `[node]` size).
+    pub async fn shapes(&self) -> Vec<Rentable> {
+        socialweb_broker_core::offers::rentables(&self.offers().await)
     }
 
     pub fn market(&self) -> &Market {
@@ -240,9 +245,10 @@ impl Provisioner {
         &self.settings
     }
 
-    /// Plans a new node of `spec` for `cluster`: names, ids, token and mesh key chosen and
-    /// written before anything is asked of anyone.
-    pub async fn plan(&self, cluster: &str, spec: socialweb_market::NodeSpec) -> Result<Provision> {
+    /// Plans a new node of `what`'s shape and topology for `cluster`: names, ids, token and
+    /// mesh key chosen and written before anything is asked of anyone.
+    pub async fn plan(&self, cluster: &str, what: &Rentable) -> Result<Provision> {
+        let spec = what.shape.spec;
         let node = self.store.next_node_name(cluster).await?;
         let used: Vec<std::net::IpAddr> = self
             .store
@@ -274,13 +280,15 @@ impl Provisioner {
             endpoint,
             node_ip: Some(node_ip.into()),
             spec: Some(spec),
+            topology: what.topology.clone(),
             reason: None,
             attempts: 0,
             created_at: now,
             updated_at: now,
         };
         self.store.insert_provision(&p).await?;
-        info!(cluster, node = %p.node, provision = %p.id, shape = %spec.instance_type(), "planned");
+        info!(cluster, node = %p.node, provision = %p.id, shape = %spec.instance_type(),
+              topology = %p.topology, "planned");
         (self.on_change.0)();
         crash_point(Step::Planned);
         Ok(p)
@@ -365,16 +373,33 @@ impl Provisioner {
             service_cidr: crate::control_plane::SERVICE_CIDR.parse()?,
             cluster_domain: "cluster.local".into(),
             upstream_resolvers: s.upstream_resolvers.clone(),
-            labels: BTreeMap::from([
-                ("socialweb.computer/cluster".to_string(), c.name.clone()),
-                // The shape, as the scale decision's placement sees it (docs/scale.md).
-                (
-                    socialweb_broker_core::placement::INSTANCE_TYPE.to_string(),
-                    self.spec_of(p).instance_type(),
-                ),
-            ]),
+            labels: self.node_labels(c, p),
         };
         Ok(id.to_json())
+    }
+
+    /// The labels a node's kubelet registers it with: its cluster, and its shape, region and
+    /// zone as the scale decision's placement planned them (docs/scale.md), and the provider
+    /// it was rented from (when the name is a label value).
+    fn node_labels(&self, c: &ClusterCtx, p: &Provision) -> BTreeMap<String, String> {
+        use socialweb_broker_core::placement::{INSTANCE_TYPE, PROVIDER};
+        let mut l = socialweb_broker_core::scale::node_labels(
+            &BTreeMap::from([("socialweb.computer/cluster".to_string(), c.name.clone())]),
+            &self.spec_of(p),
+            &p.topology,
+            &p.node,
+        );
+        // The kubelet sets its hostname label itself.
+        l.remove(socialweb_broker_core::placement::HOSTNAME);
+        debug_assert!(l.contains_key(INSTANCE_TYPE));
+        if let Some(provider) = p
+            .provider
+            .as_ref()
+            .filter(|n| socialweb_market::valid_label_value(n))
+        {
+            l.insert(PROVIDER.into(), provider.clone());
+        }
+        l
     }
 
     /// Runs a provision from its recorded step until it is joined, released or failed.
@@ -602,15 +627,26 @@ impl Provisioner {
             ("cluster".to_string(), p.cluster.clone()),
             ("provision".to_string(), p.id.clone()),
         ]);
+        // A node planned in a region or zone is asked of the providers there alone.
+        let only = socialweb_broker_core::offers::providers_in(&self.offers().await, &p.topology);
+        if only.as_ref().is_some_and(Vec::is_empty) {
+            bail!(
+                "no provider offers {} now (the node was planned there)",
+                p.topology
+            );
+        }
         self.market
-            .post_rfp(&RfpRequest {
-                id: p.rfp_id.clone(),
-                spec: self.spec_of(p),
-                image: self.settings.image.clone(),
-                tags,
-                bid_deadline_ms: self.settings.limits.bid_deadline.as_millis() as u64,
-                isolation: self.settings.isolation,
-            })
+            .post_rfp_to(
+                &RfpRequest {
+                    id: p.rfp_id.clone(),
+                    spec: self.spec_of(p),
+                    image: self.settings.image.clone(),
+                    tags,
+                    bid_deadline_ms: self.settings.limits.bid_deadline.as_millis() as u64,
+                    isolation: self.settings.isolation,
+                },
+                only.as_deref(),
+            )
             .await?;
         Ok(())
     }

@@ -578,7 +578,7 @@ fn node_requirements(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Node
     }
 }
 
-/// A Pod's required anti-affinity terms on the hostname, as the placement reads them.
+/// A Pod's required anti-affinity terms, as the placement reads them.
 fn anti_affinity(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<AntiAffinity> {
     let terms = spec
         .and_then(|s| s.affinity.as_ref())
@@ -587,10 +587,10 @@ fn anti_affinity(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<Anti
             a.required_during_scheduling_ignored_during_execution
                 .as_ref()
         });
-    pod_terms(terms.map(Vec::as_slice).unwrap_or_default())
+    pod_terms(terms.map(Vec::as_slice).unwrap_or_default(), false)
 }
 
-/// A Pod's required pod affinity terms on the hostname, as the placement reads them.
+/// A Pod's required pod affinity terms, as the placement reads them.
 fn affinity(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<AntiAffinity> {
     let terms = spec
         .and_then(|s| s.affinity.as_ref())
@@ -599,7 +599,7 @@ fn affinity(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<AntiAffin
             a.required_during_scheduling_ignored_during_execution
                 .as_ref()
         });
-    pod_terms(terms.map(Vec::as_slice).unwrap_or_default())
+    pod_terms(terms.map(Vec::as_slice).unwrap_or_default(), true)
 }
 
 /// A label selector as the placement reads it (an operator it does not know is dropped:
@@ -627,37 +627,63 @@ fn selector(sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector)
     }
 }
 
-/// Pod (anti-)affinity terms on the hostname (a term with no label selector selects no Pod,
-/// as the API defines it; one on another topology key passes: our nodes carry no zone).
-fn pod_terms(terms: &[k8s_openapi::api::core::v1::PodAffinityTerm]) -> Vec<AntiAffinity> {
-    use socialweb_broker_core::placement::{HOSTNAME, Namespaces};
+/// Pod (anti-)affinity terms, on every topology key (a term with no label selector selects
+/// no Pod, as the API defines it: an anti-affinity one keeps nothing away; an affinity one
+/// is met by no Pod, so it is kept, with a selector that matches none).
+fn pod_terms(
+    terms: &[k8s_openapi::api::core::v1::PodAffinityTerm],
+    affinity: bool,
+) -> Vec<AntiAffinity> {
+    use socialweb_broker_core::placement::Namespaces;
     terms
         .iter()
-        .filter(|t| t.topology_key == HOSTNAME)
+        .filter(|t| !t.topology_key.is_empty())
         .filter_map(|t| {
+            let selector = match t.label_selector.as_ref() {
+                Some(s) => selector(s),
+                None if affinity => none_selected(),
+                None => return None,
+            };
             Some(AntiAffinity {
-                selector: selector(t.label_selector.as_ref()?),
+                selector,
                 namespaces: match &t.namespace_selector {
                     Some(_) => Namespaces::All,
                     None => Namespaces::Listed(t.namespaces.clone().unwrap_or_default()),
                 },
+                topology_key: t.topology_key.clone(),
             })
         })
         .collect()
 }
 
-/// A Pod's topology spread constraints on the hostname with `DoNotSchedule` (one with no
-/// label selector counts no Pod, so never holds it back).
+/// A selector no Pod matches (`In` no value).
+fn none_selected() -> Selector {
+    Selector {
+        match_expressions: vec![socialweb_broker_core::placement::Requirement::In(
+            "socialweb.computer/none".into(),
+            Vec::new(),
+        )],
+        ..Default::default()
+    }
+}
+
+/// A Pod's topology spread constraints with `DoNotSchedule`, on every topology key (one
+/// with no label selector counts no Pod, so its skew never binds; its key still does: the
+/// scheduler takes no node without the label).
 fn spread(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<Spread> {
-    use socialweb_broker_core::placement::HOSTNAME;
     spec.and_then(|s| s.topology_spread_constraints.as_ref())
         .into_iter()
         .flatten()
-        .filter(|c| c.topology_key == HOSTNAME && c.when_unsatisfiable == "DoNotSchedule")
+        .filter(|c| !c.topology_key.is_empty() && c.when_unsatisfiable == "DoNotSchedule")
         .filter_map(|c| {
+            let (max_skew, selector) = match c.label_selector.as_ref() {
+                Some(s) => (u32::try_from(c.max_skew).ok()?.max(1), selector(s)),
+                None => (u32::MAX, none_selected()),
+            };
             Some(Spread {
-                max_skew: u32::try_from(c.max_skew).ok()?.max(1),
-                selector: selector(c.label_selector.as_ref()?),
+                max_skew,
+                selector,
+                topology_key: c.topology_key.clone(),
             })
         })
         .collect()
@@ -807,7 +833,7 @@ mod tests {
     }
 
     #[test]
-    fn pod_affinity_and_hostname_spread_become_terms() {
+    fn pod_affinity_and_spread_become_terms_on_every_key() {
         let p: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "client", "namespace": "ci"},
             "spec": {"containers": [{"name": "a"}],
@@ -822,13 +848,9 @@ mod tests {
         }))
         .unwrap();
         let v = pod_view(&p);
-        assert_eq!(
-            v.affinity.len(),
-            1,
-            "the zone term passes: {:?}",
-            v.affinity
-        );
+        assert_eq!(v.affinity.len(), 2, "{:?}", v.affinity);
         assert_eq!(v.affinity[0].selector.match_labels["app"], "cache");
+        assert_eq!(v.affinity[1].topology_key, "topology.kubernetes.io/zone");
         assert_eq!(v.spread.len(), 1, "ScheduleAnyway never holds a Pod back");
         assert_eq!(v.spread[0].max_skew, 2);
         assert!(v.anti_affinity.is_empty());

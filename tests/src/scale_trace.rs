@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
 
 use socialweb_broker_core::scale::{
-    Action, Knobs, LeaseView, Offers, Phase, PodView, Pool, Scheduling, decide, releases,
+    Action, Knobs, LeaseView, Offers, Phase, PodView, Pool, Rentable, Scheduling, decide, releases,
 };
-use socialweb_market::{NodeSpec, Shape};
+use socialweb_market::NodeSpec;
 
 /// A job of the trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,7 +170,7 @@ pub trait Decider {
 #[derive(Debug)]
 pub struct Product {
     pub knobs: Knobs,
-    pub shapes: Vec<Shape>,
+    pub shapes: Vec<Rentable>,
     pub last_intent: SystemTime,
     pub empty_since: HashMap<String, SystemTime>,
 }
@@ -194,7 +194,7 @@ impl Decider for Product {
         self.last_intent = d.last_intent_at;
         let mut m = Moves::default();
         match d.action {
-            Action::Provision { .. } => m.rent = d.shapes.clone(),
+            Action::Provision { .. } => m.rent = d.shapes.iter().map(|r| r.shape.spec).collect(),
             Action::Teardown => m.release = leases.iter().map(|l| l.node.clone()).collect(),
             Action::Hold => {}
         }
@@ -299,6 +299,7 @@ pub fn replay(
                 live: true,
                 spec: n.spec,
                 allocatable: None,
+                topology: Default::default(),
             })
             .collect();
         let m = decider.pass(&pods, &leases, at(now));
@@ -493,9 +494,11 @@ mod tests {
                 max_hold: Duration::from_secs(3600),
             },
             shapes: [1, 2, 4]
-                .map(|v| Shape {
-                    spec: spec(v),
-                    price_micros_per_hour: u64::from(v) * 10_000,
+                .map(|v| {
+                    Rentable::anywhere(socialweb_market::Shape {
+                        spec: spec(v),
+                        price_micros_per_hour: u64::from(v) * 10_000,
+                    })
                 })
                 .to_vec(),
             last_intent: SystemTime::UNIX_EPOCH,

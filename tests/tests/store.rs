@@ -44,6 +44,11 @@ fn provision(cluster: &str, node: &str) -> Provision {
             mem_mib: 4096,
             disk_mib: 20480,
         }),
+        // Written with the provision, read back after a restart (migration 0012).
+        topology: socialweb_market::Topology {
+            region: Some("eu".into()),
+            zone: Some("eu-1a".into()),
+        },
         reason: None,
         attempts: 0,
         created_at: 1,

@@ -6,7 +6,7 @@
 //!
 //! - [`records`]: the domain types the store keeps (clusters, provisions and their [`Step`],
 //!   decisions, certificate records) and the store's time (`millis`).
-//! - [`scale`]: contract 7, the scale decision.
+//! - [`scale`]: contract 7, the scale decision; [`offers`]: what it rents, and where.
 //! - [`provision`]: a provision's steps as a transition function.
 //! - [`bids`]: which bids to take, and when to stop waiting for more.
 //! - [`csr`]: which node certificate requests the broker approves.
@@ -25,6 +25,7 @@ pub mod egress;
 pub mod guard;
 pub mod hibernation;
 pub mod names;
+pub mod offers;
 pub mod ownership;
 pub mod placement;
 pub mod provision;

@@ -7,10 +7,12 @@
 //! What it simulates of the scheduler's filters: requests (CPU, memory, and a Pod slot:
 //! `pods_per_node` is the fallback bound for Pods without requests), `nodeSelector` and
 //! required node affinity against the labels our nodes carry (the shape's included),
-//! required pod anti-affinity on `kubernetes.io/hostname` in both directions (a waiting Pod's
-//! terms against the Pods on a node, and theirs against it), required pod affinity and
-//! `DoNotSchedule` topology spread on the hostname. Every new node pays the DaemonSets'
-//! overhead.
+//! required pod anti-affinity in both directions (a waiting Pod's terms against the Pods in
+//! a node's topology domain, and theirs against it), required pod affinity and
+//! `DoNotSchedule` topology spread, each on any topology key: the hostname (a node is its
+//! own domain) or a label such as `topology.kubernetes.io/zone` (the nodes that carry one
+//! value are a domain; a node without the label meets no affinity and no spread on it, as
+//! the scheduler rules). Every new node pays the DaemonSets' overhead.
 //!
 //! Pods are placed first-fit-decreasing (the largest requests first, onto the first node
 //! that holds them, existing nodes before new ones), which is what kube-scheduler's filters
@@ -20,9 +22,13 @@
 //! scheduling simulation does the same), so it packs up to the largest; once every Pod is
 //! placed it takes the cheapest shape it kept.
 //!
+//! A new node is opened in one topology group (the shapes on offer that share every label
+//! but the instance type: one provider's region and zone), the cheapest group that holds its
+//! first Pod and meets that Pod's affinity and spread; it keeps that group's shapes only, so
+//! its zone is known to the Pods placed after it.
+//!
 //! Not simulated: taints (our nodes carry none but the cordon of a node being released,
-//! which the decision leaves out); terms and constraints on other topology keys (our nodes
-//! carry no zone: the scheduler lets such a term pass) are ignored.
+//! which the decision leaves out).
 
 use std::collections::BTreeMap;
 
@@ -31,6 +37,13 @@ pub const HOSTNAME: &str = "kubernetes.io/hostname";
 
 /// The well-known label that names a node's shape (one a kubelet may set on its own Node).
 pub const INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
+
+/// The well-known labels of where a node runs: its provider's region and zone.
+pub const REGION: &str = "topology.kubernetes.io/region";
+pub const ZONE: &str = "topology.kubernetes.io/zone";
+
+/// The label that names the provider a node was rented from (the broker's name for it).
+pub const PROVIDER: &str = "socialweb.computer/provider";
 
 /// A label selector's or node selector term's requirement (`matchExpressions`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,20 +134,24 @@ pub enum Namespaces {
     All,
 }
 
-/// A required pod anti-affinity term on [`HOSTNAME`]: no Pod it selects may share the node.
+/// A required pod (anti-)affinity term: for anti-affinity, no Pod it selects may be in the
+/// node's domain of `topology_key`; for affinity, one must be.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AntiAffinity {
     pub selector: Selector,
     pub namespaces: Namespaces,
+    /// [`HOSTNAME`] (the node) or a label whose value groups nodes (a zone).
+    pub topology_key: String,
 }
 
-/// A topology spread constraint on [`HOSTNAME`] with `whenUnsatisfiable: DoNotSchedule`:
-/// the Pods it selects in the Pod's namespace may differ by at most `max_skew` between the
-/// node the Pod goes to and the emptiest node it could go to.
+/// A topology spread constraint with `whenUnsatisfiable: DoNotSchedule`: the Pods it selects
+/// in the Pod's namespace may differ by at most `max_skew` between the domain of
+/// `topology_key` the Pod goes to and the emptiest domain it could go to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spread {
     pub max_skew: u32,
     pub selector: Selector,
+    pub topology_key: String,
 }
 
 /// What placement needs of a Pod (borrowed from the decision's view of it: no copies of
@@ -149,8 +166,8 @@ pub struct Placeable<'a> {
     /// Pod only takes its requests).
     pub takes_slot: bool,
     pub anti_affinity: &'a [AntiAffinity],
-    /// Its required pod affinity terms on [`HOSTNAME`] (the same shape as anti-affinity's:
-    /// a selector and its namespaces): the node must have a Pod each selects.
+    /// Its required pod affinity terms (the same shape as anti-affinity's): the node's
+    /// domain must have a Pod each selects.
     pub affinity: &'a [AntiAffinity],
     pub spread: &'a [Spread],
     pub node: &'a NodeRequirements,
@@ -201,6 +218,9 @@ pub struct NodeKind<'a> {
     pub labels: &'a BTreeMap<String, String>,
     /// What it costs an hour (the decision picks the cheapest that holds a new node's Pods).
     pub price: u64,
+    /// Its topology group: kinds on offer with one group share every label but the instance
+    /// type (one provider's region and zone); a new node keeps kinds of one group.
+    pub group: usize,
 }
 
 impl NodeKind<'_> {
@@ -249,39 +269,165 @@ fn least<'a>(waiting: &[Placeable<'a>]) -> Placeable<'a> {
     }
 }
 
-/// Pod affinity and topology spread on the hostname, the filters that look past the node:
-/// whether `p` may go to node `n` given every node of the simulation. With `may_open` (a
-/// new node could still be rented for `p`), a node to rent counts as an empty one, as
-/// Karpenter counts it: Pods spread at skew 1 get a node each rather than all going to the
-/// one node that exists (where the scheduler would put them only if it saw no other).
-fn together(nodes: &[SimNode<'_>], n: usize, p: &Placeable<'_>, may_open: bool) -> bool {
-    // An affinity term is met by a Pod it selects on the node; a Pod that matches its own
-    // term may start the group when no Pod anywhere does (the scheduler's rule).
-    let affine = p.affinity.iter().all(|t| {
-        nodes[n].pods.iter().any(|q| t.selects(p.namespace, q))
-            || (t.selects(p.namespace, p)
-                && !nodes
-                    .iter()
-                    .any(|m| m.pods.iter().any(|q| t.selects(p.namespace, q))))
-    });
-    affine
-        && p.spread.iter().all(|s| {
-            let count = |m: &SimNode<'_>| {
-                m.pods
-                    .iter()
-                    .filter(|q| q.namespace == p.namespace && s.selector.matches(q.labels))
-                    .count()
-            };
-            // The emptiest node the Pod could go to by its node requirements.
-            let least = nodes
+/// Whether nodes `a` and `b` share a domain of `key`: one node for the hostname; else both
+/// carry the label, with one value.
+fn same_domain(nodes: &[SimNode<'_>], a: usize, b: usize, key: &str) -> bool {
+    if key == HOSTNAME {
+        return a == b;
+    }
+    match (nodes[a].label(key), nodes[b].label(key)) {
+        (Some(x), Some(y)) => x == y,
+        _ => false,
+    }
+}
+
+/// Whether node `n` is in a domain of `key` at all (every node is its own host).
+fn has_key(nodes: &[SimNode<'_>], n: usize, key: &str) -> bool {
+    key == HOSTNAME || nodes[n].label(key).is_some()
+}
+
+/// The nodes in node `n`'s domain of `key` (`n` alone for the hostname).
+fn near<'s>(nodes: &'s [SimNode<'_>], n: usize, key: &'s str) -> impl Iterator<Item = usize> + 's {
+    let all = if key == HOSTNAME {
+        n..n + 1
+    } else {
+        0..nodes.len()
+    };
+    all.filter(move |&m| same_domain(nodes, n, m, key))
+}
+
+/// Required anti-affinity, both ways: none of `p`'s terms selects a Pod in node `n`'s domain
+/// of the term's key, and no Pod's term there selects `p`. `zonal`: some Pod has a term on
+/// a key other than the hostname, so every node is looked at (else `n` alone).
+fn apart(nodes: &[SimNode<'_>], n: usize, p: &Placeable<'_>, zonal: bool) -> bool {
+    let scan = if zonal { 0..nodes.len() } else { n..n + 1 };
+    scan.into_iter().all(|m| {
+        let near = |t: &AntiAffinity| same_domain(nodes, n, m, &t.topology_key);
+        nodes[m].pods.iter().all(|q| {
+            !p.anti_affinity
                 .iter()
-                .filter(|m| m.kinds.iter().any(|(_, k)| p.node.matches(k.labels)))
-                .map(count)
-                .chain(may_open.then_some(0))
-                .min()
-                .unwrap_or(0);
-            count(&nodes[n]) < least + s.max_skew as usize
+                .any(|t| near(t) && t.selects(p.namespace, q))
+                && !q
+                    .anti_affinity
+                    .iter()
+                    .any(|t| near(t) && t.selects(q.namespace, p))
         })
+    })
+}
+
+/// New nodes that could still be rented for a Pod: the shapes on offer and the overhead
+/// each pays.
+type Open<'o, 'a> = Option<(&'o [NodeKind<'a>], Usage)>;
+
+/// Pod affinity and topology spread, the filters that look past the node: whether `p` may go
+/// to node `n` given every node of the simulation. With `open` (a new node could still be
+/// rented for `p`), a node to rent counts as an empty domain, as Karpenter counts it: Pods
+/// spread at skew 1 get a node (a zone) each rather than all going to the one that exists
+/// (where the scheduler would put them only if it saw no other).
+fn together(nodes: &[SimNode<'_>], n: usize, p: &Placeable<'_>, open: Open<'_, '_>) -> bool {
+    // An affinity term is met by a Pod it selects in the node's domain (a node without the
+    // key meets none); a Pod that matches its own term may start the group when no Pod
+    // anywhere does (the scheduler's rule).
+    let affine = p.affinity.iter().all(|t| {
+        let key = t.topology_key.as_str();
+        has_key(nodes, n, key)
+            && (near(nodes, n, key)
+                .any(|m| nodes[m].pods.iter().any(|q| t.selects(p.namespace, q)))
+                || (t.selects(p.namespace, p)
+                    && !nodes
+                        .iter()
+                        .any(|m| m.pods.iter().any(|q| t.selects(p.namespace, q)))))
+    });
+    affine && p.spread.iter().all(|s| spread(nodes, n, p, s, open))
+}
+
+/// One `DoNotSchedule` spread constraint of `p` on node `n`: the node carries its key, and
+/// the Pods it selects in `n`'s domain stay within `max_skew` of the emptiest domain among
+/// the nodes `p` could go to (by its node requirements, carrying every key it spreads on).
+fn spread(
+    nodes: &[SimNode<'_>],
+    n: usize,
+    p: &Placeable<'_>,
+    s: &Spread,
+    open: Open<'_, '_>,
+) -> bool {
+    let key = s.topology_key.as_str();
+    if !has_key(nodes, n, key) {
+        return false;
+    }
+    let count = |m: &SimNode<'_>| {
+        m.pods
+            .iter()
+            .filter(|q| q.namespace == p.namespace && s.selector.matches(q.labels))
+            .count()
+    };
+    let eligible = |m: usize| {
+        nodes[m].kinds.iter().any(|(_, k)| p.node.matches(k.labels))
+            && p.spread.iter().all(|c| has_key(nodes, m, &c.topology_key))
+    };
+    if key == HOSTNAME {
+        let least = (0..nodes.len())
+            .filter(|&m| eligible(m))
+            .map(|m| count(&nodes[m]))
+            .chain(open.map(|_| 0))
+            .min()
+            .unwrap_or(0);
+        return count(&nodes[n]) < least + s.max_skew as usize;
+    }
+    let mut per: BTreeMap<&str, usize> = BTreeMap::new();
+    for m in (0..nodes.len()).filter(|&m| eligible(m)) {
+        if let Some(v) = nodes[m].label(key) {
+            *per.entry(v).or_default() += count(&nodes[m]);
+        }
+    }
+    // A domain a new node could be rented in counts, empty.
+    if let Some((offers, overhead)) = open {
+        for k in offers.iter().filter(|k| k.room(&overhead, p)) {
+            if let Some(v) = k.labels.get(key) {
+                per.entry(v.as_str()).or_default();
+            }
+        }
+    }
+    let least = per.values().copied().min().unwrap_or(0);
+    let here = nodes[n]
+        .label(key)
+        .and_then(|v| per.get(v).copied())
+        .unwrap_or(0);
+    here < least + s.max_skew as usize
+}
+
+/// Opens a new node for `p` in the cheapest topology group that holds it and lets it in
+/// (its anti-affinity, affinity and spread); its index, or none.
+fn open_new<'a>(
+    nodes: &mut Vec<SimNode<'a>>,
+    offers: &[NodeKind<'a>],
+    overhead: Usage,
+    p: &Placeable<'_>,
+    zonal: bool,
+) -> Option<usize> {
+    let mut groups: Vec<(u64, usize)> = offers
+        .iter()
+        .filter(|k| k.room(&overhead, p))
+        .map(|k| (k.price, k.group))
+        .collect();
+    groups.sort_unstable();
+    let mut tried: Vec<usize> = Vec::new();
+    for (_, g) in groups {
+        if tried.contains(&g) {
+            continue;
+        }
+        tried.push(g);
+        let Some(node) = SimNode::new(offers, g, overhead, p) else {
+            continue;
+        };
+        nodes.push(node);
+        let at = nodes.len() - 1;
+        if apart(nodes, at, p, zonal) && together(nodes, at, p, Some((offers, overhead))) {
+            return Some(at);
+        }
+        nodes.pop();
+    }
+    None
 }
 
 impl<'a> SimNode<'a> {
@@ -300,14 +446,19 @@ impl<'a> SimNode<'a> {
         n
     }
 
-    /// A new node for `p`: every shape on offer that holds it beside the `overhead`; none
-    /// when no shape does.
-    fn new(offers: &[NodeKind<'a>], overhead: Usage, p: &Placeable<'_>) -> Option<SimNode<'a>> {
+    /// A new node of topology `group` for `p`: every shape of the group on offer that holds
+    /// it beside the `overhead`; none when no shape does.
+    fn new(
+        offers: &[NodeKind<'a>],
+        group: usize,
+        overhead: Usage,
+        p: &Placeable<'_>,
+    ) -> Option<SimNode<'a>> {
         let kinds: Vec<(usize, NodeKind<'a>)> = offers
             .iter()
             .copied()
             .enumerate()
-            .filter(|(_, k)| k.room(&overhead, p))
+            .filter(|(_, k)| k.group == group && k.room(&overhead, p))
             .collect();
         (!kinds.is_empty()).then_some(SimNode {
             used: overhead,
@@ -317,13 +468,17 @@ impl<'a> SimNode<'a> {
         })
     }
 
-    /// Whether the scheduler's filters (those simulated) let `p` onto this node.
+    /// Whether `p` fits beside what is taken of the node, by requests, slots and labels.
     fn fits(&self, p: &Placeable<'_>) -> bool {
         self.kinds.iter().any(|(_, k)| k.room(&self.used, p))
-            && self.pods.iter().all(|q| {
-                !p.anti_affinity.iter().any(|t| t.selects(p.namespace, q))
-                    && !q.anti_affinity.iter().any(|t| t.selects(q.namespace, p))
-            })
+    }
+
+    /// Its value of the label `key` (a new node's kinds share every topology label).
+    fn label(&self, key: &str) -> Option<&str> {
+        self.kinds
+            .first()
+            .and_then(|(_, k)| k.labels.get(key))
+            .map(String::as_str)
     }
 
     /// Places `p` (it [`fits`](Self::fits)): the kinds that no longer hold it go.
@@ -405,6 +560,13 @@ pub fn plan<'a>(
     let mut nodes: Vec<SimNode<'a>> = existing.iter().map(SimNode::existing).collect();
     let first_new = nodes.len();
     let mut places = vec![Place::Capped; waiting.len()];
+    // Anti-affinity past the node (on a zone) makes every node worth a look; without it, a
+    // Pod's node alone is (the common case, kept cheap).
+    let zonal = existing
+        .iter()
+        .flat_map(|e| &e.pods)
+        .chain(waiting)
+        .any(|p| p.anti_affinity.iter().any(|t| t.topology_key != HOSTNAME));
     // The nodes that may still take a Pod, in first-fit order: one that cannot hold the
     // least any waiting Pod asks is closed for good (10,000 Pods on 3,000 nodes would
     // otherwise scan every full node for every Pod).
@@ -413,25 +575,18 @@ pub fn plan<'a>(
     let mut closed = 0;
     for i in order(waiting) {
         let p = waiting[i];
-        let may_open = nodes.len() - first_new < max_new && holdable(&p, offers, overhead);
-        let at = match open
-            .iter()
-            .copied()
-            .find(|&n| nodes[n].fits(&p) && together(&nodes, n, &p, may_open))
-        {
+        let may_open = nodes.len() - first_new < max_new;
+        let rentable = (may_open && holdable(&p, offers, overhead)).then_some((offers, overhead));
+        let at = match open.iter().copied().find(|&n| {
+            nodes[n].fits(&p) && apart(&nodes, n, &p, zonal) && together(&nodes, n, &p, rentable)
+        }) {
             Some(at) => at,
-            None if nodes.len() - first_new < max_new => {
-                let Some(n) = SimNode::new(offers, overhead, &p) else {
+            None if may_open => {
+                let Some(at) = open_new(&mut nodes, offers, overhead, &p, zonal) else {
                     continue;
                 };
-                nodes.push(n);
-                if !together(&nodes, nodes.len() - 1, &p, true) {
-                    // (Its affinity wants Pods on a node that has no room.)
-                    nodes.pop();
-                    continue;
-                }
-                open.push(nodes.len() - 1);
-                nodes.len() - 1
+                open.push(at);
+                at
             }
             None => continue,
         };
@@ -490,6 +645,7 @@ mod tests {
             capacity: CAP,
             labels: l,
             price: 0,
+            group: 0,
         }]
     }
 
@@ -537,6 +693,7 @@ mod tests {
                     ..Default::default()
                 },
                 namespaces: Namespaces::Listed(vec![]),
+                topology_key: HOSTNAME.into(),
             }],
             ..Default::default()
         }
@@ -667,6 +824,7 @@ mod tests {
                 },
                 labels: &l[i],
                 price: 10 << i,
+                group: 0,
             })
             .collect()
     }
@@ -754,6 +912,7 @@ mod tests {
         client.affinity = vec![AntiAffinity {
             selector: app("cache"),
             namespaces: Namespaces::Listed(vec![]),
+            topology_key: HOSTNAME.into(),
         }];
         let filler = plain(1200);
         // Largest first, the clients last: the cache on one node, the filler (no room
@@ -789,6 +948,7 @@ mod tests {
         web.spread = vec![Spread {
             max_skew: 1,
             selector: app("web"),
+            topology_key: HOSTNAME.into(),
         }];
         let pods: Vec<Pod> = (0..4).map(|_| web.clone()).collect();
         let p = plan(&[], &ps(&pods), &one(&l), NONE, 10);
@@ -809,6 +969,87 @@ mod tests {
             10,
         );
         assert_eq!(p.places, vec![Place::Existing(1)]);
+    }
+
+    /// One 2-vCPU shape in each of zones `a` (price 10) and `b` (price 20), groups 0 and 1.
+    fn zoned(l: &[BTreeMap<String, String>; 2]) -> Vec<NodeKind<'_>> {
+        (0..2)
+            .map(|i| NodeKind {
+                capacity: CAP,
+                labels: &l[i],
+                price: 10 * (i as u64 + 1),
+                group: i,
+            })
+            .collect()
+    }
+
+    fn zone_labels() -> [BTreeMap<String, String>; 2] {
+        ["a", "b"].map(|z| {
+            let mut l = labels("2vcpu-4096mib");
+            l.insert(ZONE.into(), z.into());
+            l
+        })
+    }
+
+    #[test]
+    fn zone_spread_and_affinity_use_the_zones_on_offer() {
+        let l = zone_labels();
+        let m = zoned(&l);
+        let mut web = labelled("web", 100);
+        web.spread = vec![Spread {
+            max_skew: 1,
+            selector: app("web"),
+            topology_key: ZONE.into(),
+        }];
+        // Two web Pods at skew 1 over two zones: a node in each, the cheaper zone first.
+        let p = plan(&[], &ps(&[web.clone(), web.clone()]), &m, NONE, 10);
+        assert_eq!(p.new_nodes, vec![0, 1], "{p:?}");
+        // Only zone a on offer: both go to one node there (one domain, no skew).
+        let p = plan(&[], &ps(&[web.clone(), web.clone()]), &m[..1], NONE, 10);
+        assert_eq!(p.new_nodes, vec![0], "{p:?}");
+        // No zone on offer: the scheduler refuses every node without the label.
+        let bare = labels("2vcpu-4096mib");
+        let p = plan(&[], &ps(&[web.clone()]), &one(&bare), NONE, 10);
+        assert_eq!(
+            (p.places[0], p.new_nodes.len()),
+            (Place::Capped, 0),
+            "{p:?}"
+        );
+        // Anti-affinity on the zone: the second Pod goes to the other zone, a third nowhere.
+        let mut solo = labelled("solo", 100);
+        solo.terms = vec![AntiAffinity {
+            selector: app("solo"),
+            namespaces: Namespaces::Listed(vec![]),
+            topology_key: ZONE.into(),
+        }];
+        let p = plan(
+            &[],
+            &ps(&[solo.clone(), solo.clone(), solo.clone()]),
+            &m,
+            NONE,
+            10,
+        );
+        assert_eq!(p.new_nodes, vec![0, 1], "{p:?}");
+        assert_eq!(p.places[2], Place::Capped, "{p:?}");
+        // Affinity on the zone: beside a cache in zone b, on a new node there when the
+        // cache's node is full.
+        let mut client = plain(1500);
+        client.affinity = vec![AntiAffinity {
+            selector: app("cache"),
+            namespaces: Namespaces::Listed(vec![]),
+            topology_key: ZONE.into(),
+        }];
+        let running = [labelled("cache", 1000)];
+        let e = Existing {
+            kind: m[1],
+            pods: ps(&running),
+        };
+        let p = plan(&[e], &[client.p()], &m, NONE, 10);
+        assert_eq!(
+            (p.places[0], p.new_nodes.clone()),
+            (Place::New(0), vec![1]),
+            "{p:?}"
+        );
     }
 
     #[test]
@@ -873,6 +1114,7 @@ mod tests {
                         p.affinity = vec![AntiAffinity {
                             selector: app("cache"),
                             namespaces: Namespaces::All,
+                            topology_key: HOSTNAME.into(),
                         }];
                     }
                     _ => {}

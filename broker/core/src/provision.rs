@@ -186,6 +186,7 @@ mod tests {
             endpoint: String::new(),
             node_ip: None,
             spec: None,
+            topology: Default::default(),
             reason: None,
             attempts: 0,
             created_at: 0,

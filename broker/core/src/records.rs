@@ -181,6 +181,10 @@ pub struct Provision {
     /// provisions planned before shapes were chosen (the broker's `[node]` size).
     #[serde(default)]
     pub spec: Option<socialweb_market::NodeSpec>,
+    /// The region and zone it was planned in (an RFP goes to the providers there alone);
+    /// empty: anywhere.
+    #[serde(default)]
+    pub topology: socialweb_market::Topology,
     pub reason: Option<String>,
     pub attempts: i64,
     pub created_at: i64,
@@ -288,6 +292,7 @@ mod tests {
             endpoint: "e".into(),
             node_ip: None,
             spec: None,
+            topology: Default::default(),
             reason: None,
             attempts: 0,
             created_at: 0,

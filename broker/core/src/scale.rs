@@ -31,9 +31,9 @@ use std::time::{Duration, SystemTime};
 
 use crate::placement::{
     self, AntiAffinity, Capacity, Existing, HOSTNAME, INSTANCE_TYPE, NodeKind, NodeRequirements,
-    Place, Placeable, Plan, Requirement, Spread, Usage,
+    Place, Placeable, Plan, REGION, Requirement, Spread, Usage, ZONE,
 };
-use socialweb_market::{NodeSpec, Shape};
+use socialweb_market::{NodeSpec, Shape, Topology};
 
 use serde::{Deserialize, Serialize};
 
@@ -101,11 +101,11 @@ pub struct PodView {
     /// The PersistentVolumeClaims its volumes name (`persistentVolumeClaim.claimName`).
     pub claims: Vec<String>,
     pub labels: BTreeMap<String, String>,
-    /// Its required pod anti-affinity terms on the hostname.
+    /// Its required pod anti-affinity terms.
     pub anti_affinity: Vec<AntiAffinity>,
-    /// Its required pod affinity terms on the hostname.
+    /// Its required pod affinity terms.
     pub affinity: Vec<AntiAffinity>,
-    /// Its topology spread constraints on the hostname that do not schedule past the skew.
+    /// Its topology spread constraints that do not schedule past the skew.
     pub spread: Vec<Spread>,
     /// Its `nodeSelector` and required node affinity.
     pub node: NodeRequirements,
@@ -177,26 +177,54 @@ pub struct LeaseView {
     /// What its Node says it can give Pods (`status.allocatable` CPU and memory), once
     /// registered: what the scheduler counts, so the placement counts it too.
     pub allocatable: Option<(u64, u64)>,
+    /// Where it was rented: its Node's region and zone labels.
+    pub topology: Topology,
+}
+
+/// A shape on offer where it is offered: the cheapest price any provider in `topology`
+/// rents it at. A node rented as it goes to a provider of that topology.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rentable {
+    pub shape: Shape,
+    pub topology: Topology,
+}
+
+impl Rentable {
+    /// A shape offered with no region or zone.
+    pub fn anywhere(shape: Shape) -> Rentable {
+        Rentable {
+            shape,
+            topology: Topology::default(),
+        }
+    }
 }
 
 /// What the market rents: the shapes the providers offer (none known: the `[node]` size
-/// at price 0) and the labels every node of the cluster carries besides its hostname and
-/// its shape's [`INSTANCE_TYPE`].
+/// at price 0) and the labels every node of the cluster carries besides its hostname, its
+/// shape's [`INSTANCE_TYPE`] and its topology's [`REGION`] and [`ZONE`].
 #[derive(Debug, Clone, Copy)]
 pub struct Offers<'a> {
-    pub shapes: &'a [Shape],
+    pub shapes: &'a [Rentable],
     pub labels: &'a BTreeMap<String, String>,
 }
 
-/// The labels a node of `spec` named `hostname` carries, given the cluster's own.
+/// The labels a node of `spec` in `topology` named `hostname` carries, given the cluster's
+/// own.
 pub fn node_labels(
     base: &BTreeMap<String, String>,
     spec: &NodeSpec,
+    topology: &Topology,
     hostname: &str,
 ) -> BTreeMap<String, String> {
     let mut l = base.clone();
     l.insert(HOSTNAME.into(), hostname.into());
     l.insert(INSTANCE_TYPE.into(), spec.instance_type());
+    if let Some(r) = &topology.region {
+        l.insert(REGION.into(), r.clone());
+    }
+    if let Some(z) = &topology.zone {
+        l.insert(ZONE.into(), z.clone());
+    }
     l
 }
 
@@ -308,8 +336,8 @@ pub struct Decision {
     /// When intent was last non-zero (to be stored: a restarted broker keeps the hold).
     pub last_intent_at: SystemTime,
     pub reason: String,
-    /// The shape of each node to rent (as many as a Provision's count).
-    pub shapes: Vec<NodeSpec>,
+    /// The shape of each node to rent, and where (as many as a Provision's count).
+    pub shapes: Vec<Rentable>,
     /// Leased nodes with no work bound and none the placement sends them, while the cluster
     /// has work elsewhere: released once empty for the hold ([`releases`]). Empty when
     /// intent is zero (then the whole cluster follows the hold).
@@ -320,8 +348,18 @@ pub struct Decision {
     pub on_registered: Vec<String>,
 }
 
+/// The topology key of one of `p`'s spread constraints or affinity terms that no node on
+/// offer carries: the scheduler lets no node without it take the Pod, so no rent can help.
+fn missing_key<'p>(p: &'p PodView, offers: &[NodeKind<'_>]) -> Option<&'p str> {
+    p.spread
+        .iter()
+        .map(|s| s.topology_key.as_str())
+        .chain(p.affinity.iter().map(|t| t.topology_key.as_str()))
+        .find(|&key| key != HOSTNAME && !offers.iter().any(|k| k.labels.contains_key(key)))
+}
+
 /// Why a Pending Pod cannot be placed on any node on offer (after the DaemonSets' overhead).
-fn unfit(p: &PodView, offers: &[NodeKind<'_>], shapes: &[Shape], overhead: Usage) -> String {
+fn unfit(p: &PodView, offers: &[NodeKind<'_>], shapes: &[Rentable], overhead: Usage) -> String {
     if let Scheduling::Refused(why) = &p.scheduling {
         return why.clone();
     }
@@ -339,7 +377,16 @@ fn unfit(p: &PodView, offers: &[NodeKind<'_>], shapes: &[Shape], overhead: Usage
     if shapes.is_empty() {
         return "the NodePool default's requirements match no shape on offer".into();
     }
-    let on_offer: Vec<String> = shapes.iter().map(|s| s.spec.instance_type()).collect();
+    if let Some(key) = missing_key(p, offers) {
+        return format!(
+            "its topology spread or pod affinity on {key} needs nodes that carry that label, \
+             and no node on offer does (a provider's offer names its region and zone)"
+        );
+    }
+    let on_offer: Vec<String> = shapes
+        .iter()
+        .map(|s| s.shape.spec.instance_type())
+        .collect();
     let fits_requests = offers.iter().any(|k| {
         overhead.cpu_millis + p.cpu_millis <= k.capacity.cpu_millis
             && overhead.memory_bytes + p.memory_bytes <= k.capacity.memory_bytes
@@ -423,15 +470,15 @@ struct Labels {
     shapes: Vec<BTreeMap<String, String>>,
 }
 
-fn labels(live: &[&LeaseView], shapes: &[Shape], base: &BTreeMap<String, String>) -> Labels {
+fn labels(live: &[&LeaseView], shapes: &[Rentable], base: &BTreeMap<String, String>) -> Labels {
     Labels {
         live: live
             .iter()
-            .map(|l| node_labels(base, &l.spec, &l.node))
+            .map(|l| node_labels(base, &l.spec, &l.topology, &l.node))
             .collect(),
         shapes: shapes
             .iter()
-            .map(|s| node_labels(base, &s.spec, NEW_NODE))
+            .map(|s| node_labels(base, &s.shape.spec, &s.topology, NEW_NODE))
             .collect(),
     }
 }
@@ -453,6 +500,7 @@ fn existing<'a>(live: &[&LeaseView], labels: &'a Labels, slots: u32) -> Vec<Exis
                 },
                 labels,
                 price: 0,
+                group: 0,
             },
             pods: Vec::new(),
         })
@@ -487,7 +535,7 @@ impl<'a> Picture<'a> {
 fn picture<'a>(
     pods: &'a [PodView],
     live: &[&LeaseView],
-    shapes: &[Shape],
+    shapes: &[Rentable],
     labels: &'a Labels,
     k: &Knobs,
 ) -> Picture<'a> {
@@ -496,15 +544,20 @@ fn picture<'a>(
         .enumerate()
         .map(|(i, l)| (l.node.as_str(), i))
         .collect();
+    // The topology groups on offer: a new node keeps the shapes of one.
+    let mut groups: Vec<&Topology> = shapes.iter().map(|s| &s.topology).collect();
+    groups.sort_unstable();
+    groups.dedup();
     let mut pic = Picture {
         existing: existing(live, labels, k.pods_per_node),
         offers: shapes
             .iter()
             .zip(&labels.shapes)
             .map(|(s, labels)| NodeKind {
-                capacity: capacity(&s.spec, k.pods_per_node),
+                capacity: capacity(&s.shape.spec, k.pods_per_node),
                 labels,
-                price: s.price_micros_per_hour,
+                price: s.shape.price_micros_per_hour,
+                group: groups.binary_search(&&s.topology).unwrap_or(0),
             })
             .collect(),
         overhead: Usage::default(),
@@ -552,7 +605,10 @@ fn picture<'a>(
         .unwrap_or_default();
     for p in pending {
         let x = p.placeable(true);
-        if p.extended.is_empty() && placement::holdable(&x, &pic.offers, pic.overhead) {
+        if p.extended.is_empty()
+            && placement::holdable(&x, &pic.offers, pic.overhead)
+            && missing_key(p, &pic.offers).is_none()
+        {
             pic.waiting.push(x);
             pic.waiting_pods.push(p);
             pic.intent += 1;
@@ -615,7 +671,7 @@ pub fn decide(
         unfit: pic.unfit,
         last_intent_at: if intent > 0 { now } else { last_intent_at },
         reason: String::new(),
-        shapes: plan.new_nodes.iter().map(|&i| shapes[i].spec).collect(),
+        shapes: plan.new_nodes.iter().map(|&i| shapes[i].clone()).collect(),
         empty,
         on_registered,
     };
@@ -671,11 +727,11 @@ impl Placed {
 
 /// The shapes the cluster may rent: those on offer (none known: the `[node]` size at price
 /// 0) that the tenant's pool allows.
-fn rentable(offers: &Offers<'_>, pool: &Pool, k: &Knobs) -> Vec<Shape> {
-    let fallback = [Shape {
+fn rentable(offers: &Offers<'_>, pool: &Pool, k: &Knobs) -> Vec<Rentable> {
+    let fallback = [Rentable::anywhere(Shape {
         spec: k.node.into(),
         price_micros_per_hour: 0,
-    }];
+    })];
     let on_offer = if offers.shapes.is_empty() {
         &fallback[..]
     } else {
@@ -683,14 +739,21 @@ fn rentable(offers: &Offers<'_>, pool: &Pool, k: &Knobs) -> Vec<Shape> {
     };
     on_offer
         .iter()
-        .filter(|s| pool.allows(&node_labels(offers.labels, &s.spec, NEW_NODE)))
-        .copied()
+        .filter(|s| {
+            pool.allows(&node_labels(
+                offers.labels,
+                &s.shape.spec,
+                &s.topology,
+                NEW_NODE,
+            ))
+        })
+        .cloned()
         .collect()
 }
 
 /// Drops the new nodes past the pool's CPU and memory limits (counted over the live nodes'
 /// shapes and the new ones', in the order they would be rented); their Pods are capped.
-fn within_limits(plan: &mut Plan, live: &[&LeaseView], shapes: &[Shape], pool: &Pool) {
+fn within_limits(plan: &mut Plan, live: &[&LeaseView], shapes: &[Rentable], pool: &Pool) {
     if !pool.has_limits() {
         return;
     }
@@ -702,7 +765,7 @@ fn within_limits(plan: &mut Plan, live: &[&LeaseView], shapes: &[Shape], pool: &
     let mut kept = Vec::new();
     let mut renumber = vec![None; plan.new_nodes.len()];
     for (i, &s) in plan.new_nodes.iter().enumerate() {
-        let (dc, dm) = size(&shapes[s].spec);
+        let (dc, dm) = size(&shapes[s].shape.spec);
         if pool.max_cpu_millis.is_some_and(|x| cpu + dc > x)
             || pool.max_memory_bytes.is_some_and(|x| mem + dm > x)
         {
@@ -916,6 +979,7 @@ mod tests {
                 ..Default::default()
             },
             namespaces: Namespaces::Listed(vec![]),
+            topology_key: HOSTNAME.into(),
         }];
         p
     }
@@ -927,6 +991,7 @@ mod tests {
                 live: true,
                 spec: knobs().node.into(),
                 allocatable: None,
+                topology: Topology::default(),
             })
             .collect()
     }
@@ -1085,15 +1150,15 @@ mod tests {
         assert!(decide_on(&[], &leases(3), &k, t(1), t(0)).empty.is_empty());
     }
 
-    fn shape(vcpu: u32, price: u64) -> Shape {
-        Shape {
+    fn shape(vcpu: u32, price: u64) -> Rentable {
+        Rentable::anywhere(Shape {
             spec: NodeSpec {
                 vcpu,
                 mem_mib: 2048 * u64::from(vcpu),
                 disk_mib: 20480,
             },
             price_micros_per_hour: price,
-        }
+        })
     }
 
     #[test]
@@ -1120,7 +1185,7 @@ mod tests {
             t(0),
         );
         assert_eq!(d.action, Action::Provision { count: 1 });
-        assert_eq!(d.shapes, vec![shapes[1].spec]);
+        assert_eq!(d.shapes, vec![shapes[1].clone()]);
         // With only the `[node]` size known it is unfit, and says what is on offer.
         let d = decide_on(&[big.clone()], &[], &k, t(1), t(0));
         assert_eq!(d.action, Action::Hold);
@@ -1141,7 +1206,7 @@ mod tests {
             t(1),
             t(0),
         );
-        assert_eq!(d.shapes, vec![shapes[0].spec]);
+        assert_eq!(d.shapes, vec![shapes[0].clone()]);
         let mut pinned = small.clone();
         pinned.node.selector = [(INSTANCE_TYPE.to_string(), "2vcpu-4096mib".to_string())].into();
         let d = decide(
@@ -1153,7 +1218,7 @@ mod tests {
             t(1),
             t(0),
         );
-        assert_eq!(d.shapes, vec![shapes[1].spec]);
+        assert_eq!(d.shapes, vec![shapes[1].clone()]);
         // The cluster's own label matches; a label no node carries is unfit, and said so.
         pinned.node.selector = base.clone();
         let d = decide(
@@ -1165,7 +1230,7 @@ mod tests {
             t(1),
             t(0),
         );
-        assert_eq!(d.shapes, vec![shapes[0].spec]);
+        assert_eq!(d.shapes, vec![shapes[0].clone()]);
         pinned.node.selector = [("gpu".to_string(), "true".to_string())].into();
         let d = decide(&[pinned], &[], &offers, &Pool::default(), &k, t(1), t(0));
         assert_eq!((d.action, d.intent), (Action::Hold, 0));
@@ -1179,8 +1244,9 @@ mod tests {
         let two = LeaseView {
             node: "n0".into(),
             live: true,
-            spec: shapes[1].spec,
+            spec: shapes[1].shape.spec,
             allocatable: None,
+            topology: Topology::default(),
         };
         let d = decide(
             &[big.clone()],
@@ -1193,11 +1259,62 @@ mod tests {
         );
         assert_eq!(d.action, Action::Hold, "{}", d.reason);
         let one = LeaseView {
-            spec: shapes[0].spec,
+            spec: shapes[0].shape.spec,
             ..two
         };
         let d = decide(&[big], &[one], &offers, &Pool::default(), &k, t(1), t(0));
         assert_eq!(d.action, Action::Provision { count: 1 }, "{}", d.reason);
+    }
+
+    #[test]
+    fn zone_spread_rents_where_zones_are_on_offer_and_nothing_where_none_is() {
+        let k = knobs();
+        let mut web = pod("web", Phase::Pending);
+        web.labels = [("app".to_string(), "web".to_string())].into();
+        web.spread = vec![Spread {
+            max_skew: 1,
+            selector: crate::placement::Selector {
+                match_labels: web.labels.clone(),
+                ..Default::default()
+            },
+            topology_key: ZONE.into(),
+        }];
+        let mut other = web.clone();
+        other.name = "web2".into();
+        // No provider names a zone: nothing is rented, and the Pod is told why.
+        let d = decide_on(&[web.clone(), other.clone()], &[], &k, t(1), t(0));
+        assert_eq!((d.action, d.intent), (Action::Hold, 0), "{}", d.reason);
+        assert!(
+            d.unfit[0].1.contains("topology.kubernetes.io/zone"),
+            "{:?}",
+            d.unfit
+        );
+        // Zones a and b on offer: a node in each, each rented where its Pod's zone is.
+        let zone = |z: &str, price| Rentable {
+            topology: Topology {
+                region: Some("eu".into()),
+                zone: Some(z.into()),
+            },
+            ..shape(2, price)
+        };
+        let shapes = [zone("a", 10), zone("b", 20)];
+        let base = BTreeMap::new();
+        let offers = Offers {
+            shapes: &shapes,
+            labels: &base,
+        };
+        let d = decide(
+            &[web, other],
+            &[],
+            &offers,
+            &Pool::default(),
+            &k,
+            t(1),
+            t(0),
+        );
+        assert_eq!(d.action, Action::Provision { count: 2 }, "{}", d.reason);
+        assert_eq!(d.shapes, shapes.to_vec());
+        assert!(d.unfit.is_empty(), "{:?}", d.unfit);
     }
 
     #[test]
@@ -1228,7 +1345,7 @@ mod tests {
             t(1),
             t(0),
         );
-        assert_eq!(d.shapes, vec![shapes[1].spec]);
+        assert_eq!(d.shapes, vec![shapes[1].clone()]);
         // No shape left: unfit, and said why.
         let none = Pool {
             requirements: vec![Requirement::In(INSTANCE_TYPE.into(), vec!["gpu".into()])],
@@ -1393,12 +1510,14 @@ mod tests {
                 live: false,
                 spec: knobs().node.into(),
                 allocatable: None,
+                topology: Topology::default(),
             },
             LeaseView {
                 node: "b".into(),
                 live: true,
                 spec: knobs().node.into(),
                 allocatable: None,
+                topology: Topology::default(),
             },
         ];
         let d = decide_on(&[pod("p", Phase::Pending)], &l, &knobs(), t(1), t(0));

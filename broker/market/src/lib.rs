@@ -119,6 +119,66 @@ pub struct Offer {
     pub shapes: Vec<Shape>,
     /// Nodes it could start now.
     pub free: u32,
+    /// Where its nodes run, as their Nodes' `topology.kubernetes.io/region` and `zone`
+    /// labels say (docs/market.md); a provider that does not say rents nodes that carry
+    /// neither.
+    #[serde(default, flatten)]
+    pub topology: Topology,
+}
+
+/// Where a provider's nodes run: the region and zone its offer names, which its nodes carry
+/// as the well-known labels (`topology.kubernetes.io/region`, `.../zone`), so that a Pod's
+/// zone spread and affinity can be met.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Topology {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+}
+
+impl Topology {
+    pub fn is_empty(&self) -> bool {
+        self.region.is_none() && self.zone.is_none()
+    }
+
+    /// Checks that each part is a label value a Node may carry; the error names it.
+    pub fn validate(&self) -> Result<(), String> {
+        for (field, v) in [("region", &self.region), ("zone", &self.zone)] {
+            if let Some(v) = v
+                && !valid_label_value(v)
+            {
+                return Err(format!(
+                    "{field}: {v:?} is not a label value (1-63 of A-Z a-z 0-9 - _ ., \
+                     alphanumeric at both ends)"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.region, &self.zone) {
+            (None, None) => f.write_str("no region or zone"),
+            (Some(r), None) => write!(f, "region {r}"),
+            (None, Some(z)) => write!(f, "zone {z}"),
+            (Some(r), Some(z)) => write!(f, "region {r}, zone {z}"),
+        }
+    }
+}
+
+/// Whether `v` is a non-empty Kubernetes label value: at most 63 characters of
+/// `[A-Za-z0-9._-]`, beginning and ending with an alphanumeric one.
+pub fn valid_label_value(v: &str) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 /// The most shapes an offer may list (a provider is another party).
@@ -139,7 +199,7 @@ impl Offer {
         if self.provider.is_empty() || self.provider.len() > 253 {
             return Err("provider: must be 1-253 characters".into());
         }
-        Ok(())
+        self.topology.validate()
     }
 
     /// The cheapest shape that holds `spec` (the smaller of two at one price), if any.

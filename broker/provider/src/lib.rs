@@ -66,6 +66,8 @@ pub struct ProviderConfig {
     pub machine: MachineKind,
     /// Its name in bids.
     pub name: String,
+    /// Where its nodes run, as its offer says.
+    pub topology: socialweb_market::Topology,
 }
 
 /// What a lease's node is on this machine.
@@ -374,6 +376,7 @@ impl Provider {
             machine: Some(o.machine),
             shapes: o.shapes,
             free: o.capacity.saturating_sub(live),
+            topology: self.inner.cfg.topology.clone(),
         }
     }
 

@@ -392,6 +392,7 @@ impl Driver {
                 live: x.state.live(),
                 spec: self.p.spec_of(x),
                 allocatable: self.allocatable(&x.node),
+                topology: x.topology.clone(),
             })
             .collect();
         let shapes = self.p.shapes().await;
@@ -602,8 +603,8 @@ impl Driver {
                     return false;
                 }
                 debug_assert_eq!(d.shapes.len(), count as usize);
-                for spec in &d.shapes {
-                    if let Err(e) = self.p.plan(&self.c.name, *spec).await {
+                for what in &d.shapes {
+                    if let Err(e) = self.p.plan(&self.c.name, what).await {
                         warn!(cluster = %self.c.name, "planning a node: {e:#}");
                     }
                 }

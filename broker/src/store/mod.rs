@@ -74,6 +74,12 @@ fn provision_of(r: &AnyRow) -> Result<Provision> {
             .map(|s| serde_json::from_str(&s))
             .transpose()
             .context("a provision's spec")?,
+        topology: r
+            .try_get::<Option<String>, _>("topology")?
+            .map(|s| serde_json::from_str(&s))
+            .transpose()
+            .context("a provision's topology")?
+            .unwrap_or_default(),
         reason: r.try_get("reason")?,
         attempts: r.try_get("attempts")?,
         created_at: r.try_get("created_at")?,
@@ -346,8 +352,9 @@ impl Store {
         sqlx::query(
             "INSERT INTO provisions (id, cluster, node, state, rfp_id, bid_id, lease_id, provider, \
              token_id, token_secret, mesh_key, endpoint, reason, attempts, created_at, updated_at, \
-             node_ip, spec) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
+             node_ip, spec, topology) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
+             $19)",
         )
         .bind(&p.id)
         .bind(&p.cluster)
@@ -367,6 +374,10 @@ impl Store {
         .bind(p.updated_at)
         .bind(p.node_ip.map(|ip| ip.to_string()))
         .bind(p.spec.map(|s| serde_json::to_string(&s).expect("a spec serializes")))
+        .bind(
+            (!p.topology.is_empty())
+                .then(|| serde_json::to_string(&p.topology).expect("a topology serializes")),
+        )
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -22,7 +22,7 @@ use clap::Parser;
 use socialweb_broker::config::{Access, ClusterDefaults, Registration};
 use socialweb_broker_core::scale::NodeSize;
 use socialweb_broker_core::scale::{
-    Knobs, LeaseView, Offers, Phase, PodView, Pool, Scheduling, decide,
+    Knobs, LeaseView, Offers, Phase, PodView, Pool, Rentable, Scheduling, decide,
 };
 use socialweb_market::{NodeSpec, Shape};
 use testbed::broker::{Broker, BrokerOptions};
@@ -119,6 +119,7 @@ fn decision_cost() {
                 disk_mib: 20480,
             },
             allocatable: None,
+            topology: Default::default(),
         })
         .collect();
     let knobs = Knobs {
@@ -150,7 +151,7 @@ fn decision_cost() {
 }
 
 /// The market of the simulation: 1, 2 and 4 vCPU (2 GiB a vCPU), priced by the vCPU.
-fn shapes() -> Vec<Shape> {
+fn shapes() -> Vec<Rentable> {
     [1u32, 2, 4]
         .map(|v| Shape {
             spec: NodeSpec {
@@ -160,6 +161,7 @@ fn shapes() -> Vec<Shape> {
             },
             price_micros_per_hour: u64::from(v) * 10_000,
         })
+        .map(Rentable::anywhere)
         .to_vec()
 }
 
@@ -203,6 +205,7 @@ fn mixed_pods(n: usize) -> Vec<PodView> {
                         ..Default::default()
                     },
                     namespaces: Namespaces::Listed(vec![]),
+                    topology_key: socialweb_broker_core::placement::HOSTNAME.into(),
                 }];
             } else if i % 20 == 5 {
                 p.node.selector = [(INSTANCE_TYPE.to_string(), "4vcpu-8192mib".to_string())].into();
@@ -245,7 +248,7 @@ fn simulation() {
         let d = last.expect("a round");
         // The lower bound: the requests over the largest shape (its planned memory), or
         // the anti-affine jobs, one a node, whichever is more.
-        let big = shapes.last().expect("a shape").spec;
+        let big = shapes.last().expect("a shape").shape.spec;
         let cpu: u64 = pods.iter().map(|p| p.cpu_millis).sum();
         let mem: u64 = pods.iter().map(|p| p.memory_bytes).sum();
         let big_mem = (big.mem_mib << 20)
@@ -255,7 +258,7 @@ fn simulation() {
             .div_ceil(u64::from(big.vcpu) * 1000)
             .max(mem.div_ceil(big_mem))
             .max(anti);
-        let vcpus: u64 = d.shapes.iter().map(|s| u64::from(s.vcpu)).sum();
+        let vcpus: u64 = d.shapes.iter().map(|s| u64::from(s.shape.spec.vcpu)).sum();
         println!("plan_{k}_nodes={}", d.shapes.len());
         println!("plan_{k}_lower_bound_nodes={bound}");
         println!(
@@ -271,7 +274,7 @@ fn simulation() {
 }
 
 /// The CI hour replayed against the product's decision and the one it replaced.
-fn trace(knobs: &Knobs, shapes: &[Shape]) {
+fn trace(knobs: &Knobs, shapes: &[Rentable]) {
     use testbed::scale_trace::{Count, Product, ci_hour, replay};
     let jobs = ci_hour(2, 7);
     println!("trace_jobs={}", jobs.len());
@@ -291,7 +294,7 @@ fn trace(knobs: &Knobs, shapes: &[Shape]) {
         pods_per_node: 2,
         max_nodes: 200,
         hold: knobs.hold,
-        node: shapes[1].spec,
+        node: shapes[1].shape.spec,
         last_intent: SystemTime::UNIX_EPOCH,
     };
     let (step_s, boot_s, limit_s) = (10, 30, 4 * 3600);
@@ -320,7 +323,7 @@ fn trace(knobs: &Knobs, shapes: &[Shape]) {
 /// replayed against the product's decision; what it paid against the least any decision
 /// could pay (every job running the moment its gate lifts, on perfectly packed nodes of the
 /// largest shape).
-fn mixed_trace(knobs: &Knobs, shapes: &[Shape], (step_s, boot_s, limit_s): (u64, u64, u64)) {
+fn mixed_trace(knobs: &Knobs, shapes: &[Rentable], (step_s, boot_s, limit_s): (u64, u64, u64)) {
     use testbed::scale_trace::{Product, ci_hour_mixed, lower_bound, replay};
     let jobs = ci_hour_mixed(2, 7);
     let mut product = Product {
@@ -332,7 +335,7 @@ fn mixed_trace(knobs: &Knobs, shapes: &[Shape], (step_s, boot_s, limit_s): (u64,
     let b = replay(&jobs, &mut product, step_s, boot_s, limit_s);
     let largest = shapes
         .iter()
-        .map(|s| s.spec)
+        .map(|s| s.shape.spec)
         .max_by_key(|s| (s.vcpu, s.mem_mib))
         .expect("shapes on offer");
     let (lb_nodes, lb_vcpus) = lower_bound(&jobs, largest, step_s);

@@ -87,12 +87,21 @@ pub struct BrokerOptions {
     /// The shapes every provider rents, `(vCPUs, MiB, price a hour in millionths)`; empty:
     /// the `[node]` size at price 0.
     pub shapes: Vec<(u32, u64, u64)>,
+    /// The zone of each provider, in order (region `test`; the embedded provider takes the
+    /// first); none: no region or zone.
+    pub zones: Vec<String>,
     /// The `socialweb-broker` the daemon and the operator's commands run (another version's,
     /// for the upgrade test); default: this build's. Providers run this build's.
     pub broker_bin: Option<PathBuf>,
     /// The node software namespace nodes run (`socialweb-agent`, `socialweb-cni`), another
     /// version's; default: this build's.
     pub node_bins: Option<(PathBuf, PathBuf)>,
+}
+
+/// Puts a provider in region `test`, zone `zone` (none: neither).
+pub(super) fn set_zone(lp: &mut LocalProvider, zone: Option<&String>) {
+    lp.region = zone.map(|_| "test".to_string());
+    lp.zone = zone.cloned();
 }
 
 impl Default for BrokerOptions {
@@ -128,6 +137,7 @@ impl Default for BrokerOptions {
             nofile: None,
             clusters: ClusterDefaults::default(),
             shapes: Vec::new(),
+            zones: Vec::new(),
             broker_bin: None,
             node_bins: None,
         }
@@ -271,6 +281,7 @@ impl NodeSoftware {
         c.market.providers = providers;
         let listen = PROVIDER_ADDR.parse().expect("an address");
         c.local_provider = self.local_provider(opts, listen, prefix, Vec::new());
+        set_zone(&mut c.local_provider, opts.zones.first());
         c.clusters = ClusterDefaults {
             upstream_resolvers: vec![RESOLVER_ADDR.to_string()],
             kine_binary: self.kine.clone(),

@@ -164,7 +164,12 @@ impl<'w> Broker<'w> {
             let state = d.join(format!("provider-{}", m.index));
             let path = d.join(format!("provider-{}.toml", m.index));
             let listen = SocketAddr::new(m.addr.into(), PROVIDER_PORT);
-            write_config(&path, &sw.provider(&opts, &state, listen, &p, &broker_pin))?;
+            let mut pc = sw.provider(&opts, &state, listen, &p, &broker_pin);
+            config::set_zone(
+                &mut pc.local_provider,
+                opts.zones.get(usize::from(m.index) - 1),
+            );
+            write_config(&path, &pc)?;
             providers.push(ProviderProc {
                 proc: Spawned::none("provider"),
                 index: m.index,

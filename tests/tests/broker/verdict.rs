@@ -291,3 +291,98 @@ fn a_pod_the_plan_misjudges_keeps_no_node_past_the_hold() {
     let p = b.kubectl_json("odd", &["get", "pod", "odd"]).unwrap();
     assert_eq!(p["status"]["phase"], "Pending");
 }
+
+/// A Pod labelled `app: web` spread over `key` at skew 1, `DoNotSchedule`.
+fn spread_pod(name: &str, key: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default, labels: {{app: web}}}}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  topologySpreadConstraints:
+  - {{maxSkew: 1, topologyKey: "{key}", whenUnsatisfiable: DoNotSchedule,
+      labelSelector: {{matchLabels: {{app: web}}}}}}
+  containers:
+{}---
+"#,
+        container("c", "100m")
+    )
+}
+
+/// Zones: two providers, in zones `a` and `b` of region `test`. Two Pods spread over
+/// `topology.kubernetes.io/zone` run on nodes that carry a zone, each node labelled with
+/// the region, zone and provider it was rented from (before, the plan dropped the zone
+/// constraint and rented nodes with no zone, which the scheduler refuses every such Pod).
+/// A Pod spread on a key no node on offer carries rents nothing for 30 s and is told why.
+#[test]
+fn zone_spread_pods_run_on_nodes_that_carry_a_zone_or_nothing_is_rented() {
+    let t = Instant::now();
+    let world = testbed::world::World::new(2).unwrap();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            providers: 2,
+            provider_capacity: 2,
+            max_nodes: 4,
+            pods_per_node: 8,
+            zones: vec!["a".into(), "b".into()],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    created(&b, "zones");
+    let zone = "topology.kubernetes.io/zone";
+    b.apply(
+        "zones",
+        &format!("{}{}", spread_pod("web-0", zone), spread_pod("web-1", zone)),
+    )
+    .unwrap();
+    step(t, "applied two Pods spread over zones");
+    for pod in ["web-0", "web-1"] {
+        let node = running_on(&b, "zones", pod, Duration::from_secs(240));
+        let n = b.kubectl_json("zones", &["get", "node", &node]).unwrap();
+        let l = &n["metadata"]["labels"];
+        let provider = l["socialweb.computer/provider"].as_str().unwrap_or("");
+        let expected = match provider {
+            "p1" => "a",
+            "p2" => "b",
+            other => panic!("{node} names no provider of ours ({other:?}): {n}"),
+        };
+        assert_eq!(l[zone], expected, "{node} carries its provider's zone: {l}");
+        assert_eq!(l["topology.kubernetes.io/region"], "test", "{l}");
+        step(t, &format!("{pod} Running on {node} in zone {expected}"));
+    }
+    let before: Vec<String> = b
+        .provider_leases()
+        .unwrap()
+        .iter()
+        .map(|l| l["id"].as_str().unwrap_or("").to_string())
+        .collect();
+    b.apply("zones", &spread_pod("rack", "example.com/rack"))
+        .unwrap();
+    let ev = event(&b, "zones", "rack", "NotTriggerScaleUp");
+    assert!(ev.contains("example.com/rack"), "{ev}");
+    step(
+        t,
+        "the rack-spread Pod is told no node on offer carries its key",
+    );
+    let quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_secs(30) {
+        let new: Vec<_> = b
+            .provider_leases()
+            .unwrap()
+            .into_iter()
+            .filter(|l| !before.iter().any(|id| l["id"] == id.as_str()))
+            .collect();
+        assert!(
+            new.is_empty(),
+            "a node rented {:.1}s after the rack-spread Pod: {new:?}\n{}",
+            quiet.elapsed().as_secs_f64(),
+            b.diagnostics()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    step(t, "30 s and nothing rented for it");
+}

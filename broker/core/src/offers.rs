@@ -1,0 +1,109 @@
+//! The providers' offers as the scale decision rents from them: each shape where it is
+//! offered (a region and zone, from the offer) at the lowest price any provider there asks,
+//! and which providers an RFP for a node of one topology goes to.
+
+use socialweb_market::{Offer, Topology};
+
+use crate::scale::Rentable;
+
+/// Every shape of `offers` in each topology it is offered in, at its lowest price there;
+/// in the order first offered.
+pub fn rentables(offers: &[(String, Offer)]) -> Vec<Rentable> {
+    let mut out: Vec<Rentable> = Vec::new();
+    for (_, o) in offers {
+        for s in &o.shapes {
+            match out
+                .iter_mut()
+                .find(|r| r.shape.spec == s.spec && r.topology == o.topology)
+            {
+                Some(r) => {
+                    r.shape.price_micros_per_hour =
+                        r.shape.price_micros_per_hour.min(s.price_micros_per_hour)
+                }
+                None => out.push(Rentable {
+                    shape: *s,
+                    topology: o.topology.clone(),
+                }),
+            }
+        }
+    }
+    out
+}
+
+/// The providers (by the broker's names) whose offer is in `topology`: where an RFP for a
+/// node planned there goes. `None` (every provider) for a node planned with no region or
+/// zone, so that a plan made before the providers named theirs still rents.
+pub fn providers_in(offers: &[(String, Offer)], topology: &Topology) -> Option<Vec<String>> {
+    (!topology.is_empty()).then(|| {
+        offers
+            .iter()
+            .filter(|(_, o)| &o.topology == topology)
+            .map(|(n, _)| n.clone())
+            .collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use socialweb_market::{Isolation, NodeSpec, Shape};
+
+    fn offer(zone: Option<&str>, prices: &[(u32, u64)]) -> Offer {
+        Offer {
+            provider: "p".into(),
+            isolation: Isolation::Namespace,
+            machine: None,
+            shapes: prices
+                .iter()
+                .map(|&(vcpu, price)| Shape {
+                    spec: NodeSpec {
+                        vcpu,
+                        mem_mib: 2048,
+                        disk_mib: 10240,
+                    },
+                    price_micros_per_hour: price,
+                })
+                .collect(),
+            free: 4,
+            topology: Topology {
+                region: zone.map(|_| "eu".into()),
+                zone: zone.map(Into::into),
+            },
+        }
+    }
+
+    #[test]
+    fn a_shape_is_rentable_once_per_topology_at_its_lowest_price_there() {
+        let offers = vec![
+            ("a1".to_string(), offer(Some("a"), &[(1, 30), (2, 50)])),
+            ("a2".to_string(), offer(Some("a"), &[(1, 20)])),
+            ("b".to_string(), offer(Some("b"), &[(1, 10)])),
+            ("x".to_string(), offer(None, &[(1, 5)])),
+        ];
+        let r = rentables(&offers);
+        let got: Vec<(u32, Option<&str>, u64)> = r
+            .iter()
+            .map(|r| {
+                (
+                    r.shape.spec.vcpu,
+                    r.topology.zone.as_deref(),
+                    r.shape.price_micros_per_hour,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, Some("a"), 20),
+                (2, Some("a"), 50),
+                (1, Some("b"), 10),
+                (1, None, 5)
+            ]
+        );
+        assert_eq!(
+            providers_in(&offers, &r[0].topology),
+            Some(vec!["a1".to_string(), "a2".to_string()])
+        );
+        assert_eq!(providers_in(&offers, &Topology::default()), None);
+    }
+}
