@@ -351,11 +351,13 @@ pub struct LocalProvider {
     pub machine: MachineKind,
     /// How VMs run (`machine = "vm"`).
     pub vm: Vm,
-    /// The region and zone its offer names (label values): its nodes carry them as
-    /// `topology.kubernetes.io/region` and `topology.kubernetes.io/zone`, so that Pods
-    /// spread over zones or kept in one can run on them (docs/scale.md). Unset: neither.
+    /// The region its offer names (a label value): its nodes carry it as
+    /// `topology.kubernetes.io/region` (docs/scale.md, "Zones"). Unset: none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// The zone its offer names (a label value): its nodes carry it as
+    /// `topology.kubernetes.io/zone`, so that Pods spread over zones or kept in one can run
+    /// on them (docs/scale.md, "Zones"). Unset: none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
 }
