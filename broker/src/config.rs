@@ -265,6 +265,11 @@ pub struct Scale {
     #[serde(with = "humantime_serde_compat")]
     #[schemars(with = "HumanDuration")]
     pub max_consolidate_after: Duration,
+    /// The schedulers whose Pods rent nodes (`spec.schedulerName`): kube-scheduler's
+    /// `default-scheduler`, and any other the operator runs that places Pods by the same
+    /// filters. A Pod for a scheduler not listed is not the broker's to rent for
+    /// (docs/scale.md).
+    pub schedulers: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -795,6 +800,7 @@ impl Default for Scale {
             hold: Duration::from_secs(120),
             expendable_priority_cutoff: -10,
             max_consolidate_after: Duration::from_secs(3600),
+            schedulers: vec!["default-scheduler".into()],
         }
     }
 }
@@ -1217,6 +1223,24 @@ impl Config {
         }
         hibernate_after_ok(self.clusters.hibernate_after)
             .map_err(|e| err(&o("clusters.hibernate_after"), e))?;
+        if self.scale.schedulers.is_empty() {
+            return Err(err(
+                "scale.schedulers",
+                "lists no scheduler: no Pod would ever rent a node (the default is \
+                 [\"default-scheduler\"])",
+            ));
+        }
+        if let Some(bad) = self
+            .scale
+            .schedulers
+            .iter()
+            .find(|n| n.is_empty() || n.len() > 253 || !n.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return Err(err(
+                "scale.schedulers",
+                format!("{bad:?} is not a scheduler name (1-253 printable characters)"),
+            ));
+        }
         if self.scale.max_consolidate_after < Duration::from_secs(1) {
             return Err(err("scale.max_consolidate_after", "must be at least 1s"));
         }

@@ -559,6 +559,7 @@ fn provision_settings(
             .filter_map(|r| socialweb_wire::identity::parse_resolver(r))
             .collect(),
         expendable_cutoff: cfg.scale.expendable_priority_cutoff,
+        schedulers: cfg.scale.schedulers.clone(),
         isolation: cfg.market.isolation,
     })
 }

@@ -10,7 +10,7 @@
 //! store, the log, the metrics, the relay's allow list, the tests' crash points) and the one
 //! place that releases a lease at the provider ([`Provisioner::release_lease`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -22,6 +22,7 @@ use socialweb_broker_core::provision::{Limits, Next, Seen, next};
 use socialweb_broker_core::scale::{NodeSize, Rentable};
 use socialweb_broker_core::{Provision, Step, millis};
 use socialweb_market::{Accept, Bid, Lease, RfpRequest};
+use socialweb_market::{NodeSpec, Topology};
 use socialweb_wire::{BootstrapToken, CaTrust, MeshSecretKey, NodeIdentity};
 use tracing::{info, warn};
 
@@ -76,6 +77,8 @@ pub struct Settings {
     pub upstream_resolvers: Vec<SocketAddr>,
     /// Pods at or below this priority do not keep a node from being released.
     pub expendable_cutoff: i32,
+    /// The schedulers whose Pods rent nodes (`scale.schedulers`).
+    pub schedulers: Vec<String>,
     /// The least isolation RFPs ask for (`market.isolation`).
     pub isolation: socialweb_market::Isolation,
 }
@@ -102,6 +105,10 @@ pub struct Provisioner {
     on_change: OnChange,
     /// The providers' offers when last asked, and when ([`Provisioner::offers`]).
     shapes: tokio::sync::Mutex<Option<(Instant, Vec<(String, socialweb_market::Offer)>)>>,
+    /// What nodes of each shape, where they were offered, really gave Pods: the least
+    /// allocatable CPU and memory their Nodes reported ([`Provisioner::learn`]). In memory:
+    /// a restarted broker learns again from its first node of each.
+    learned: std::sync::Mutex<HashMap<(Topology, NodeSpec), (u64, u64)>>,
 }
 
 /// How long the market's shapes are taken as known before they are asked for again.
@@ -202,6 +209,7 @@ impl Provisioner {
             metrics,
             on_change,
             shapes: tokio::sync::Mutex::new(None),
+            learned: Default::default(),
         }
     }
 
@@ -219,10 +227,36 @@ impl Provisioner {
         offers
     }
 
-    /// The shapes the market rents, where ([`socialweb_broker_core::offers::rentables`]);
-    /// empty when no provider says (the decision then rents the `[node]` size).
+    /// The shapes the market rents, where ([`socialweb_broker_core::offers::rentables`]),
+    /// each counted at what its nodes gave when one has said; empty when no provider says
+    /// (the decision then rents the `[node]` size).
     pub async fn shapes(&self) -> Vec<Rentable> {
-        socialweb_broker_core::offers::rentables(&self.offers().await)
+        let mut shapes = socialweb_broker_core::offers::rentables(&self.offers().await);
+        for r in &mut shapes {
+            r.allocatable = self.learned(&r.topology, &r.shape.spec);
+        }
+        shapes
+    }
+
+    /// What nodes of `spec` in `topology` gave Pods, the least seen, if one has said.
+    fn learned(&self, topology: &Topology, spec: &NodeSpec) -> Option<(u64, u64)> {
+        let learned = self.learned.lock().expect("the learned shapes' lock");
+        learned.get(&(topology.clone(), *spec)).copied()
+    }
+
+    /// Takes what a node of `spec` in `topology` gives Pods (its Node's allocatable CPU
+    /// millis and memory bytes) as what such nodes give, when it is less than known.
+    pub fn learn(&self, topology: &Topology, spec: &NodeSpec, allocatable: (u64, u64)) {
+        let mut learned = self.learned.lock().expect("the learned shapes' lock");
+        let e = learned
+            .entry((topology.clone(), *spec))
+            .or_insert(allocatable);
+        if allocatable.0 < e.0 || allocatable.1 < e.1 {
+            info!(shape = %spec.instance_type(), topology = %topology,
+                  cpu_millis = allocatable.0, memory_mib = allocatable.1 >> 20,
+                  "a node gives less than its shape was counted at: planning with what it gives");
+        }
+        *e = (e.0.min(allocatable.0), e.1.min(allocatable.1));
     }
 
     pub fn market(&self) -> &Market {
@@ -521,17 +555,50 @@ impl Provisioner {
                     .context("accepted without a provider")?;
                 Sight::Lease(self.market.lease(provider, &p.lease_id).await?)
             }
-            Step::Running => Sight::Node {
-                ready: Api::<Node>::all(c.client.clone())
-                    .get_opt(&p.node)
-                    .await?
-                    .is_some_and(|n| tenant::node_joined(&n)),
-            },
+            Step::Running => {
+                let node = Api::<Node>::all(c.client.clone()).get_opt(&p.node).await?;
+                if let Some(n) = &node {
+                    self.check_shape(p, n)?;
+                }
+                Sight::Node {
+                    ready: node.is_some_and(|n| tenant::node_joined(&n)),
+                }
+            }
             Step::Releasing => Sight::Released,
             Step::Joined | Step::Released | Step::Failed => {
                 return Err(anyhow!("nothing to look at in step {}", p.state.as_str()));
             }
         })
+    }
+
+    /// Fails a node whose Node, once registered, has less than the plan counted on (a
+    /// provider's word is not taken beyond its name): the error names the provider, and
+    /// what the node gives is learned, so the next plan counts its shape at it.
+    fn check_shape(&self, p: &Provision, n: &Node) -> Result<()> {
+        let (Some(capacity), Some(allocatable)) = (
+            tenant::node_resources(n, tenant::Resources::Capacity),
+            tenant::node_resources(n, tenant::Resources::Allocatable),
+        ) else {
+            return Ok(());
+        };
+        let spec = self.spec_of(p);
+        let r = Rentable {
+            shape: socialweb_market::Shape {
+                spec,
+                price_micros_per_hour: 0,
+            },
+            topology: p.topology.clone(),
+            allocatable: self.learned(&p.topology, &spec),
+        };
+        let short = socialweb_broker_core::offers::short(&r, capacity);
+        self.learn(&p.topology, &spec, allocatable);
+        match short {
+            Some(why) => bail!(
+                "provider {} rented a node short of its shape: {why}",
+                p.provider.as_deref().unwrap_or("(unknown)")
+            ),
+            None => Ok(()),
+        }
     }
 
     /// Accepts `bids` best first: `accepted` (with the bid) is written before each call; a

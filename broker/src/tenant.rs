@@ -13,7 +13,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Config};
 
 use socialweb_broker_core::placement::NodeRequirements;
-use socialweb_broker_core::placement::{AntiAffinity, Selector, Spread};
+use socialweb_broker_core::placement::{AntiAffinity, HostPort, Selector, Spread};
 use socialweb_broker_core::requests::{Amounts, Init, is_extended, pod_requests};
 use socialweb_broker_core::scale::{Phase, PodView, Pool, Scheduling};
 
@@ -125,7 +125,8 @@ pub async fn work_on(c: &Client, node: &str, expendable_cutoff: i32) -> Result<V
     Ok(pods
         .items
         .iter()
-        .map(pod_view)
+        // (Bound: whose scheduler it was does not matter.)
+        .map(|p| pod_view(p, &[]))
         .filter(|v| socialweb_broker_core::scale::is_work(v, expendable_cutoff))
         .map(|v| format!("{}/{}", v.namespace, v.name))
         .collect())
@@ -290,13 +291,33 @@ fn amounts(list: Option<&BTreeMap<String, Quantity>>) -> Amounts {
         .collect()
 }
 
-/// The scheduler this broker plans for: a Pod for another (`spec.schedulerName`) is not
-/// ours to place.
+/// kube-scheduler's name, which a Pod without `spec.schedulerName` is for; the operator
+/// lists the schedulers the broker rents for (`scale.schedulers`, this one by default).
 pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
 /// The most of the scheduler's message the broker keeps (it names every node's reason: a
 /// tenant grows it with nodes and rules).
 const MAX_VERDICT_TEXT: usize = 512;
+
+/// Which of a Node's figures: what its machine has, or what it gives Pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resources {
+    Capacity,
+    Allocatable,
+}
+
+/// A Node's CPU (millis) and memory (bytes), as it reports them, once it has.
+pub fn node_resources(n: &Node, which: Resources) -> Option<(u64, u64)> {
+    let status = n.status.as_ref()?;
+    let r = match which {
+        Resources::Capacity => status.capacity.as_ref()?,
+        Resources::Allocatable => status.allocatable.as_ref()?,
+    };
+    Some((
+        quantity_millis(&r.get("cpu")?.0)?,
+        quantity_bytes(&r.get("memory")?.0)?,
+    ))
+}
 
 /// The scheduler's message, at most [`MAX_VERDICT_TEXT`] bytes.
 pub fn verdict_text(message: &str) -> String {
@@ -307,13 +328,15 @@ pub fn verdict_text(message: &str) -> String {
     message[..end].to_string()
 }
 
-/// What kube-scheduler has said of an unbound Pod, or why it will not say.
-fn scheduling(p: &Pod) -> Scheduling {
+/// What kube-scheduler has said of an unbound Pod, or why it will not say; a Pod for a
+/// scheduler not in `schedulers` is not ours.
+fn scheduling(p: &Pod, schedulers: &[String]) -> Scheduling {
     let spec = p.spec.as_ref();
     let status = p.status.as_ref();
-    if let Some(name) = spec.and_then(|s| s.scheduler_name.as_deref())
-        && name != DEFAULT_SCHEDULER
-    {
+    let name = spec
+        .and_then(|s| s.scheduler_name.as_deref())
+        .unwrap_or(DEFAULT_SCHEDULER);
+    if !schedulers.iter().any(|s| s == name) {
         return Scheduling::OtherScheduler(name.to_string());
     }
     if spec
@@ -346,7 +369,7 @@ fn scheduling(p: &Pod) -> Scheduling {
 /// The decision's view of a Pod. Requests are what the scheduler counts
 /// ([`socialweb_broker_core::requests`]): the containers and native sidecars, or the
 /// largest init container if that is more, Pod-level requests, the overhead.
-pub fn pod_view(p: &Pod) -> PodView {
+pub fn pod_view(p: &Pod, schedulers: &[String]) -> PodView {
     let spec = p.spec.as_ref();
     let requests = |c: &k8s_openapi::api::core::v1::Container| {
         amounts(c.resources.as_ref().and_then(|r| r.requests.as_ref()))
@@ -399,7 +422,7 @@ pub fn pod_view(p: &Pod) -> PodView {
         scheduling: if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
             Scheduling::Unseen
         } else {
-            scheduling(p)
+            scheduling(p, schedulers)
         },
         claims: spec
             .and_then(|s| s.volumes.as_ref())
@@ -412,7 +435,31 @@ pub fn pod_view(p: &Pod) -> PodView {
         affinity: affinity(spec),
         spread: spread(spec),
         node: node_requirements(spec),
+        host_ports: host_ports(spec),
     }
+}
+
+/// The host ports a Pod's containers and init containers bind (`hostPort`, TCP when the
+/// protocol is unsaid), each once.
+fn host_ports(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<HostPort> {
+    let Some(spec) = spec else {
+        return Vec::new();
+    };
+    let mut out: Vec<HostPort> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| {
+            Some(HostPort {
+                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                port: u16::try_from(p.host_port?).ok().filter(|&n| n > 0)?,
+            })
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The tenant's NodePool `default` (`broker/deploy/nodepool.yaml`), as its JSON `spec`.
@@ -693,6 +740,11 @@ fn spread(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<Spread> {
 mod tests {
     use super::*;
 
+    /// The default `scale.schedulers`.
+    fn ours() -> Vec<String> {
+        vec![DEFAULT_SCHEDULER.to_string()]
+    }
+
     #[test]
     fn quantities_read_as_kubernetes_writes_them() {
         assert_eq!(quantity_millis("500m"), Some(500));
@@ -715,7 +767,7 @@ mod tests {
             "status": {"phase": "Pending"}
         }))
         .unwrap();
-        let v = pod_view(&p);
+        let v = pod_view(&p, &ours());
         assert_eq!(v.phase, Phase::Pending);
         assert_eq!(v.priority, -5);
         assert_eq!(v.cpu_millis, 2000, "the init container is larger");
@@ -739,7 +791,7 @@ mod tests {
                  "message": "0/1 nodes are available: 1 Insufficient cpu."}]}
         }))
         .unwrap();
-        let v = pod_view(&p);
+        let v = pod_view(&p, &ours());
         assert_eq!((v.cpu_millis, v.memory_bytes), (1300, 96 << 20));
         assert_eq!(v.extended, vec![("nvidia.com/gpu".to_string(), 1)]);
         assert_eq!(
@@ -749,7 +801,7 @@ mod tests {
         let with = |patch: serde_json::Value| {
             let mut j = serde_json::to_value(&p).unwrap();
             json_patch_merge(&mut j, &patch);
-            pod_view(&serde_json::from_value(j).unwrap()).scheduling
+            pod_view(&serde_json::from_value(j).unwrap(), &ours()).scheduling
         };
         assert_eq!(
             with(
@@ -761,6 +813,17 @@ mod tests {
             with(serde_json::json!({"spec": {"schedulerName": "gitlab"}})),
             Scheduling::OtherScheduler("gitlab".into())
         );
+        // A scheduler the operator lists is ours.
+        let mut j = serde_json::to_value(&p).unwrap();
+        json_patch_merge(
+            &mut j,
+            &serde_json::json!({"spec": {"schedulerName": "gitlab"}}),
+        );
+        let listed = ["default-scheduler".to_string(), "gitlab".to_string()];
+        assert!(matches!(
+            pod_view(&serde_json::from_value(j).unwrap(), &listed).scheduling,
+            Scheduling::Unschedulable(_)
+        ));
         assert_eq!(
             with(serde_json::json!({"status": {"nominatedNodeName": "n1"}})),
             Scheduling::Nominated("n1".into())
@@ -775,7 +838,7 @@ mod tests {
             &mut j,
             &serde_json::json!({"spec": {"resources": {"requests": {"cpu": "2"}}}}),
         );
-        let v = pod_view(&serde_json::from_value(j).unwrap());
+        let v = pod_view(&serde_json::from_value(j).unwrap(), &ours());
         assert_eq!(v.cpu_millis, 2000);
     }
 
@@ -847,7 +910,7 @@ mod tests {
                      "labelSelector": {"matchLabels": {"app": "client"}}}]}
         }))
         .unwrap();
-        let v = pod_view(&p);
+        let v = pod_view(&p, &ours());
         assert_eq!(v.affinity.len(), 2, "{:?}", v.affinity);
         assert_eq!(v.affinity[0].selector.match_labels["app"], "cache");
         assert_eq!(v.affinity[1].topology_key, "topology.kubernetes.io/zone");
@@ -871,7 +934,7 @@ mod tests {
                         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}}
         }))
         .unwrap();
-        let v = pod_view(&p).node;
+        let v = pod_view(&p, &ours()).node;
         assert_eq!(
             v.selector.get("kubernetes.io/arch").map(String::as_str),
             Some("amd64")

@@ -181,6 +181,7 @@ impl Decider for Product {
         let offers = Offers {
             shapes: &self.shapes,
             labels: &labels,
+            daemonsets: &[],
         };
         let d = decide(
             pods,
@@ -300,6 +301,7 @@ pub fn replay(
                 spec: n.spec,
                 allocatable: None,
                 topology: Default::default(),
+                pod_capacity: None,
             })
             .collect();
         let m = decider.pass(&pods, &leases, at(now));
@@ -363,6 +365,7 @@ fn view(i: usize, j: &Job, node: Option<String>, now: u64) -> PodView {
         affinity: Vec::new(),
         spread: Vec::new(),
         node: Default::default(),
+        host_ports: Vec::new(),
     }
 }
 

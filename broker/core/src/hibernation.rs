@@ -128,6 +128,7 @@ mod tests {
             affinity: Vec::new(),
             spread: Vec::new(),
             node: Default::default(),
+            host_ports: Vec::new(),
         }
     }
 

@@ -23,6 +23,7 @@ pub fn rentables(offers: &[(String, Offer)]) -> Vec<Rentable> {
                 None => out.push(Rentable {
                     shape: *s,
                     topology: o.topology.clone(),
+                    allocatable: None,
                 }),
             }
         }
@@ -40,6 +41,28 @@ pub fn providers_in(offers: &[(String, Offer)], topology: &Topology) -> Option<V
             .filter(|(_, o)| &o.topology == topology)
             .map(|(n, _)| n.clone())
             .collect()
+    })
+}
+
+/// Why a node rented as `r` (its shape where it was offered, with what the plan counted it
+/// at) is not what was paid for, if it is not: its Node's `capacity` (CPU millis, memory
+/// bytes) is less than the plan counted on, the RFP's shape (memory less
+/// [`crate::scale::MEMORY_RESERVE_PERCENT`]: a guest's kernel keeps some) until a node of it has said
+/// what it gives. Once one has, nodes that give as much pass: the plan counts them at it.
+pub fn short(r: &Rentable, capacity: (u64, u64)) -> Option<String> {
+    let (cpu, mem) = r.counted_at();
+    (capacity.0 < cpu || capacity.1 < mem).then(|| {
+        format!(
+            "its Node reports {}m CPU and {} MiB of memory, less than the {}m and {} MiB a \
+             node of shape {} was counted at (the RFP asked {} vCPUs and {} MiB)",
+            capacity.0,
+            capacity.1 >> 20,
+            cpu,
+            mem >> 20,
+            r.shape.spec.instance_type(),
+            r.shape.spec.vcpu,
+            r.shape.spec.mem_mib
+        )
     })
 }
 
@@ -105,5 +128,24 @@ mod tests {
             Some(vec!["a1".to_string(), "a2".to_string()])
         );
         assert_eq!(providers_in(&offers, &Topology::default()), None);
+    }
+
+    #[test]
+    fn a_node_short_of_its_shape_is_told_until_the_plan_counts_it_as_it_is() {
+        let mut r = rentables(&[("p".to_string(), offer(None, &[(4, 10)]))]).remove(0);
+        // 4 vCPUs and 2 GiB asked: 4000m and 1843 MiB counted on.
+        assert_eq!(short(&r, (4000, 2048 << 20)), None);
+        assert_eq!(
+            short(&r, (4000, 1900 << 20)),
+            None,
+            "a guest's kernel keeps some"
+        );
+        let why = short(&r, (2000, 24 << 30)).expect("2 CPUs of 4");
+        assert!(why.contains("2000m CPU"), "{why}");
+        assert!(why.contains("4 vCPUs"), "{why}");
+        // Once the plan counts the shape at what its nodes gave, such a node passes.
+        r.allocatable = Some((2000, 2 << 30));
+        assert_eq!(short(&r, (2000, 24 << 30)), None);
+        assert!(short(&r, (1000, 24 << 30)).is_some());
     }
 }

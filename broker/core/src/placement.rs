@@ -171,6 +171,17 @@ pub struct Placeable<'a> {
     pub affinity: &'a [AntiAffinity],
     pub spread: &'a [Spread],
     pub node: &'a NodeRequirements,
+    /// The host ports its containers bind (`hostPort`): no two Pods on a node may bind one.
+    pub host_ports: &'a [HostPort],
+}
+
+/// A port a Pod binds on its node (`ports[].hostPort` and its protocol). Its `hostIP` is
+/// not read: two Pods on one port conflict here whatever their addresses, which at worst
+/// rents a node more.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HostPort {
+    pub protocol: String,
+    pub port: u16,
 }
 
 impl AntiAffinity {
@@ -266,6 +277,7 @@ fn least<'a>(waiting: &[Placeable<'a>]) -> Placeable<'a> {
         affinity: &[],
         spread: &[],
         node: &ANY_NODE,
+        host_ports: &[],
     }
 }
 
@@ -468,9 +480,15 @@ impl<'a> SimNode<'a> {
         })
     }
 
-    /// Whether `p` fits beside what is taken of the node, by requests, slots and labels.
+    /// Whether `p` fits beside what is taken of the node, by requests, slots, labels and
+    /// host ports.
     fn fits(&self, p: &Placeable<'_>) -> bool {
         self.kinds.iter().any(|(_, k)| k.room(&self.used, p))
+            && (p.host_ports.is_empty()
+                || !self
+                    .pods
+                    .iter()
+                    .any(|q| q.host_ports.iter().any(|h| p.host_ports.contains(h))))
     }
 
     /// Its value of the label `key` (a new node's kinds share every topology label).
@@ -660,6 +678,7 @@ mod tests {
         affinity: Vec<AntiAffinity>,
         spread: Vec<Spread>,
         node: NodeRequirements,
+        ports: Vec<HostPort>,
     }
 
     impl Pod {
@@ -674,6 +693,7 @@ mod tests {
                 affinity: &self.affinity,
                 spread: &self.spread,
                 node: &self.node,
+                host_ports: &self.ports,
             }
         }
     }
@@ -1050,6 +1070,34 @@ mod tests {
             (Place::New(0), vec![1]),
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn two_pods_that_bind_one_host_port_take_two_nodes() {
+        let l = labels("2vcpu-4096mib");
+        let mut web = plain(100);
+        web.ports = vec![HostPort {
+            protocol: "TCP".into(),
+            port: 8080,
+        }];
+        let mut udp = web.clone();
+        udp.ports[0].protocol = "UDP".into();
+        let p = plan(
+            &[],
+            &ps(&[web.clone(), web.clone(), udp]),
+            &one(&l),
+            NONE,
+            10,
+        );
+        assert_eq!(
+            p.places,
+            vec![Place::New(0), Place::New(1), Place::New(0)],
+            "{p:?}"
+        );
+        // Beside a bound Pod on the port: a new node.
+        let running = [web.clone()];
+        let p = plan(&[on(&l, &running)], &[web.p()], &one(&l), NONE, 10);
+        assert_eq!(p.places, vec![Place::New(0)], "{p:?}");
     }
 
     #[test]

@@ -30,8 +30,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
 
 use crate::placement::{
-    self, AntiAffinity, Capacity, Existing, HOSTNAME, INSTANCE_TYPE, NodeKind, NodeRequirements,
-    Place, Placeable, Plan, REGION, Requirement, Spread, Usage, ZONE,
+    self, AntiAffinity, Capacity, Existing, HOSTNAME, HostPort, INSTANCE_TYPE, NodeKind,
+    NodeRequirements, Place, Placeable, Plan, REGION, Requirement, Spread, Usage, ZONE,
 };
 use socialweb_market::{NodeSpec, Shape, Topology};
 
@@ -109,6 +109,8 @@ pub struct PodView {
     pub spread: Vec<Spread>,
     /// Its `nodeSelector` and required node affinity.
     pub node: NodeRequirements,
+    /// The host ports its containers bind.
+    pub host_ports: Vec<HostPort>,
 }
 
 /// What kube-scheduler has said of a Pod that is not bound, or why it will not say: the
@@ -163,6 +165,7 @@ impl PodView {
             affinity: &self.affinity,
             spread: &self.spread,
             node: &self.node,
+            host_ports: &self.host_ports,
         }
     }
 }
@@ -179,6 +182,9 @@ pub struct LeaseView {
     pub allocatable: Option<(u64, u64)>,
     /// Where it was rented: its Node's region and zone labels.
     pub topology: Topology,
+    /// How many Pods its Node says it takes (`status.allocatable.pods`, the kubelet's
+    /// `maxPods`), once registered: every Pod counts, a DaemonSet's too.
+    pub pod_capacity: Option<u32>,
 }
 
 /// A shape on offer where it is offered: the cheapest price any provider in `topology`
@@ -187,15 +193,28 @@ pub struct LeaseView {
 pub struct Rentable {
     pub shape: Shape,
     pub topology: Topology,
+    /// What nodes of this shape there really gave Pods (their Nodes' allocatable CPU and
+    /// memory, the least seen), once one has said: the plan counts a new node at it. None:
+    /// at the shape less [`MEMORY_RESERVE_PERCENT`] of its memory.
+    pub allocatable: Option<(u64, u64)>,
 }
 
 impl Rentable {
-    /// A shape offered with no region or zone.
+    /// A shape offered with no region or zone, as its offer says.
     pub fn anywhere(shape: Shape) -> Rentable {
         Rentable {
             shape,
             topology: Topology::default(),
+            allocatable: None,
         }
+    }
+
+    /// What the plan counts a new node of it at: CPU millis and memory bytes.
+    pub fn counted_at(&self) -> (u64, u64) {
+        self.allocatable.unwrap_or_else(|| {
+            let c = capacity(&self.shape.spec, 0);
+            (c.cpu_millis, c.memory_bytes)
+        })
     }
 }
 
@@ -206,6 +225,41 @@ impl Rentable {
 pub struct Offers<'a> {
     pub shapes: &'a [Rentable],
     pub labels: &'a BTreeMap<String, String>,
+    /// The cluster's DaemonSets, as their Pod templates ask: what a new node runs before
+    /// any work (read from their specs, so known at zero too).
+    pub daemonsets: &'a [DaemonView],
+}
+
+/// A DaemonSet as the decision reads it: what each of its Pods asks (as the scheduler sums
+/// a Pod's requests) and the nodes it runs on (its template's node selector and affinity;
+/// our nodes carry no taint, so tolerations do not matter).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DaemonView {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub node: NodeRequirements,
+}
+
+/// What the DaemonSets take of a new node of any of `offers`' kinds: the most, over the
+/// kinds, of the sum of those whose node requirements the kind's labels match.
+fn daemonset_overhead(daemonsets: &[DaemonView], offers: &[NodeKind<'_>]) -> Usage {
+    offers
+        .iter()
+        .map(|k| {
+            daemonsets.iter().filter(|d| d.node.matches(k.labels)).fold(
+                Usage::default(),
+                |mut u, d| {
+                    u.cpu_millis += d.cpu_millis;
+                    u.memory_bytes += d.memory_bytes;
+                    u
+                },
+            )
+        })
+        .fold(Usage::default(), |a, b| Usage {
+            cpu_millis: a.cpu_millis.max(b.cpu_millis),
+            memory_bytes: a.memory_bytes.max(b.memory_bytes),
+            slots: 0,
+        })
 }
 
 /// The labels a node of `spec` in `topology` named `hostname` carries, given the cluster's
@@ -537,6 +591,7 @@ fn picture<'a>(
     live: &[&LeaseView],
     shapes: &[Rentable],
     labels: &'a Labels,
+    daemonset_specs: &[DaemonView],
     k: &Knobs,
 ) -> Picture<'a> {
     let index: HashMap<&str, usize> = live
@@ -554,7 +609,14 @@ fn picture<'a>(
             .iter()
             .zip(&labels.shapes)
             .map(|(s, labels)| NodeKind {
-                capacity: capacity(&s.shape.spec, k.pods_per_node),
+                capacity: {
+                    let (cpu_millis, memory_bytes) = s.counted_at();
+                    Capacity {
+                        cpu_millis,
+                        memory_bytes,
+                        slots: k.pods_per_node,
+                    }
+                },
                 labels,
                 price: s.shape.price_micros_per_hour,
                 group: groups.binary_search(&&s.topology).unwrap_or(0),
@@ -597,12 +659,26 @@ fn picture<'a>(
             pic.intent += 1;
         }
     }
-    // What every new node pays before any work: the most the DaemonSets' Pods take on any
-    // live node (none leased: none known).
-    pic.overhead = daemonsets
+    // A Node's `pods` capacity counts every Pod on it: the slots left for work are what the
+    // Pods that take none (a DaemonSet's, an addon's) leave of it.
+    for (e, l) in pic.existing.iter_mut().zip(live) {
+        if let Some(cap) = l.pod_capacity {
+            let others = e.pods.iter().filter(|p| !p.takes_slot).count() as u32;
+            e.kind.capacity.slots = e.kind.capacity.slots.min(cap.saturating_sub(others));
+        }
+    }
+    // What every new node pays before any work: what the DaemonSets' specs ask of it, or
+    // the most their Pods take on any live node, whichever is more in each dimension.
+    let seen = daemonsets
         .into_iter()
         .max_by_key(|u| (u.cpu_millis, u.memory_bytes))
         .unwrap_or_default();
+    let specs = daemonset_overhead(daemonset_specs, &pic.offers);
+    pic.overhead = Usage {
+        cpu_millis: seen.cpu_millis.max(specs.cpu_millis),
+        memory_bytes: seen.memory_bytes.max(specs.memory_bytes),
+        slots: 0,
+    };
     for p in pending {
         let x = p.placeable(true);
         if p.extended.is_empty()
@@ -636,7 +712,7 @@ pub fn decide(
     let shapes = rentable(offers, pool, k);
     let shapes = &shapes[..];
     let labels = labels(&live, shapes, offers.labels);
-    let pic = picture(pods, &live, shapes, &labels, k);
+    let pic = picture(pods, &live, shapes, &labels, offers.daemonsets, k);
     let intent = pic.intent;
     let max_new = k.max_nodes.saturating_sub(nodes) as usize;
     let mut plan = placement::plan(
@@ -947,6 +1023,7 @@ mod tests {
             affinity: Vec::new(),
             spread: Vec::new(),
             node: NodeRequirements::default(),
+            host_ports: Vec::new(),
         }
     }
 
@@ -962,6 +1039,7 @@ mod tests {
         let offers = Offers {
             shapes: &[],
             labels: &none,
+            daemonsets: &[],
         };
         decide(pods, leases, &offers, &Pool::default(), k, now, last)
     }
@@ -992,6 +1070,7 @@ mod tests {
                 spec: knobs().node.into(),
                 allocatable: None,
                 topology: Topology::default(),
+                pod_capacity: None,
             })
             .collect()
     }
@@ -1172,6 +1251,7 @@ mod tests {
         let offers = Offers {
             shapes: &shapes,
             labels: &base,
+            daemonsets: &[],
         };
         let mut big = pod("big", Phase::Pending);
         big.cpu_millis = 1500;
@@ -1247,6 +1327,7 @@ mod tests {
             spec: shapes[1].shape.spec,
             allocatable: None,
             topology: Topology::default(),
+            pod_capacity: None,
         };
         let d = decide(
             &[big.clone()],
@@ -1264,6 +1345,51 @@ mod tests {
         };
         let d = decide(&[big], &[one], &offers, &Pool::default(), &k, t(1), t(0));
         assert_eq!(d.action, Action::Provision { count: 1 }, "{}", d.reason);
+    }
+
+    #[test]
+    fn the_daemonsets_specs_size_the_first_node_at_zero() {
+        let k = knobs();
+        let shapes = [shape(1, 10), shape(2, 20)];
+        let base = BTreeMap::new();
+        // A 600m DaemonSet, and one that runs only on 4-vCPU nodes (none on offer).
+        let daemonsets = [
+            DaemonView {
+                cpu_millis: 600,
+                memory_bytes: 64 << 20,
+                node: NodeRequirements::default(),
+            },
+            DaemonView {
+                cpu_millis: 3000,
+                memory_bytes: 0,
+                node: NodeRequirements {
+                    selector: [(INSTANCE_TYPE.to_string(), "4vcpu-8192mib".to_string())].into(),
+                    ..Default::default()
+                },
+            },
+        ];
+        let job = pod("job", Phase::Pending);
+        let decide_with = |daemonsets: &[DaemonView]| {
+            let offers = Offers {
+                shapes: &shapes,
+                labels: &base,
+                daemonsets,
+            };
+            decide(
+                std::slice::from_ref(&job),
+                &[],
+                &offers,
+                &Pool::default(),
+                &k,
+                t(1),
+                t(0),
+            )
+        };
+        // No node, so none seen: the 500m job would get the 1-vCPU shape, where the
+        // DaemonSet's 600m leaves it 400m.
+        assert_eq!(decide_with(&[]).shapes, vec![shapes[0].clone()]);
+        let d = decide_with(&daemonsets);
+        assert_eq!(d.shapes, vec![shapes[1].clone()], "{}", d.reason);
     }
 
     #[test]
@@ -1302,6 +1428,7 @@ mod tests {
         let offers = Offers {
             shapes: &shapes,
             labels: &base,
+            daemonsets: &[],
         };
         let d = decide(
             &[web, other],
@@ -1326,6 +1453,7 @@ mod tests {
         let offers = Offers {
             shapes: &shapes,
             labels: &base,
+            daemonsets: &[],
         };
         let small = pod("small", Phase::Pending);
         // Only the 2-vCPU shape: the small Pod gets it.
@@ -1511,6 +1639,7 @@ mod tests {
                 spec: knobs().node.into(),
                 allocatable: None,
                 topology: Topology::default(),
+                pod_capacity: None,
             },
             LeaseView {
                 node: "b".into(),
@@ -1518,6 +1647,7 @@ mod tests {
                 spec: knobs().node.into(),
                 allocatable: None,
                 topology: Topology::default(),
+                pod_capacity: None,
             },
         ];
         let d = decide_on(&[pod("p", Phase::Pending)], &l, &knobs(), t(1), t(0));

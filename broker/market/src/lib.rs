@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 pub const PREFIX: &str = "/v1";
 
 /// What a node must have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeSpec {
     pub vcpu: u32,

@@ -767,7 +767,7 @@ impl Clusters {
                     .pods
                     .state()
                     .iter()
-                    .map(|p| crate::tenant::pod_view(p))
+                    .map(|p| crate::tenant::pod_view(p, &self.provisioner.settings().schedulers))
                     .collect(),
                 unfinished_jobs: Vec::new(),
                 cron_jobs: Vec::new(),

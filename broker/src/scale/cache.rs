@@ -5,8 +5,9 @@
 //!   environment, commands, probes and mounts, its statuses of containers, every object's
 //!   managed fields and annotations but the few read, a Node's list of images): the view the
 //!   scale decision takes ([`crate::tenant::pod_view`]) reads none of them;
-//! - at most [`MAX_PODS`] Pods, [`MAX_NODES`] Nodes and [`MAX_CLAIMS`] claims (names only)
-//!   per cluster; past that, new ones are
+//! - at most [`MAX_PODS`] Pods, [`MAX_NODES`] Nodes, [`MAX_CLAIMS`] claims (names only)
+//!   and [`MAX_DAEMONSETS`] DaemonSets (their Pod templates, slimmed as a Pod) per cluster;
+//!   past that, new ones are
 //!   not kept (and the log says so once per listing), so the decision sees that many.
 //!
 //! Finished Pods (Succeeded, Failed) are not watched at all: they are no intent and hold no
@@ -14,7 +15,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, PodSpec};
 use kube::runtime::watcher::Event;
 use tracing::warn;
 
@@ -42,39 +44,66 @@ fn keep_annotations(a: &mut Option<BTreeMap<String, String>>, keep: &[&str]) {
     }
 }
 
+/// A Pod spec without what the decision does not read: its containers' requests, ports,
+/// restart policies and names stay; their commands, environments, probes and mounts go.
+fn slim_pod_spec(spec: &mut PodSpec) {
+    let containers = spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten());
+    for c in containers {
+        c.env = None;
+        c.env_from = None;
+        c.command = None;
+        c.args = None;
+        c.volume_mounts = None;
+        c.volume_devices = None;
+        c.liveness_probe = None;
+        c.readiness_probe = None;
+        c.startup_probe = None;
+        c.lifecycle = None;
+        // The ports that bind the node's: what the placement reads of them.
+        if let Some(ports) = &mut c.ports {
+            ports.retain(|p| p.host_port.is_some_and(|n| n > 0));
+        }
+    }
+    spec.ephemeral_containers = None;
+    if let Some(volumes) = &mut spec.volumes {
+        // Their names and claims: what a volume costs a node is not a rented node's.
+        for v in volumes.iter_mut() {
+            *v = k8s_openapi::api::core::v1::Volume {
+                name: std::mem::take(&mut v.name),
+                persistent_volume_claim: v.persistent_volume_claim.take(),
+                ephemeral: v.ephemeral.take(),
+                ..Default::default()
+            };
+        }
+    }
+}
+
+/// The most DaemonSets a cluster's driver keeps.
+pub const MAX_DAEMONSETS: usize = 512;
+
+/// `d` as the decision reads it: its Pod template's spec, slimmed as a Pod's.
+pub fn slim_daemonset(d: &mut DaemonSet) {
+    d.metadata.managed_fields = None;
+    d.metadata.annotations = None;
+    d.metadata.labels = None;
+    d.status = None;
+    if let Some(spec) = &mut d.spec {
+        spec.template.metadata = None;
+        if let Some(p) = &mut spec.template.spec {
+            slim_pod_spec(p);
+        }
+    }
+}
+
 /// `p` without what no reader of the broker's needs.
 pub fn slim_pod(p: &mut Pod) {
     p.metadata.managed_fields = None;
     keep_annotations(&mut p.metadata.annotations, &POD_ANNOTATIONS);
     if let Some(spec) = &mut p.spec {
-        let containers = spec
-            .containers
-            .iter_mut()
-            .chain(spec.init_containers.iter_mut().flatten());
-        for c in containers {
-            c.env = None;
-            c.env_from = None;
-            c.command = None;
-            c.args = None;
-            c.volume_mounts = None;
-            c.volume_devices = None;
-            c.liveness_probe = None;
-            c.readiness_probe = None;
-            c.startup_probe = None;
-            c.lifecycle = None;
-        }
-        spec.ephemeral_containers = None;
-        if let Some(volumes) = &mut spec.volumes {
-            // Their names and claims: what a volume costs a node is not a rented node's.
-            for v in volumes.iter_mut() {
-                *v = k8s_openapi::api::core::v1::Volume {
-                    name: std::mem::take(&mut v.name),
-                    persistent_volume_claim: v.persistent_volume_claim.take(),
-                    ephemeral: v.ephemeral.take(),
-                    ..Default::default()
-                };
-            }
-        }
+        slim_pod_spec(spec);
     }
     if let Some(status) = &mut p.status {
         status.container_statuses = None;
@@ -223,12 +252,15 @@ mod tests {
     #[test]
     fn a_slim_pod_is_small_and_decides_alike() {
         let mut p = pod("a");
-        let before = crate::tenant::pod_view(&p);
+        let before = crate::tenant::pod_view(&p, &[crate::tenant::DEFAULT_SCHEDULER.to_string()]);
         let big = serde_json::to_vec(&p).unwrap().len();
         slim_pod(&mut p);
         let small = serde_json::to_vec(&p).unwrap().len();
         assert!(small * 20 < big, "{big} -> {small} bytes");
-        assert_eq!(crate::tenant::pod_view(&p), before);
+        assert_eq!(
+            crate::tenant::pod_view(&p, &[crate::tenant::DEFAULT_SCHEDULER.to_string()]),
+            before
+        );
         let v = p.spec.as_ref().unwrap().volumes.as_ref().unwrap();
         assert_eq!(
             v[1].persistent_volume_claim.as_ref().unwrap().claim_name,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use kube::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -21,8 +22,8 @@ use tracing::{info, warn};
 
 use super::cache::{self, Bounded};
 use super::decision::{
-    Action, Decision, Knobs, LeaseView, MISJUDGED_AFTER, Offers, PodView, Pool, Scheduling, decide,
-    go_duration, held_past, next_release, releases, teardown_due,
+    Action, DaemonView, Decision, Knobs, LeaseView, MISJUDGED_AFTER, Offers, PodView, Pool,
+    Scheduling, decide, go_duration, held_past, next_release, releases, teardown_due,
 };
 use crate::provision::{ClusterCtx, Provisioner};
 use crate::tenant;
@@ -91,6 +92,7 @@ struct Driver {
     pods: reflector::Store<Pod>,
     nodes: reflector::Store<Node>,
     claims: reflector::Store<PersistentVolumeClaim>,
+    daemonsets: reflector::Store<DaemonSet>,
     nudge: Arc<Notify>,
     /// The task moving each provision that is not where it will stay.
     tasks: HashMap<String, tokio::task::JoinHandle<()>>,
@@ -127,6 +129,8 @@ pub struct Watches {
     /// Which claims exist: a Pod that mounts one that does not is refused every node, a new
     /// one too.
     pub claims: reflector::Store<PersistentVolumeClaim>,
+    /// The DaemonSets: what a new node runs before any work, known at zero too.
+    pub daemonsets: reflector::Store<DaemonSet>,
     nudge: Arc<Notify>,
 }
 
@@ -165,6 +169,14 @@ impl Watches {
                 nudge.clone(),
                 stop.clone(),
             ),
+            daemonsets: watch_into(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                cache::slim_daemonset,
+                Bounded::new("DaemonSets", cache::MAX_DAEMONSETS),
+                nudge.clone(),
+                stop.clone(),
+            ),
             nudge,
         }
     }
@@ -182,6 +194,7 @@ pub async fn run(
         pods,
         nodes,
         claims,
+        daemonsets,
         nudge,
     } = w;
     tokio::select! {
@@ -189,6 +202,7 @@ pub async fn run(
             let _ = pods.wait_until_ready().await;
             let _ = nodes.wait_until_ready().await;
             let _ = claims.wait_until_ready().await;
+            let _ = daemonsets.wait_until_ready().await;
         } => {}
         _ = stop.cancelled() => return,
     }
@@ -200,6 +214,7 @@ pub async fn run(
         pods,
         nodes,
         claims,
+        daemonsets,
         nudge,
         tasks: HashMap::new(),
         recorded: None,
@@ -381,7 +396,7 @@ impl Driver {
             .pods
             .state()
             .iter()
-            .map(|x| tenant::pod_view(x))
+            .map(|x| tenant::pod_view(x, &self.p.settings().schedulers))
             .collect();
         self.take_refusals(&mut views);
         self.check_claims(&mut views);
@@ -393,13 +408,22 @@ impl Driver {
                 spec: self.p.spec_of(x),
                 allocatable: self.allocatable(&x.node),
                 topology: x.topology.clone(),
+                pod_capacity: self.pod_capacity(&x.node),
             })
             .collect();
+        // What each live node gives is what its shape gives, there.
+        for l in &leases {
+            if let Some(a) = l.allocatable {
+                self.p.learn(&l.topology, &l.spec, a);
+            }
+        }
         let shapes = self.p.shapes().await;
         let labels = node_labels(&self.c.name);
+        let daemonsets = self.daemonsets();
         let offers = Offers {
             shapes: &shapes,
             labels: &labels,
+            daemonsets: &daemonsets,
         };
         let now = SystemTime::now();
         let t = Instant::now();
@@ -537,10 +561,42 @@ impl Driver {
         let node = self
             .nodes
             .get(&kube::runtime::reflector::ObjectRef::new(name))?;
+        tenant::node_resources(&node, tenant::Resources::Allocatable)
+    }
+
+    /// The DaemonSets as the decision reads them: each one's Pod template, viewed as a Pod
+    /// of its namespace.
+    fn daemonsets(&self) -> Vec<DaemonView> {
+        self.daemonsets
+            .state()
+            .iter()
+            .filter_map(|d| {
+                let template = d.spec.as_ref()?.template.spec.clone()?;
+                let pod = Pod {
+                    metadata: kube::api::ObjectMeta {
+                        namespace: d.metadata.namespace.clone(),
+                        ..Default::default()
+                    },
+                    spec: Some(template),
+                    status: None,
+                };
+                let v = tenant::pod_view(&pod, &[]);
+                Some(DaemonView {
+                    cpu_millis: v.cpu_millis,
+                    memory_bytes: v.memory_bytes,
+                    node: v.node,
+                })
+            })
+            .collect()
+    }
+
+    /// How many Pods node `name`'s Node says it takes (`status.allocatable.pods`).
+    fn pod_capacity(&self, name: &str) -> Option<u32> {
+        let node = self
+            .nodes
+            .get(&kube::runtime::reflector::ObjectRef::new(name))?;
         let a = node.status.as_ref()?.allocatable.as_ref()?;
-        let cpu = tenant::quantity_millis(&a.get("cpu")?.0)?;
-        let mem = tenant::quantity_bytes(&a.get("memory")?.0)?;
-        Some((cpu, mem))
+        a.get("pods")?.0.parse().ok()
     }
 
     /// Records the decision when it differs from the last one recorded.

@@ -103,6 +103,7 @@ fn pods() -> Vec<PodView> {
             affinity: Vec::new(),
             spread: Vec::new(),
             node: Default::default(),
+            host_ports: Vec::new(),
         })
         .collect()
 }
@@ -120,6 +121,7 @@ fn decision_cost() {
             },
             allocatable: None,
             topology: Default::default(),
+            pod_capacity: None,
         })
         .collect();
     let knobs = Knobs {
@@ -138,6 +140,7 @@ fn decision_cost() {
     let offers = Offers {
         shapes: &[],
         labels: &labels,
+        daemonsets: &[],
     };
     let t0 = SystemTime::now();
     let mut us = Vec::new();
@@ -196,6 +199,7 @@ fn mixed_pods(n: usize) -> Vec<PodView> {
                 affinity: Vec::new(),
                 spread: Vec::new(),
                 node: Default::default(),
+                host_ports: Vec::new(),
             };
             if i % 10 == 0 {
                 p.labels = [(runner.to_string(), "42".to_string())].into();
@@ -223,6 +227,7 @@ fn simulation() {
     let offers = Offers {
         shapes: &shapes,
         labels: &labels,
+        daemonsets: &[],
     };
     let knobs = Knobs {
         max_nodes: 100_000,

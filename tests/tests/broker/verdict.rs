@@ -386,3 +386,62 @@ fn zone_spread_pods_run_on_nodes_that_carry_a_zone_or_nothing_is_rented() {
     }
     step(t, "30 s and nothing rented for it");
 }
+
+/// A DaemonSet asking 600m CPU, in `default`.
+const DAEMONSET: &str = r#"apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent, namespace: default}
+spec:
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: agent
+        image: socialweb.local/busybox:1
+        imagePullPolicy: Never
+        command: ["sleep", "600"]
+        resources: {requests: {cpu: 600m, memory: 64Mi}}
+---
+"#;
+
+/// DaemonSet overhead from the specs: a cluster at zero with a 600m DaemonSet and a 600m
+/// job, on a broker whose `[node]` is 1 vCPU with 1- and 2-vCPU shapes on offer. The first
+/// node rented is the 2-vCPU one, where both fit, and it is the only one (the overhead was
+/// learned only from live nodes, so at zero the 1-vCPU node was rented, the DaemonSet's Pod
+/// took 600m of it and the job needed a second node).
+#[test]
+fn the_first_node_at_zero_has_room_for_the_daemonsets_and_the_job() {
+    let t = Instant::now();
+    let world = world();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            node_vcpu: 1,
+            pods_per_node: 8,
+            shapes: vec![(1, 2048, 10_000), (2, 4096, 20_000)],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    created(&b, "ds");
+    b.apply("ds", DAEMONSET).unwrap();
+    // The DaemonSet is known before the job asks for a node.
+    std::thread::sleep(Duration::from_secs(2));
+    b.apply(
+        "ds",
+        &pod_with("job", &format!("  containers:\n{}", container("c", "600m"))),
+    )
+    .unwrap();
+    step(t, "applied a 600m DaemonSet and a 600m job at zero");
+    let node = running_on(&b, "ds", "job", Duration::from_secs(180));
+    step(t, &format!("job Running on {node}"));
+    let n = b.kubectl_json("ds", &["get", "node", &node]).unwrap();
+    assert_eq!(
+        n["metadata"]["labels"]["node.kubernetes.io/instance-type"], "2vcpu-4096mib",
+        "600m + 600m need the 2-vCPU shape: {n}"
+    );
+    let leases = b.provider_leases().unwrap();
+    assert_eq!(leases.len(), 1, "one node rented: {leases:?}");
+}
