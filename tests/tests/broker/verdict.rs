@@ -445,3 +445,61 @@ fn the_first_node_at_zero_has_room_for_the_daemonsets_and_the_job() {
     let leases = b.provider_leases().unwrap();
     assert_eq!(leases.len(), 1, "one node rented: {leases:?}");
 }
+
+/// A provider's word on a shape is not taken: the local provider offers a shape of twice
+/// this machine's CPUs (cheaper than its 2-vCPU one), which a namespace node, seeing the
+/// host, cannot give. The first node rented as it fails once its Node reports, the reason
+/// naming the provider; what the node gave is learned, so the 1500m job runs on the next
+/// node of that shape, counted at what it gives.
+#[test]
+fn a_node_short_of_its_shape_fails_naming_its_provider_and_the_plan_learns_it() {
+    let t = Instant::now();
+    let cores = std::thread::available_parallelism().unwrap().get() as u32;
+    let world = world();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            pods_per_node: 8,
+            shapes: vec![(2, 4096, 20_000), (2 * cores, 4096, 10_000)],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    created(&b, "short");
+    b.apply(
+        "short",
+        &pod_with("job", &format!("  containers:\n{}", container("c", "1500m"))),
+    )
+    .unwrap();
+    step(t, &format!("applied a 1500m job; {}-vCPU shape on offer", 2 * cores));
+    let node = running_on(&b, "short", "job", Duration::from_secs(240));
+    step(t, &format!("job Running on {node}"));
+    let n = b.kubectl_json("short", &["get", "node", &node]).unwrap();
+    assert_eq!(
+        n["metadata"]["labels"]["node.kubernetes.io/instance-type"],
+        format!("{}vcpu-4096mib", 2 * cores),
+        "the cheaper shape, counted at what it gives: {n}"
+    );
+    let out = b.cli(&["cluster", "show", "short", "--json"]).unwrap();
+    let detail: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let failed: Vec<&serde_json::Value> = detail["provisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["state"] == "failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "the first node failed, once: {detail}");
+    let why = failed[0]["reason"].as_str().unwrap_or("");
+    assert!(
+        why.contains("rented a node short of its shape")
+            && why.contains(&format!("{}m CPU", cores * 1000)),
+        "{why}"
+    );
+    assert!(
+        why.contains(&format!(
+            "provider {}",
+            failed[0]["provider"].as_str().unwrap_or("?")
+        )),
+        "the reason names the provider: {why}"
+    );
+}
