@@ -109,6 +109,10 @@ pub struct Provisioner {
     /// allocatable CPU and memory their Nodes reported ([`Provisioner::learn`]). In memory:
     /// a restarted broker learns again from its first node of each.
     learned: std::sync::Mutex<HashMap<(Topology, NodeSpec), (u64, u64)>>,
+    /// What the plan counted each node not yet joined at, by provision id: what its Node is
+    /// checked against when it registers ([`Provisioner::check_shape`]). In memory: after a
+    /// restart a node is checked against what its shape is counted at then.
+    counted: std::sync::Mutex<HashMap<String, (u64, u64)>>,
 }
 
 /// How long the market's shapes are taken as known before they are asked for again.
@@ -210,6 +214,7 @@ impl Provisioner {
             on_change,
             shapes: tokio::sync::Mutex::new(None),
             learned: Default::default(),
+            counted: Default::default(),
         }
     }
 
@@ -321,6 +326,10 @@ impl Provisioner {
             updated_at: now,
         };
         self.store.insert_provision(&p).await?;
+        self.counted
+            .lock()
+            .expect("the counted nodes' lock")
+            .insert(p.id.clone(), what.counted_at());
         info!(cluster, node = %p.node, provision = %p.id, shape = %spec.instance_type(),
               topology = %p.topology, "planned");
         (self.on_change.0)();
@@ -332,6 +341,12 @@ impl Provisioner {
     /// relay's allow list, and the tests' crash point.
     async fn set(&self, p: &mut Provision, step: Step, reason: Option<String>) -> Result<()> {
         let from = p.state;
+        if matches!(step, Step::Joined | Step::Releasing) || step.ended() {
+            self.counted
+                .lock()
+                .expect("the counted nodes' lock")
+                .remove(&p.id);
+        }
         p.state = step;
         if reason.is_some() {
             p.reason = reason;
@@ -558,7 +573,7 @@ impl Provisioner {
             Step::Running => {
                 let node = Api::<Node>::all(c.client.clone()).get_opt(&p.node).await?;
                 if let Some(n) = &node {
-                    self.check_shape(p, n)?;
+                    self.check_shape(c, p, n).await?;
                 }
                 Sight::Node {
                     ready: node.is_some_and(|n| tenant::node_joined(&n)),
@@ -573,8 +588,10 @@ impl Provisioner {
 
     /// Fails a node whose Node, once registered, has less than the plan counted on (a
     /// provider's word is not taken beyond its name): the error names the provider, and
-    /// what the node gives is learned, so the next plan counts its shape at it.
-    fn check_shape(&self, p: &Provision, n: &Node) -> Result<()> {
+    /// what the node gives is learned, so the next plan counts its shape at it. A node the
+    /// scheduler has already given work keeps it (released, its Pods would be deleted with
+    /// its Node): it is only told of, and learned from.
+    async fn check_shape(&self, c: &ClusterCtx, p: &Provision, n: &Node) -> Result<()> {
         let (Some(capacity), Some(allocatable)) = (
             tenant::node_resources(n, tenant::Resources::Capacity),
             tenant::node_resources(n, tenant::Resources::Allocatable),
@@ -582,23 +599,36 @@ impl Provisioner {
             return Ok(());
         };
         let spec = self.spec_of(p);
+        let counted = self
+            .counted
+            .lock()
+            .expect("the counted nodes' lock")
+            .get(&p.id)
+            .copied();
         let r = Rentable {
             shape: socialweb_market::Shape {
                 spec,
                 price_micros_per_hour: 0,
             },
             topology: p.topology.clone(),
-            allocatable: self.learned(&p.topology, &spec),
+            allocatable: counted.or_else(|| self.learned(&p.topology, &spec)),
         };
         let short = socialweb_broker_core::offers::short(&r, capacity);
         self.learn(&p.topology, &spec, allocatable);
-        match short {
-            Some(why) => bail!(
-                "provider {} rented a node short of its shape: {why}",
-                p.provider.as_deref().unwrap_or("(unknown)")
-            ),
-            None => Ok(()),
+        let Some(why) = short else {
+            return Ok(());
+        };
+        let why = format!(
+            "provider {} rented a node short of its shape: {why}",
+            p.provider.as_deref().unwrap_or("(unknown)")
+        );
+        let work = tenant::work_on(&c.client, &p.node, self.settings.expendable_cutoff).await?;
+        if let Some(pod) = work.first() {
+            warn!(cluster = %c.name, node = %p.node, pod = %pod,
+                  "{why}; kept, since the scheduler has given it work");
+            return Ok(());
         }
+        bail!("{why}")
     }
 
     /// Accepts `bids` best first: `accepted` (with the bid) is written before each call; a

@@ -411,7 +411,8 @@ impl Driver {
                 pod_capacity: self.pod_capacity(&x.node),
             })
             .collect();
-        // What each live node gives is what its shape gives, there.
+        // What each registered node gives is what its shape gives, there (a node not yet
+        // joined is checked against what the plan counted it at: `Provisioner::check_shape`).
         for l in &leases {
             if let Some(a) = l.allocatable {
                 self.p.learn(&l.topology, &l.spec, a);
