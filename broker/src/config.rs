@@ -1072,6 +1072,7 @@ impl Config {
 
     fn validate(&self, env: &impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         let o = |k: &str| Self::origin(k, env);
+        self.validate_names()?;
         self.validate_sizes(&o)?;
         self.validate_addresses(&o)?;
         self.validate_clusters(&o)?;
@@ -1211,18 +1212,9 @@ impl Config {
     }
 
     /// The scale knobs and the node size.
-    fn validate_sizes(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
-        if self.scale.max_nodes < 1 {
-            return Err(err(
-                &o("scale.max_nodes"),
-                "0 must be at least 1; it is refused, not clamped",
-            ));
-        }
-        if self.scale.pods_per_node < 1 {
-            return Err(err(&o("scale.pods_per_node"), "0 must be at least 1"));
-        }
-        hibernate_after_ok(self.clusters.hibernate_after)
-            .map_err(|e| err(&o("clusters.hibernate_after"), e))?;
+    /// The names the configuration gives: the schedulers the broker rents for, and the
+    /// local provider's region and zone (label values).
+    fn validate_names(&self) -> Result<(), ConfigError> {
         if self.scale.schedulers.is_empty() {
             return Err(err(
                 "scale.schedulers",
@@ -1241,6 +1233,37 @@ impl Config {
                 format!("{bad:?} is not a scheduler name (1-253 printable characters)"),
             ));
         }
+        for (field, v) in [
+            ("local_provider.region", &self.local_provider.region),
+            ("local_provider.zone", &self.local_provider.zone),
+        ] {
+            if let Some(v) = v
+                && !socialweb_market::valid_label_value(v)
+            {
+                return Err(err(
+                    field,
+                    format!(
+                        "{v:?} is not a label value (1-63 of A-Z a-z 0-9 - _ ., alphanumeric \
+                         at both ends)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_sizes(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
+        if self.scale.max_nodes < 1 {
+            return Err(err(
+                &o("scale.max_nodes"),
+                "0 must be at least 1; it is refused, not clamped",
+            ));
+        }
+        if self.scale.pods_per_node < 1 {
+            return Err(err(&o("scale.pods_per_node"), "0 must be at least 1"));
+        }
+        hibernate_after_ok(self.clusters.hibernate_after)
+            .map_err(|e| err(&o("clusters.hibernate_after"), e))?;
         if self.scale.max_consolidate_after < Duration::from_secs(1) {
             return Err(err("scale.max_consolidate_after", "must be at least 1s"));
         }
@@ -1258,22 +1281,6 @@ impl Config {
                     self.node.mem_mib
                 ),
             ));
-        }
-        for (field, v) in [
-            ("local_provider.region", &self.local_provider.region),
-            ("local_provider.zone", &self.local_provider.zone),
-        ] {
-            if let Some(v) = v
-                && !socialweb_market::valid_label_value(v)
-            {
-                return Err(err(
-                    field,
-                    format!(
-                        "{v:?} is not a label value (1-63 of A-Z a-z 0-9 - _ ., alphanumeric \
-                         at both ends)"
-                    ),
-                ));
-            }
         }
         for (i, s) in self.local_provider.shapes.iter().enumerate() {
             let at = format!("local_provider.shapes[{i}]");
@@ -1979,6 +1986,18 @@ mod tests {
         let unknown = ok.replace("diskMiB = 20480 }", "diskMiB = 20480, gpu = 1 }");
         let e = toml::from_str::<Config>(&unknown).unwrap_err().to_string();
         assert!(e.contains("gpu"), "{e}");
+    }
+
+    #[test]
+    fn schedulers_and_zones_are_checked_and_errors_name_the_key() {
+        let check = |toml: &str| toml::from_str::<Config>(toml).unwrap().validate(&|_| None);
+        assert!(check("[scale]\nschedulers = [\"default-scheduler\", \"gitlab\"]\n").is_ok());
+        let e = check("[scale]\nschedulers = []\n").unwrap_err();
+        assert_eq!(e.source_name, "scale.schedulers", "{e}");
+        assert!(check("[local_provider]\nregion = \"eu\"\nzone = \"eu-1a\"\n").is_ok());
+        let e = check("[local_provider]\nzone = \"eu 1a\"\n").unwrap_err();
+        assert_eq!(e.source_name, "local_provider.zone", "{e}");
+        assert!(e.problem.contains("not a label value"), "{e}");
     }
 
     #[test]

@@ -1260,4 +1260,126 @@ mod tests {
             }
         }
     }
+
+    /// Shapes of 1, 2 and 4 vCPU in each of zones a and b (groups 0 and 1), zone b dearer.
+    fn two_zones(l: &[BTreeMap<String, String>; 6]) -> Vec<NodeKind<'_>> {
+        (0..6)
+            .map(|i| NodeKind {
+                capacity: Capacity {
+                    cpu_millis: 1000 << (i % 3),
+                    memory_bytes: 2u64 << 30 << (i % 3),
+                    slots: 8,
+                },
+                labels: &l[i],
+                price: (10 << (i % 3)) + 5 * (i / 3) as u64,
+                group: i / 3,
+            })
+            .collect()
+    }
+
+    fn two_zone_labels() -> [BTreeMap<String, String>; 6] {
+        std::array::from_fn(|i| {
+            let mut l = labels(["1vcpu-2048mib", "2vcpu-4096mib", "4vcpu-8192mib"][i % 3]);
+            l.insert(ZONE.into(), ["a", "b"][i / 3].into());
+            l
+        })
+    }
+
+    /// A Pod with, now and then, anti-affinity by zone, a spread by zone, a spread on a key
+    /// no node carries, a host port.
+    fn arb_zoned_pod() -> impl Strategy<Value = Pod> {
+        (0u64..2500, 0u8..6, any::<bool>()).prop_map(|(cpu, rule, port)| {
+            let mut p = labelled(["db", "web"][usize::from(rule % 2)], cpu);
+            let key = |k: &str| k.to_string();
+            match rule {
+                0 => {
+                    p.terms = vec![AntiAffinity {
+                        selector: app("db"),
+                        namespaces: Namespaces::Listed(vec![]),
+                        topology_key: key(ZONE),
+                    }]
+                }
+                1 | 3 => {
+                    p.spread = vec![Spread {
+                        max_skew: 1,
+                        selector: app("web"),
+                        topology_key: key(ZONE),
+                    }]
+                }
+                5 => {
+                    p.spread = vec![Spread {
+                        max_skew: 1,
+                        selector: app("web"),
+                        topology_key: key("example.com/rack"),
+                    }]
+                }
+                _ => {}
+            }
+            if port {
+                p.ports = vec![HostPort {
+                    protocol: "TCP".into(),
+                    port: 8080,
+                }];
+            }
+            p
+        })
+    }
+
+    proptest! {
+        /// With zones on offer: every new node keeps one zone; no two Pods on one node bind
+        /// one host port; no two Pods in one zone where either's zone anti-affinity selects
+        /// the other; every Pod spread on a key is on a node that carries it (a Pod spread
+        /// on a key no shape carries is never placed: no rent for it).
+        #[test]
+        fn zoned_plans_keep_zones_ports_and_keys(
+            waiting in proptest::collection::vec(arb_zoned_pod(), 0..20),
+            max_new in 0usize..20,
+        ) {
+            let l = two_zone_labels();
+            let m = two_zones(&l);
+            let w = ps(&waiting);
+            let plan = plan(&[], &w, &m, NONE, max_new);
+            let zone_of = |n: usize| m[plan.new_nodes[n]].labels[ZONE].as_str();
+            let mut on: Vec<Vec<usize>> = vec![Vec::new(); plan.new_nodes.len()];
+            for (i, place) in plan.places.iter().enumerate() {
+                match place {
+                    Place::New(n) => on[*n].push(i),
+                    Place::Existing(_) => prop_assert!(false, "no node exists"),
+                    Place::Capped => {}
+                }
+                if let Place::New(n) = place {
+                    for s in w[i].spread {
+                        prop_assert!(
+                            m[plan.new_nodes[*n]].labels.contains_key(&s.topology_key),
+                            "pod {} spread on {} placed on a node without it", i, s.topology_key
+                        );
+                    }
+                }
+            }
+            for (n, pods) in on.iter().enumerate() {
+                prop_assert!(!pods.is_empty(), "new node {} rented for nothing", n);
+                let mut ports = Vec::new();
+                for &i in pods {
+                    for h in w[i].host_ports {
+                        prop_assert!(!ports.contains(h), "two pods bind {:?} on node {}", h, n);
+                        ports.push(h.clone());
+                    }
+                }
+            }
+            let placed: Vec<(usize, usize)> = on
+                .iter()
+                .enumerate()
+                .flat_map(|(n, pods)| pods.iter().map(move |&i| (n, i)))
+                .collect();
+            for &(n, a) in &placed {
+                for &(o, b) in &placed {
+                    if a == b || zone_of(n) != zone_of(o) {
+                        continue;
+                    }
+                    let apart = w[a].anti_affinity.iter().any(|t| t.selects(w[a].namespace, &w[b]));
+                    prop_assert!(!apart, "pods {} and {} share zone {}", a, b, zone_of(n));
+                }
+            }
+        }
+    }
 }

@@ -586,6 +586,105 @@ impl<'a> Picture<'a> {
     }
 }
 
+/// The shapes on offer as the placement sees them, each counted at what it gives (learned,
+/// else planned) and in its topology group: a new node keeps the shapes of one.
+fn kinds<'a>(shapes: &[Rentable], labels: &'a Labels, slots: u32) -> Vec<NodeKind<'a>> {
+    let mut groups: Vec<&Topology> = shapes.iter().map(|s| &s.topology).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    shapes
+        .iter()
+        .zip(&labels.shapes)
+        .map(|(s, labels)| {
+            let (cpu_millis, memory_bytes) = s.counted_at();
+            NodeKind {
+                capacity: Capacity {
+                    cpu_millis,
+                    memory_bytes,
+                    slots,
+                },
+                labels,
+                price: s.shape.price_micros_per_hour,
+                group: groups.binary_search(&&s.topology).unwrap_or(0),
+            }
+        })
+        .collect()
+}
+
+impl<'a> Picture<'a> {
+    /// Counts `pods`: a bound one takes room on its live node (`index`), work counts as
+    /// intent, a Pending one the scheduler refused every node is returned to place. Also
+    /// returns what the DaemonSets' Pods take on each live node.
+    fn sort(
+        &mut self,
+        pods: &'a [PodView],
+        index: &HashMap<&str, usize>,
+        k: &Knobs,
+    ) -> (Vec<&'a PodView>, Vec<Usage>) {
+        let mut pending = Vec::new();
+        let mut daemonsets = vec![Usage::default(); self.existing.len()];
+        for p in pods {
+            if !matches!(p.phase, Phase::Pending | Phase::Running | Phase::Unknown) {
+                continue;
+            }
+            let work = is_work(p, k.expendable_priority_cutoff);
+            let expendable = !p.follows_nodes && p.priority <= k.expendable_priority_cutoff;
+            if let Some(node) = &p.node_name {
+                // Bound: it takes room on its node, an addon's or a DaemonSet's Pod too; an
+                // expendable one does not, since the scheduler preempts it for work
+                // (cluster-autoscaler leaves such Pods out of its picture too).
+                if let Some(&i) = index.get(node.as_str())
+                    && !expendable
+                {
+                    self.existing[i].pods.push(p.placeable(work));
+                    if p.follows_nodes {
+                        daemonsets[i].cpu_millis += p.cpu_millis;
+                        daemonsets[i].memory_bytes += p.memory_bytes;
+                    }
+                }
+                self.intent += u32::from(work);
+            } else if work && p.phase == Phase::Pending {
+                if self.unbound(p, index) {
+                    pending.push(p);
+                }
+            } else if work {
+                self.intent += 1;
+            }
+        }
+        (pending, daemonsets)
+    }
+
+    /// A Node's `pods` capacity counts every Pod on it: the slots left for work are what
+    /// the Pods that take none (a DaemonSet's, an addon's) leave of it.
+    fn limit_slots(&mut self, live: &[&LeaseView]) {
+        for (e, l) in self.existing.iter_mut().zip(live) {
+            if let Some(cap) = l.pod_capacity {
+                let others = e.pods.iter().filter(|p| !p.takes_slot).count() as u32;
+                e.kind.capacity.slots = e.kind.capacity.slots.min(cap.saturating_sub(others));
+            }
+        }
+    }
+
+    /// Takes each Pending Pod that a new node could hold as waiting (intent), and tells
+    /// the others why none can.
+    fn admit(&mut self, pending: Vec<&'a PodView>, shapes: &[Rentable]) {
+        for p in pending {
+            let x = p.placeable(true);
+            if p.extended.is_empty()
+                && placement::holdable(&x, &self.offers, self.overhead)
+                && missing_key(p, &self.offers).is_none()
+            {
+                self.waiting.push(x);
+                self.waiting_pods.push(p);
+                self.intent += 1;
+            } else {
+                let why = unfit(p, &self.offers, shapes, self.overhead);
+                self.unfit.push((p.key(), why));
+            }
+        }
+    }
+}
+
 fn picture<'a>(
     pods: &'a [PodView],
     live: &[&LeaseView],
@@ -599,29 +698,9 @@ fn picture<'a>(
         .enumerate()
         .map(|(i, l)| (l.node.as_str(), i))
         .collect();
-    // The topology groups on offer: a new node keeps the shapes of one.
-    let mut groups: Vec<&Topology> = shapes.iter().map(|s| &s.topology).collect();
-    groups.sort_unstable();
-    groups.dedup();
     let mut pic = Picture {
         existing: existing(live, labels, k.pods_per_node),
-        offers: shapes
-            .iter()
-            .zip(&labels.shapes)
-            .map(|(s, labels)| NodeKind {
-                capacity: {
-                    let (cpu_millis, memory_bytes) = s.counted_at();
-                    Capacity {
-                        cpu_millis,
-                        memory_bytes,
-                        slots: k.pods_per_node,
-                    }
-                },
-                labels,
-                price: s.shape.price_micros_per_hour,
-                group: groups.binary_search(&&s.topology).unwrap_or(0),
-            })
-            .collect(),
+        offers: kinds(shapes, labels, k.pods_per_node),
         overhead: Usage::default(),
         waiting: Vec::new(),
         waiting_pods: Vec::new(),
@@ -629,44 +708,8 @@ fn picture<'a>(
         intent: 0,
         unfit: Vec::new(),
     };
-    let mut pending = Vec::new();
-    let mut daemonsets = vec![Usage::default(); live.len()];
-    for p in pods {
-        if !matches!(p.phase, Phase::Pending | Phase::Running | Phase::Unknown) {
-            continue;
-        }
-        let work = is_work(p, k.expendable_priority_cutoff);
-        let expendable = !p.follows_nodes && p.priority <= k.expendable_priority_cutoff;
-        if let Some(node) = &p.node_name {
-            // Bound: it takes room on its node, an addon's or a DaemonSet's Pod too; an
-            // expendable one does not, since the scheduler preempts it for work
-            // (cluster-autoscaler leaves such Pods out of its picture too).
-            if let Some(&i) = index.get(node.as_str())
-                && !expendable
-            {
-                pic.existing[i].pods.push(p.placeable(work));
-                if p.follows_nodes {
-                    daemonsets[i].cpu_millis += p.cpu_millis;
-                    daemonsets[i].memory_bytes += p.memory_bytes;
-                }
-            }
-            pic.intent += u32::from(work);
-        } else if work && p.phase == Phase::Pending {
-            if pic.unbound(p, &index) {
-                pending.push(p);
-            }
-        } else if work {
-            pic.intent += 1;
-        }
-    }
-    // A Node's `pods` capacity counts every Pod on it: the slots left for work are what the
-    // Pods that take none (a DaemonSet's, an addon's) leave of it.
-    for (e, l) in pic.existing.iter_mut().zip(live) {
-        if let Some(cap) = l.pod_capacity {
-            let others = e.pods.iter().filter(|p| !p.takes_slot).count() as u32;
-            e.kind.capacity.slots = e.kind.capacity.slots.min(cap.saturating_sub(others));
-        }
-    }
+    let (pending, daemonsets) = pic.sort(pods, &index, k);
+    pic.limit_slots(live);
     // What every new node pays before any work: what the DaemonSets' specs ask of it, or
     // the most their Pods take on any live node, whichever is more in each dimension.
     let seen = daemonsets
@@ -679,20 +722,7 @@ fn picture<'a>(
         memory_bytes: seen.memory_bytes.max(specs.memory_bytes),
         slots: 0,
     };
-    for p in pending {
-        let x = p.placeable(true);
-        if p.extended.is_empty()
-            && placement::holdable(&x, &pic.offers, pic.overhead)
-            && missing_key(p, &pic.offers).is_none()
-        {
-            pic.waiting.push(x);
-            pic.waiting_pods.push(p);
-            pic.intent += 1;
-        } else {
-            let why = unfit(p, &pic.offers, shapes, pic.overhead);
-            pic.unfit.push((p.key(), why));
-        }
-    }
+    pic.admit(pending, shapes);
     pic
 }
 

@@ -277,7 +277,10 @@ fn a_pod_the_plan_misjudges_keeps_no_node_past_the_hold() {
         Duration::from_secs(240),
     );
     assert!(ev.contains("kube-scheduler has refused it"), "{ev}");
-    assert!(ev.contains("ephemeral-storage"), "in the scheduler's words: {ev}");
+    assert!(
+        ev.contains("ephemeral-storage"),
+        "in the scheduler's words: {ev}"
+    );
     step(t, &format!("told: {ev}"));
     wait_for("no node leased", Duration::from_secs(180), || {
         Ok(b.live_leases()?.is_empty().then_some(()))
