@@ -104,7 +104,7 @@ pub struct Provisioner {
     /// Called whenever the set of live provisions changes (the relay's allow list).
     on_change: OnChange,
     /// The providers' offers when last asked, and when ([`Provisioner::offers`]).
-    shapes: tokio::sync::Mutex<Option<(Instant, Vec<(String, socialweb_market::Offer)>)>>,
+    shapes: tokio::sync::Mutex<Option<(Instant, Offers)>>,
     /// What nodes of each shape, where they were offered, really gave Pods: the least
     /// allocatable CPU and memory their Nodes reported ([`Provisioner::learn`]). In memory:
     /// a restarted broker learns again from its first node of each.
@@ -114,6 +114,9 @@ pub struct Provisioner {
     /// restart a node is checked against what its shape is counted at then.
     counted: std::sync::Mutex<HashMap<String, (u64, u64)>>,
 }
+
+/// The providers' offers, by the broker's names for them.
+type Offers = Vec<(String, socialweb_market::Offer)>;
 
 /// How long the market's shapes are taken as known before they are asked for again.
 const SHAPES_FOR: Duration = Duration::from_secs(30);
