@@ -318,6 +318,15 @@ pub struct ProviderRef {
     /// (`sha256:<hex>`): required for `https://`; the broker talks to no other key there.
     #[serde(default)]
     pub pin: Option<String>,
+    /// The region its nodes run in, in the operator's word (a label value): it stands for
+    /// the region the provider's offer names, which is only checked against it (an offer
+    /// that says otherwise is logged; this is kept). Unset: the offer's word.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// The zone its nodes run in, in the operator's word, as `region` (docs/scale.md,
+    /// "Zones"). Unset: the offer's word.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -1357,6 +1366,16 @@ impl Config {
                     format!("{:?} is named twice", p.name),
                 ));
             }
+            for (field, v) in [("region", &p.region), ("zone", &p.zone)] {
+                if let Some(v) = v
+                    && !socialweb_market::valid_label_value(v)
+                {
+                    return Err(err(
+                        &format!("market.providers[{i}].{field}"),
+                        format!("{v:?} is not a label value (1-63 of A-Z a-z 0-9 - _ .)"),
+                    ));
+                }
+            }
         }
         self.validate_service_addrs(o)
     }
@@ -1693,6 +1712,8 @@ impl Config {
                 name: "market".into(),
                 url: url.clone(),
                 pin: self.market.pin.clone(),
+                region: None,
+                zone: None,
             }],
             None => self.market.providers.clone(),
         }
@@ -1732,6 +1753,8 @@ mod tests {
             name: "east".into(),
             url: "https://198.51.100.11:7480".into(),
             pin: Some("sha256:00".into()),
+            region: None,
+            zone: None,
         });
         c.market.isolation = socialweb_market::Isolation::Vm;
         c.local_provider.shapes.push(LocalShape {
@@ -1793,6 +1816,8 @@ mod tests {
             name: "east".into(),
             url: "https://198.51.100.11:7480".into(),
             pin: Some("sha256:00".into()),
+            region: None,
+            zone: None,
         });
         c.local_provider.shapes.push(LocalShape {
             vcpu: 2,
@@ -1998,6 +2023,10 @@ mod tests {
         let e = check("[local_provider]\nzone = \"eu 1a\"\n").unwrap_err();
         assert_eq!(e.source_name, "local_provider.zone", "{e}");
         assert!(e.problem.contains("not a label value"), "{e}");
+        let provider = "[[market.providers]]\nname = \"p1\"\nurl = \"http://127.0.0.1:7480\"\n";
+        assert!(check(&format!("{provider}zone = \"eu-1b\"\n")).is_ok());
+        let e = check(&format!("{provider}region = \"-eu\"\n")).unwrap_err();
+        assert_eq!(e.source_name, "market.providers[0].region", "{e}");
     }
 
     #[test]

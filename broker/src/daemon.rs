@@ -137,6 +137,7 @@ async fn market(cfg: &Config, stop: &CancellationToken) -> Result<(Market, Optio
     }
     let me = market_identity(cfg)?;
     let mut clients = Vec::new();
+    let mut topology = std::collections::HashMap::new();
     for p in cfg.providers() {
         let transport = match &p.pin {
             Some(pin) => Transport::Pinned(Box::new(socialweb_market_tls::client_config(
@@ -147,9 +148,16 @@ async fn market(cfg: &Config, stop: &CancellationToken) -> Result<(Market, Optio
         };
         let c = MarketClient::new(&p.url, timeout, transport).map_err(anyhow::Error::msg)?;
         info!(provider = %p.name, url = %p.url, pin = p.pin.as_deref().unwrap_or("-"), "market provider");
+        topology.insert(
+            p.name.clone(),
+            socialweb_market::Topology {
+                region: p.region.clone(),
+                zone: p.zone.clone(),
+            },
+        );
         clients.push((p.name, c));
     }
-    Ok((Market::new(clients), None))
+    Ok((Market::new(clients).with_topology(topology), None))
 }
 
 /// Where the embedded provider serves the broker.

@@ -290,6 +290,9 @@ impl MarketClient {
 pub struct Market {
     providers: Vec<(String, MarketClient)>,
     observer: Observer,
+    /// Where the operator says each provider's nodes run (`market.providers[].region`,
+    /// `.zone`), by name: it stands for what the provider's offer says.
+    topology: std::collections::HashMap<String, socialweb_market::Topology>,
 }
 
 /// What is told of every call to a provider: the provider's name, the call (`post_rfp`,
@@ -316,7 +319,16 @@ impl Market {
         Market {
             providers,
             observer: Observer::default(),
+            topology: Default::default(),
         }
+    }
+
+    /// The same market, with the operator's word on where providers' nodes run.
+    pub fn with_topology(
+        self,
+        topology: std::collections::HashMap<String, socialweb_market::Topology>,
+    ) -> Market {
+        Market { topology, ..self }
     }
 
     /// The same market, telling `f` of every call ([`Observer`]).
@@ -433,7 +445,22 @@ impl Market {
         let mut out = Vec::new();
         for (name, c) in &self.providers {
             match self.note(name, "offer", c.offer().await) {
-                Ok(o) if o.isolation >= isolation => out.push((name.clone(), o)),
+                Ok(mut o) if o.isolation >= isolation => {
+                    if let Some(pin) = self.topology.get(name) {
+                        let t = socialweb_broker_core::offers::pinned(&o.topology, pin);
+                        let differs = |a: &Option<String>, b: &Option<String>| {
+                            a.is_some() && b.is_some() && a != b
+                        };
+                        if differs(&pin.region, &o.topology.region)
+                            || differs(&pin.zone, &o.topology.zone)
+                        {
+                            tracing::warn!(provider = %name, offer = %o.topology, operator = %t,
+                                           "the provider's offer names another region or zone; the operator's is kept");
+                        }
+                        o.topology = t;
+                    }
+                    out.push((name.clone(), o))
+                }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(provider = %name, "its offer: {e}"),
             }

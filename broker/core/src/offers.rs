@@ -6,6 +6,16 @@ use socialweb_market::{Offer, Topology};
 
 use crate::scale::Rentable;
 
+/// Where a provider's nodes run: each part the operator pinned (`market.providers[].region`,
+/// `.zone`), else what its offer says (a provider's word is taken only where the operator
+/// has none).
+pub fn pinned(offer: &Topology, operator: &Topology) -> Topology {
+    Topology {
+        region: operator.region.clone().or_else(|| offer.region.clone()),
+        zone: operator.zone.clone().or_else(|| offer.zone.clone()),
+    }
+}
+
 /// Every shape of `offers` in each topology it is offered in, at its lowest price there;
 /// in the order first offered.
 pub fn rentables(offers: &[(String, Offer)]) -> Vec<Rentable> {
@@ -128,6 +138,24 @@ mod tests {
             Some(vec!["a1".to_string(), "a2".to_string()])
         );
         assert_eq!(providers_in(&offers, &Topology::default()), None);
+    }
+
+    #[test]
+    fn the_operators_word_on_a_zone_stands_for_the_providers() {
+        let t = |r: Option<&str>, z: Option<&str>| Topology {
+            region: r.map(Into::into),
+            zone: z.map(Into::into),
+        };
+        let offer = t(Some("eu"), Some("eu-1a"));
+        assert_eq!(pinned(&offer, &Topology::default()), offer);
+        assert_eq!(
+            pinned(&offer, &t(None, Some("eu-1b"))),
+            t(Some("eu"), Some("eu-1b"))
+        );
+        assert_eq!(
+            pinned(&Topology::default(), &t(Some("us"), None)),
+            t(Some("us"), None)
+        );
     }
 
     #[test]

@@ -64,6 +64,8 @@ fn refs(providers: &[ProviderProc]) -> Vec<ProviderRef> {
             name: format!("p{}", p.index),
             url: p.url.clone(),
             pin: Some(p.pin.clone()),
+            region: None,
+            zone: None,
         })
         .collect()
 }
