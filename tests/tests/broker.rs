@@ -646,22 +646,24 @@ fn event_within(
     .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()))
 }
 
+/// The options of an operator whose `[node]` is 1 vCPU, 8 Pods a node, with a provider
+/// renting 1- and 2-vCPU shapes (10,000 and 20,000 an hour).
+fn two_shapes() -> BrokerOptions {
+    BrokerOptions {
+        node_vcpu: 1,
+        pods_per_node: 8,
+        shapes: vec![(1, 2048, 10_000), (2, 4096, 20_000)],
+        ..Default::default()
+    }
+}
+
 /// The operator: `[node]` of 1 vCPU, a provider renting 1- and 2-vCPU shapes. A job
 /// of 1500m gets a 2-vCPU node (the cheapest that holds it), not nothing; a Pod of 64 CPUs
 /// no shape holds rents nothing and is told what is on offer.
 #[test]
 fn a_job_larger_than_the_default_node_gets_the_shape_that_holds_it() {
     let world = world();
-    let b = Broker::start(
-        &world,
-        BrokerOptions {
-            node_vcpu: 1,
-            pods_per_node: 8,
-            shapes: vec![(1, 2048, 10_000), (2, 4096, 20_000)],
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let b = Broker::start(&world, two_shapes()).unwrap();
     assert_eq!(
         b.cli_json(&["cluster", "create", "big"]).unwrap()["state"],
         "ready"
@@ -775,11 +777,8 @@ fn a_mixed_batch_runs_on_the_nodes_the_plan_rented_with_none_left_pending() {
     let b = Broker::start(
         &world,
         BrokerOptions {
-            node_vcpu: 1,
-            pods_per_node: 8,
             hold: Duration::from_secs(5),
-            shapes: vec![(1, 2048, 10_000), (2, 4096, 20_000)],
-            ..Default::default()
+            ..two_shapes()
         },
     )
     .unwrap();

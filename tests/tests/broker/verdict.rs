@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
 
-use super::{event, event_within, step, world};
+use super::{event, event_within, step, two_shapes, world};
 
 /// A Pod with `spec` (YAML lines at two spaces, with its containers) in `default`.
 fn pod_with(name: &str, spec: &str) -> String {
@@ -69,16 +69,7 @@ fn created(b: &Broker<'_>, name: &str) {
 fn a_job_with_a_native_sidecar_runs_on_a_node_that_holds_it() {
     let t = Instant::now();
     let world = world();
-    let b = Broker::start(
-        &world,
-        BrokerOptions {
-            node_vcpu: 1,
-            pods_per_node: 8,
-            shapes: vec![(1, 2048, 10_000), (2, 4096, 20_000)],
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let b = Broker::start(&world, two_shapes()).unwrap();
     created(&b, "side");
     let spec = format!(
         "  initContainers:\n{}    restartPolicy: Always\n  containers:\n{}{}",
@@ -414,16 +405,7 @@ spec:
 fn the_first_node_at_zero_has_room_for_the_daemonsets_and_the_job() {
     let t = Instant::now();
     let world = world();
-    let b = Broker::start(
-        &world,
-        BrokerOptions {
-            node_vcpu: 1,
-            pods_per_node: 8,
-            shapes: vec![(1, 2048, 10_000), (2, 4096, 20_000)],
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let b = Broker::start(&world, two_shapes()).unwrap();
     created(&b, "ds");
     b.apply("ds", DAEMONSET).unwrap();
     // The DaemonSet is known before the job asks for a node.
