@@ -118,11 +118,11 @@ fn a_cluster_created_on_a_full_host_is_run_by_another() {
     assert_eq!(one["state"], "ready", "{one}\n{}", a.diagnostics());
     let two = a.cli_json(&["cluster", "create", "two"]).unwrap();
     assert_eq!(two["state"], "elsewhere", "{two}");
+    // Host 1 says why it does not run it, or already who does: host 2 may claim the new
+    // cluster before host 1's create returns.
+    let host = two["host"].as_str().unwrap_or_default();
     assert!(
-        two["host"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("fleet.max_awake"),
+        host.contains("fleet.max_awake") || host == broker_id(&b),
         "{two}"
     );
     b.wait_state("two", "ready", Duration::from_secs(120));
