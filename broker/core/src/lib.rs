@@ -17,6 +17,8 @@
 //! - [`reconcile`]: the store's view against the provider's, as a list of fixes.
 //! - [`names`]: cluster names, account hashes and mount paths.
 //! - [`hibernation`]: when an idle cluster's control plane may stop.
+//! - [`life`]: a cluster's life on one host (start, ready, idle, hibernate, wake, hand-over,
+//!   take-over, delete) as a transition function, with the record each writes first.
 //! - [`source`]: what counts as one source address for the limits per address.
 
 pub mod bids;
@@ -24,6 +26,7 @@ pub mod csr;
 pub mod egress;
 pub mod guard;
 pub mod hibernation;
+pub mod life;
 pub mod names;
 pub mod offers;
 pub mod ownership;

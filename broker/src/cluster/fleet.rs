@@ -109,4 +109,20 @@ impl Clusters {
     pub(super) fn drained(&self) -> tokio::sync::watch::Receiver<bool> {
         self.draining.subscribe()
     }
+
+    /// Returns when another host of the fleet has woken the cluster (the store no longer
+    /// says it hibernates); never outside a fleet.
+    pub(super) async fn woken_elsewhere(&self, name: &str) {
+        let Some(own) = self.ownership() else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(own.timing.renew_every()).await;
+            if let Ok(Some(c)) = self.store.cluster(name).await
+                && c.state == ClusterPhase::Active
+            {
+                return;
+            }
+        }
+    }
 }

@@ -2,9 +2,13 @@
 //! rules both front doors share (a valid name, a name not taken, a user's clusters counted
 //! against the per-DID limit), and every cluster's life while the broker runs ([`life`]).
 
+mod authorities;
 mod fleet;
+mod idle;
 mod life;
 mod ownership;
+mod period;
+mod writer;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -98,6 +102,8 @@ pub struct New<'a> {
 #[derive(Debug)]
 struct Handle {
     state: watch::Receiver<ClusterState>,
+    /// The one writer of its state (the life task's).
+    life: Arc<writer::Writer>,
     /// Stops the driver and the control plane (shutdown: nothing is released).
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
@@ -407,16 +413,16 @@ impl Clusters {
     }
 
     fn spawn(self: &Arc<Self>, name: &str) {
-        let (tx, rx) = watch::channel(ClusterState::Starting {
-            detail: "starting".into(),
-        });
+        let (life, rx) = writer::Writer::new(name, self.front.clone(), self.store.clone());
+        let life = Arc::new(life);
         let stop = self.stop.child_token();
-        let (me, n, s) = (self.clone(), name.to_string(), stop.clone());
+        let (me, n, s, l) = (self.clone(), name.to_string(), stop.clone(), life.clone());
         let task = tokio::spawn(async move {
-            if let Err(e) = me.live(&n, &tx, s).await {
+            if let Err(e) = me.live(&n, &l, s).await {
                 error!(cluster = %n, "{e:#}");
-                let _ = tx.send(ClusterState::Failed {
+                l.now(socialweb_broker_core::life::Event::Failed {
                     error: format!("{e:#}"),
+                    retry_secs: None,
                 });
             }
         });
@@ -424,6 +430,7 @@ impl Clusters {
             name.to_string(),
             Handle {
                 state: rx,
+                life,
                 stop,
                 task,
             },
@@ -536,6 +543,8 @@ impl Clusters {
         self.access.forget_cluster(name);
         let handle = self.running.lock().expect("lock").remove(name);
         if let Some(h) = handle {
+            // Its life ends here: nothing it does on the way out is entered or recorded.
+            h.life.now(socialweb_broker_core::life::Event::Delete);
             h.stop.cancel();
             let _ = h.task.await;
         }

@@ -1,0 +1,310 @@
+//! One awake period of a cluster on this host: its guard and egress first, its control
+//! plane brought up (its steps told through the cluster's state, the front opened as soon as
+//! a wake's apiserver answers), what the broker keeps up in it, its scale driver, until the
+//! broker stops, it idles, this host is drained or its lease (a fleet's) is lost.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use anyhow::Result;
+use socialweb_broker_core::life::{Event, Handover};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::Clusters;
+use super::life::Ended;
+use super::ownership::Lease;
+use super::writer::{Writer, now_millis};
+use crate::control_plane::runner::{Files, Spec};
+use crate::control_plane::up::{Progress, bring_up};
+use crate::front::proxy::Upstream;
+use crate::provision::ClusterCtx;
+use crate::scale::driver::Watches;
+use crate::tunnel::controlplane::ControlPlaneEgress;
+use crate::tunnel::egress::Egress;
+
+/// Tells a bring-up's steps through the cluster's state, and opens the front to it as soon
+/// as its apiserver answers.
+struct Starting<'a> {
+    life: &'a Writer,
+    cluster: &'a str,
+    /// When a wake began (`None`: not a wake).
+    wake: Option<(Instant, &'a crate::metrics::Metrics)>,
+    /// The lease this host runs it under (a fleet's).
+    lease: Option<&'a Lease>,
+}
+
+impl Progress for Starting<'_> {
+    fn fenced(&self) -> bool {
+        self.lease.is_some_and(Lease::lost)
+    }
+
+    fn step(&self, detail: &str) {
+        self.life.now(Event::Step(detail.to_string()));
+    }
+
+    fn apiserver_ready(&self, files: &Files) {
+        // Only a wake opens the front this early: its cluster's RBAC and manifests are in its
+        // datastore already. A new cluster's users wait until they are applied.
+        let Some((t0, metrics)) = self.wake else {
+            return;
+        };
+        crash_point("broker::wake_apiserver_ready");
+        match upstream(files) {
+            Ok(up) => {
+                self.life.serve(up);
+                self.life.now(Event::ApiserverAnswers);
+            }
+            Err(e) => warn!(cluster = %self.cluster, "the front's upstream: {e:#}"),
+        }
+        let s = t0.elapsed().as_secs_f64();
+        metrics.woke(s);
+        info!(cluster = %self.cluster, seconds = s, "woken: the apiserver answers");
+    }
+}
+
+/// The front's way to the apiserver: with a certificate only request-header authentication
+/// accepts (its own CA, not the cluster's).
+fn upstream(files: &Files) -> Result<Upstream> {
+    Upstream::new(
+        &files.url,
+        files.ca_pem.as_bytes(),
+        &std::fs::read(&files.front.cert)?,
+        &std::fs::read(&files.front.key)?,
+    )
+}
+
+/// A wake fails here when the failpoint `broker::wake` is set (the tests' failed wake).
+fn wake_fail_point() -> Result<()> {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("broker::wake", |_| Err(anyhow::anyhow!(
+        "failpoint broker::wake"
+    )));
+    Ok(())
+}
+
+/// Crashes the broker at `name` when that failpoint is set (the tests' SIGKILL mid-wake).
+fn crash_point(name: &str) {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!(name, |_| {
+        tracing::error!("failpoint {name}: killing the broker (SIGKILL)");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    });
+    let _ = name;
+}
+
+impl Clusters {
+    /// Starts the cluster's guard and the apiserver's control-plane egress, its way to the
+    /// guard (before the apiserver: it asks the guard from its first request on); the
+    /// manifests the cluster gets besides the join configuration, and where the control-plane
+    /// egress finds the cluster's once it is served ([`Clusters::served`]).
+    async fn guarded(
+        &self,
+        spec: &Spec,
+        stop: &CancellationToken,
+    ) -> Result<(Vec<String>, Arc<OnceLock<Egress>>)> {
+        let files = spec.prepare()?;
+        crate::guard::serve(
+            files.guard_addr,
+            &files.guard.cert,
+            &files.guard.key,
+            stop.clone(),
+        )
+        .await?;
+        let to_cluster = Arc::new(OnceLock::new());
+        crate::tunnel::controlplane::serve(
+            ControlPlaneEgress {
+                cluster: spec.cluster.clone(),
+                guard: files.guard_addr,
+                networks: [
+                    crate::control_plane::CLUSTER_CIDR,
+                    crate::control_plane::SERVICE_CIDR,
+                ]
+                .iter()
+                .map(|n| n.parse().expect("a CIDR"))
+                .chain([socialweb_wire::mesh::node_range()])
+                .collect(),
+                allow: self.settings.webhook_egress_allow.clone(),
+                to_cluster: to_cluster.clone(),
+            },
+            &spec.controlplane_egress_socket(),
+            stop.clone(),
+        )?;
+        let mut extra = vec![
+            crate::access::ACCESS_MANIFEST.to_string(),
+            crate::control_plane::APISERVICES_MANIFEST.to_string(),
+            crate::control_plane::DATASTORE_QUOTA_MANIFEST.to_string(),
+            crate::control_plane::NODEPOOL_MANIFEST.to_string(),
+        ];
+        if spec.isolated {
+            extra.push(crate::control_plane::NODE_ISOLATION_MANIFEST.to_string());
+        }
+        Ok((extra, to_cluster))
+    }
+
+    /// One awake period: the control plane up, the driver run, until `stop`, idle, or the
+    /// lease (a fleet's) lost.
+    pub(super) async fn awake(
+        self: &Arc<Self>,
+        spec: &Spec,
+        life: &Writer,
+        stop: &CancellationToken,
+        woke: Option<Instant>,
+        lease: Option<&Lease>,
+    ) -> Result<Ended> {
+        let name = spec.cluster.as_str();
+        // Everything of this period (guard, approver, watches, egress, driver) ends with it,
+        // and so does the lease's renewal; a lost lease ends the period.
+        let period = stop.child_token();
+        let _end = period.clone().drop_guard();
+        if let Some(l) = lease {
+            l.keep(period.clone());
+        }
+        if woke.is_some() {
+            wake_fail_point()?;
+        }
+        let (extra, to_cluster) = self.guarded(spec, &period).await?;
+        let progress = Starting {
+            life,
+            cluster: name,
+            wake: woke.map(|t| (t, self.provisioner.metrics())),
+            lease,
+        };
+        let Some(up) = bring_up(spec.clone(), &extra, &progress, &period).await? else {
+            return Ok(Ended::Stopped);
+        };
+        let files = up.running.files.clone();
+        self.keep_up(spec, &up.client, &period).await;
+        let watches = Watches::start(&up.client, &period);
+        let (ctx, upstream) = match self.served(spec, &up, &watches, &to_cluster, &period) {
+            Ok(s) => s,
+            Err(e) => {
+                // Nothing runs past the period: a lease's renewal ends with it.
+                up.running.kill().await;
+                return Err(e);
+            }
+        };
+        life.serve(upstream.clone());
+        life.now(Event::Up);
+        info!(cluster = %name, url = %files.url, kubeconfig = %files.admin_kubeconfig.display(), "cluster ready");
+        let driver = tokio::spawn(crate::scale::driver::run(
+            self.provisioner.clone(),
+            ctx,
+            self.settings.knobs,
+            watches.clone(),
+            period.clone(),
+        ));
+        let mut drained = self.drained();
+        let why = tokio::select! {
+            _ = period.cancelled() => Ended::Stopped,
+            _ = drained.wait_for(|d| *d), if lease.is_some() => Ended::Moved,
+            () = self.until_idle(name, life, &up.client, &watches) => Ended::Hibernated,
+        };
+        period.cancel();
+        self.end_period(name, life, why, lease, up.running, driver)
+            .await
+    }
+
+    /// What the broker keeps up in the cluster for the period: the tenant's role, nodes'
+    /// certificates approved by the store's plan, their cluster addresses published from it,
+    /// and the datastore quota's state (the role and the quota written once before this
+    /// returns, so before the front serves the cluster).
+    async fn keep_up(&self, spec: &Spec, client: &kube::Client, period: &CancellationToken) {
+        let name = spec.cluster.as_str();
+        crate::rights::keep(client.clone(), name.to_string(), period.clone()).await;
+        tokio::spawn(crate::approver::run(
+            client.clone(),
+            name.to_string(),
+            self.store.clone(),
+            period.clone(),
+        ));
+        tokio::spawn(crate::node_addresses::run(
+            client.clone(),
+            name.to_string(),
+            self.store.clone(),
+            period.clone(),
+        ));
+        crate::quota::Watch {
+            cluster: name.to_string(),
+            kine_db: spec.kine_db(),
+            postgres: spec
+                .datastore
+                .postgres()
+                .and_then(|(s, db)| s.map(|s| (s.clone(), db.to_string()))),
+            quota: spec.datastore_quota,
+        }
+        .start(client.clone(), period.clone())
+        .await;
+    }
+
+    /// What an awake period serves once its control plane is up: the apiserver's egress to
+    /// the nodes, and the scale driver's and the front's way to the apiserver.
+    fn served(
+        &self,
+        spec: &Spec,
+        up: &crate::control_plane::up::Up,
+        watches: &Watches,
+        to_cluster: &OnceLock<Egress>,
+        period: &CancellationToken,
+    ) -> Result<(ClusterCtx, Upstream)> {
+        let files = &up.running.files;
+        let egress = Egress {
+            cluster: spec.cluster.clone(),
+            tunnels: self.tunnels.clone(),
+            store: self.store.clone(),
+            nodes: watches.nodes.clone(),
+            service_cidr: crate::control_plane::SERVICE_CIDR.parse()?,
+        };
+        crate::tunnel::egress::serve(egress.clone(), &up.running.egress_socket, period.clone())?;
+        let _ = to_cluster.set(egress);
+        let ctx = ClusterCtx {
+            name: spec.cluster.clone(),
+            server_url: files.node_url.clone(),
+            ca_pin: socialweb_wire::ca::pin(files.ca_pem.as_bytes()).map_err(anyhow::Error::msg)?,
+            client: up.client.clone(),
+        };
+        Ok((ctx, upstream(files)?))
+    }
+
+    /// Ends an awake period for `why` (the period cancelled): a lost lease kills the control
+    /// plane at once; otherwise the driver ends, then the control plane stops with grace.
+    async fn end_period<T>(
+        &self,
+        name: &str,
+        life: &Writer,
+        why: Ended,
+        lease: Option<&Lease>,
+        running: crate::control_plane::runner::Running,
+        driver: tokio::task::JoinHandle<T>,
+    ) -> Result<Ended> {
+        if lease.is_some_and(Lease::lost) {
+            running.kill().await;
+            life.now(Event::Leaving(Handover::LeaseLost));
+            let _ = driver.await;
+            return Ok(Ended::Lost);
+        }
+        if matches!(why, Ended::Moved) {
+            // Requests arriving now wait for the next owner instead of meeting an
+            // apiserver that is going; those in flight finish.
+            life.now(Event::Leaving(Handover::Drained));
+        }
+        let _ = driver.await;
+        running.stop().await;
+        match why {
+            Ended::Hibernated => self.hibernated(name, life).await,
+            Ended::Moved => {
+                info!(cluster = %name, "this host is drained: the cluster goes to another host");
+                Ok(Ended::Moved)
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// Records and tells that the cluster hibernates, its control plane stopped.
+    async fn hibernated(&self, name: &str, life: &Writer) -> Result<Ended> {
+        life.on(Event::Stopped { at: now_millis() }).await?;
+        self.provisioner.metrics().hibernated();
+        info!(cluster = %name, "hibernating: its control plane is stopped, its ports kept");
+        Ok(Ended::Hibernated)
+    }
+}
