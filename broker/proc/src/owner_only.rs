@@ -33,13 +33,19 @@ pub fn file(file: &Path) -> io::Result<()> {
 /// Writes `bytes` to `path` through a 0600 temporary file renamed over it: never a moment
 /// with the contents readable by others, never a half-written file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_mode(path, bytes, 0o600)
+}
+
+/// [`write_atomic`] with the file's `mode` (made so from the start, never wider): the one
+/// way the broker and the provider write a secret or a record.
+pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o600)
+        .mode(mode)
         .open(&tmp)?;
     f.write_all(bytes)?;
     f.sync_all()?;

@@ -3,8 +3,7 @@
 //! directory). A cluster's CA is created once and loaded on every later start, so a broker
 //! restart keeps every credential it issued valid.
 
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -28,19 +27,10 @@ pub struct Pair {
     pub key: PathBuf,
 }
 
-/// Writes a file with `mode`, atomically.
+/// Writes a file with `mode`, atomically (`socialweb_proc::owner_only`'s one way).
 pub fn write_private(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(contents)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+    socialweb_proc::owner_only::write_atomic_mode(path, contents, mode)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn private_dir(dir: &Path) -> Result<()> {
