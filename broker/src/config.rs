@@ -17,6 +17,10 @@ pub use socialweb_broker_core::scale::NodeSize;
 pub mod check;
 pub mod reference;
 
+mod durations;
+
+use durations::{HumanDuration, humantime_serde_compat};
+
 /// A configuration problem, naming where it came from.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{source_name}: {problem}")]
@@ -148,24 +152,6 @@ impl Default for Fleet {
             max_awake: None,
             link_port: 6445,
         }
-    }
-}
-
-/// A duration as humans write it (`90s`, `2m`, `1h30m`): the schema of every duration here,
-/// which the file and the variables give as text (`humantime`).
-struct HumanDuration;
-
-impl JsonSchema for HumanDuration {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "Duration".into()
-    }
-
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        schemars::json_schema!({"type": "string", "format": "humantime"})
     }
 }
 
@@ -896,22 +882,6 @@ impl Default for ClusterDefaults {
             datastore_quota_mib: 2048,
             webhook_egress_allow: Vec::new(),
         }
-    }
-}
-
-/// Durations as humans write them (`2m`, `90s`, `1m30s`), in the file and in variables.
-mod humantime_serde_compat {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_duration(*d).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?}: {e}")))
     }
 }
 
