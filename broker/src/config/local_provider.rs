@@ -1,0 +1,165 @@
+//! `[local_provider]`: the provider embedded in the broker (when `[market]` names none) and,
+//! on a provider machine, `socialweb-broker provider`: the nodes it offers and how it makes
+//! them, as namespaces on its host or as qemu guests.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::durations::{HumanDuration, humantime_serde_compat};
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalProvider {
+    /// Where `socialweb-broker provider` (on a provider machine) serves the market protocol,
+    /// mutual TLS. The embedded provider serves the broker on an owner-only Unix socket in
+    /// the state directory instead, and listens on no port.
+    pub listen: SocketAddr,
+    /// The brokers `socialweb-broker provider` serves: their keys, as `socialweb-broker
+    /// market-pin` prints them on each broker's host. No other client gets past TLS.
+    pub brokers: Vec<String>,
+    /// How many nodes it may run at once.
+    pub capacity: u32,
+    /// The node sizes it rents and their prices (`[[local_provider.shapes]]`); none: the
+    /// `[node]` size at price 0. The broker sizes each node it rents from the shapes its
+    /// providers offer (docs/scale.md).
+    pub shapes: Vec<LocalShape>,
+    /// Node links are carved from this /16: node `i` gets `<a>.<b>.<i>.0/24`.
+    pub subnet: Ipv4Addr,
+    /// Prefix of the network namespaces, links and cgroups it creates.
+    pub prefix: String,
+    /// The node's software: `socialweb-agent`, the CNI plugins, the seed images.
+    pub agent: PathBuf,
+    /// The CNI plugins nodes use: `socialweb-cni`, `loopback` and `portmap`.
+    pub cni_bin_dir: PathBuf,
+    /// Extra image archives every node imports (the pause image is always there).
+    pub seed_images: Vec<PathBuf>,
+    /// Merged over each node's kubelet configuration.
+    pub kubelet_config_patch: Option<serde_json::Value>,
+    /// A node image directory (`socialweb-image-builder build --out`): nodes run from its
+    /// root filesystem, as rented VMs do, instead of the host's `agent` and CNI plugins.
+    pub image: Option<PathBuf>,
+    /// What a node is: `namespace` (namespaces on this machine: trusted tenants only) or
+    /// `vm` (a qemu guest booted from `image`, its own kernel).
+    pub machine: MachineKind,
+    /// How VMs run (`machine = "vm"`).
+    pub vm: Vm,
+    /// The region its offer names (a label value): its nodes carry it as
+    /// `topology.kubernetes.io/region` (docs/scale.md, "Zones"). Unset: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// The zone its offer names (a label value): its nodes carry it as
+    /// `topology.kubernetes.io/zone`, so that Pods spread over zones or kept in one can run
+    /// on them (docs/scale.md, "Zones"). Unset: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+}
+
+impl Default for LocalProvider {
+    fn default() -> LocalProvider {
+        LocalProvider {
+            listen: "127.0.0.1:7480".parse().expect("address"),
+            capacity: 16,
+            shapes: Vec::new(),
+            subnet: Ipv4Addr::new(172, 30, 0, 0),
+            prefix: "swn-".into(),
+            agent: "/usr/local/bin/socialweb-agent".into(),
+            cni_bin_dir: "/usr/lib/cni".into(),
+            seed_images: Vec::new(),
+            kubelet_config_patch: None,
+            brokers: Vec::new(),
+            image: None,
+            machine: MachineKind::Namespace,
+            vm: Vm::default(),
+            region: None,
+            zone: None,
+        }
+    }
+}
+
+/// `[[local_provider.shapes]]`: a node size and its price.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LocalShape {
+    /// Virtual CPUs.
+    pub vcpu: u32,
+    /// Memory in MiB.
+    #[serde(rename = "memMiB")]
+    pub mem_mib: u64,
+    /// Disk in MiB.
+    #[serde(rename = "diskMiB")]
+    pub disk_mib: u64,
+    /// Millionths of a currency unit per hour.
+    #[serde(default)]
+    pub price_micros_per_hour: u64,
+}
+
+impl From<LocalShape> for socialweb_market::Shape {
+    fn from(s: LocalShape) -> socialweb_market::Shape {
+        socialweb_market::Shape {
+            spec: socialweb_market::NodeSpec {
+                vcpu: s.vcpu,
+                mem_mib: s.mem_mib,
+                disk_mib: s.disk_mib,
+            },
+            price_micros_per_hour: s.price_micros_per_hour,
+        }
+    }
+}
+
+/// `local_provider.machine`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MachineKind {
+    #[default]
+    Namespace,
+    Vm,
+}
+
+/// `[local_provider.vm]`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Vm {
+    /// `auto` (KVM when a probe guest runs under it within 5 s, else TCG), `kvm` or `tcg`.
+    #[schemars(with = "String")]
+    pub accel: socialweb_provider::AccelChoice,
+    /// A guest that has not reported ready by then fails its lease, with its console's last
+    /// lines as the reason.
+    #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
+    pub boot_timeout: Duration,
+    /// The emulator guests run in: a path, or a name looked up on `PATH`.
+    pub qemu: PathBuf,
+    /// What makes each guest's disk over the image's: a path, or a name on `PATH`.
+    pub qemu_img: PathBuf,
+    /// Whether guests under TCG (no KVM) bid as `vm` isolation. QEMU's security policy
+    /// counts only hardware virtualization (KVM) as a boundary, so by default a TCG guest
+    /// bids as `namespace`.
+    pub tcg_as_vm: bool,
+    /// Private IPv4 networks guests may reach besides the public internet (a registry or a
+    /// proxy of the operator's, say). Loopback, RFC 1918, link-local (cloud metadata),
+    /// CGNAT and multicast are refused otherwise (docs/security.md).
+    #[schemars(with = "Vec<String>")]
+    pub egress_allow: Vec<ipnet::Ipv4Net>,
+    /// Whether each guest's qemu runs jailed: its own uid, network namespace, mount
+    /// namespace (chrooted) and cgroup with the RFP's budget (docs/security.md). `false`
+    /// only to measure what the jail costs (`bench/vm`): unjailed guests never bid as `vm`.
+    pub jail: bool,
+}
+
+impl Default for Vm {
+    fn default() -> Vm {
+        Vm {
+            accel: Default::default(),
+            boot_timeout: Duration::from_secs(600),
+            qemu: "qemu-system-x86_64".into(),
+            qemu_img: "qemu-img".into(),
+            tcg_as_vm: false,
+            egress_allow: Vec::new(),
+            jail: true,
+        }
+    }
+}

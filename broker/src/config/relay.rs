@@ -1,0 +1,50 @@
+//! `[relay]`: the mesh relay, a public listener on `service_addr`, and the bounds of its gate.
+
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::durations::{HumanDuration, humantime_serde_compat};
+
+/// The mesh relay: a public listener (docs/operations.md), HTTPS with the front's certificate,
+/// admitting the live nodes of every cluster and the broker's own tunnel endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Relay {
+    /// TCP: the relay itself (HTTPS, a WebSocket per client).
+    pub port: u16,
+    /// UDP: QUIC address discovery (a node learns its public address, for direct paths
+    /// through NAT); 0: none.
+    pub quic_port: u16,
+    /// TCP connections to the relay open at once, in all: beyond it a new one is closed at
+    /// once. Each takes three file descriptors (the relay's gate carries it to the relay on
+    /// loopback); kept under 10% of the open-file limit.
+    pub max_connections: usize,
+    /// TCP connections to the relay open at once from one address (an IPv6 /64): beyond it
+    /// a new one is closed at once. A node keeps one.
+    pub max_connections_per_source: usize,
+    /// A connection's first bytes (its TLS handshake) must arrive within this.
+    #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
+    pub handshake_timeout: Duration,
+    /// A connection whose client has sent nothing for this long is closed. The relay pings
+    /// its clients every 15-20 s and each answers, so only stalled handshakes and dead
+    /// peers reach it; under 30 s it would cut clients that work.
+    #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "HumanDuration")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for Relay {
+    fn default() -> Relay {
+        Relay {
+            port: 3340,
+            quic_port: 7842,
+            max_connections: 4096,
+            max_connections_per_source: 64,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
