@@ -4,7 +4,9 @@
 //! (`SOCIALWEB_CLUSTERPROVIDER_SCALE_*`).
 //!
 //! Each subsystem gets its own section (or a value built from the few it needs, in
-//! `daemon`), never the whole [`Config`].
+//! `daemon`), never the whole [`Config`]. Each section is a module here, with its type, its
+//! defaults and the checks of its own keys; this file composes them into [`Config`], reads
+//! the file and the variables, and checks what spans sections.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -68,7 +70,6 @@ fn err(source: &str, problem: impl Into<String>) -> ConfigError {
 fn reachable_v6(a: Ipv6Addr) -> bool {
     !(a.is_unspecified() || a.is_loopback() || a.is_unicast_link_local() || a.is_multicast())
 }
-
 /// Everything the daemon is told.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -189,16 +190,6 @@ pub const ENV: &[(&str, &str)] = &[
     ("SOCIALWEB_BROKER_KINE_BINARY", "clusters.kine_binary"),
 ];
 
-/// Whether `market.image` is something an RFP can name.
-fn image_ref_ok(i: &str) -> bool {
-    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
-    i == "local"
-        || i.strip_prefix("sha256:").is_some_and(|h| hex(h, 64))
-        || i.strip_prefix("socialweb-node-")
-            .is_some_and(|h| hex(h, 16))
-        || std::path::Path::new(i).join("nodeimage.json").is_file()
-}
-
 fn parse_num<T: std::str::FromStr>(var: &str, v: &str) -> Result<T, ConfigError>
 where
     T::Err: std::fmt::Display,
@@ -300,309 +291,28 @@ impl Config {
             .unwrap_or_else(|| key.to_string())
     }
 
+    /// Each section's own keys, then what spans sections; `o` names a key by where its value
+    /// came from. The first problem found is the error, so a file with several shows one at
+    /// a time.
     fn validate(&self, env: &impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         let o = |k: &str| Self::origin(k, env);
-        self.validate_names()?;
-        self.validate_sizes(&o)?;
-        self.validate_addresses(&o)?;
-        self.validate_clusters(&o)?;
-        self.validate_front()?;
-        self.validate_relay()?;
-        self.validate_access()
-    }
-
-    /// How the broker reaches each provider: mutual TLS with a pinned key, or plain HTTP on
-    /// loopback only; and the keys a provider machine serves (docs/market.md).
-    fn validate_market_transport(&self) -> Result<(), ConfigError> {
-        let key = |i: usize, f: &str| match &self.market.url {
-            Some(_) => format!("market.{f}"),
-            None => format!("market.providers[{i}].{f}"),
-        };
-        for (i, p) in self.providers().iter().enumerate() {
-            let Ok(u) = url::Url::parse(&p.url) else {
-                continue;
-            };
-            match (u.scheme(), &p.pin) {
-                ("https", None) => {
-                    return Err(err(
-                        &key(i, "pin"),
-                        format!(
-                            "{} is https: give its key (`socialweb-broker provider-pin` on that machine prints it)",
-                            p.url
-                        ),
-                    ));
-                }
-                ("https", Some(pin)) => {
-                    socialweb_market_tls::parse_pin(pin)
-                        .map_err(|e| err(&key(i, "pin"), e.to_string()))?;
-                }
-                _ => {
-                    let loopback = match u.host() {
-                        Some(url::Host::Ipv4(a)) => a.is_loopback(),
-                        Some(url::Host::Ipv6(a)) => a.is_loopback(),
-                        Some(url::Host::Domain(d)) => d == "localhost",
-                        None => false,
-                    };
-                    if !loopback {
-                        return Err(err(
-                            &key(i, "url"),
-                            format!(
-                                "{} is plain HTTP off this host: use https:// with the provider's pin",
-                                p.url
-                            ),
-                        ));
-                    }
-                }
-            }
-        }
-        for (i, pin) in self.local_provider.brokers.iter().enumerate() {
-            socialweb_market_tls::parse_pin(pin)
-                .map_err(|e| err(&format!("local_provider.brokers[{i}]"), e.to_string()))?;
-        }
-        self.validate_machines()
-    }
-
-    /// A VM provider boots a node image, and what only a machine of namespaces can be given
-    /// (the host's seed archives, a kubelet patch on the agent's command line) is refused by
-    /// name rather than ignored.
-    fn validate_machines(&self) -> Result<(), ConfigError> {
-        if let Some(i) = &self.market.image
-            && !image_ref_ok(i)
-        {
-            return Err(err(
-                "market.image",
-                format!(
-                    "{i:?} is neither a directory with nodeimage.json, a fingerprint (sha256:<64 hex>), a name (socialweb-node-<16 hex>) nor \"local\""
-                ),
-            ));
-        }
-        let lp = &self.local_provider;
-        if lp.machine != MachineKind::Vm {
-            return Ok(());
-        }
-        if lp.image.is_none() {
-            return Err(err(
-                "local_provider.image",
-                "required with machine = \"vm\": the node image directory its guests boot",
-            ));
-        }
-        if !lp.seed_images.is_empty() {
-            return Err(err(
-                "local_provider.seed_images",
-                "not taken with machine = \"vm\": a guest imports the node image's seed disk (put the archives in the image config's `images`)",
-            ));
-        }
-        if lp.kubelet_config_patch.is_some() {
-            return Err(err(
-                "local_provider.kubelet_config_patch",
-                "not taken with machine = \"vm\": a guest's agent runs as the node image's unit starts it",
-            ));
-        }
-        if lp.vm.boot_timeout < Duration::from_secs(10) {
-            return Err(err(
-                "local_provider.vm.boot_timeout",
-                "must be at least 10s (a guest boots its kernel, systemd and the agent)",
-            ));
-        }
-        Ok(())
-    }
-
-    /// Who may have clusters, and the limits: none zero, every allowed DID a DID.
-    fn validate_access(&self) -> Result<(), ConfigError> {
-        let a = &self.access;
-        for (key, n) in [
-            ("access.max_clusters_per_did", a.max_clusters_per_did),
-            ("access.max_clusters", a.max_clusters),
-            (
-                "access.requests_per_minute_per_source",
-                a.requests_per_minute_per_source,
-            ),
-            (
-                "access.requests_per_minute_per_did",
-                a.requests_per_minute_per_did,
-            ),
-            (
-                "access.creates_per_hour_per_did",
-                a.creates_per_hour_per_did,
-            ),
-        ] {
-            if n == 0 {
-                return Err(err(key, "must be at least 1"));
-            }
-        }
-        if let Some(d) = a.allowed_dids.iter().find(|d| {
-            !(d.starts_with("did:key:") || d.starts_with("did:web:") || d.starts_with("did:plc:"))
-        }) {
-            return Err(err(
-                "access.allowed_dids",
-                format!("{d:?} is not a did:key, did:web or did:plc"),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The scale knobs and the node size.
-    /// The names the configuration gives: the schedulers the broker rents for, and the
-    /// local provider's region and zone (label values).
-    fn validate_names(&self) -> Result<(), ConfigError> {
-        if self.scale.schedulers.is_empty() {
-            return Err(err(
-                "scale.schedulers",
-                "lists no scheduler: no Pod would ever rent a node (the default is \
-                 [\"default-scheduler\"])",
-            ));
-        }
-        if let Some(bad) = self
-            .scale
-            .schedulers
-            .iter()
-            .find(|n| n.is_empty() || n.len() > 253 || !n.bytes().all(|b| b.is_ascii_graphic()))
-        {
-            return Err(err(
-                "scale.schedulers",
-                format!("{bad:?} is not a scheduler name (1-253 printable characters)"),
-            ));
-        }
-        for (field, v) in [
-            ("local_provider.region", &self.local_provider.region),
-            ("local_provider.zone", &self.local_provider.zone),
-        ] {
-            if let Some(v) = v
-                && !socialweb_market::valid_label_value(v)
-            {
-                return Err(err(
-                    field,
-                    format!(
-                        "{v:?} is not a label value (1-63 of A-Z a-z 0-9 - _ ., alphanumeric \
-                         at both ends)"
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn validate_sizes(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
-        if self.scale.max_nodes < 1 {
-            return Err(err(
-                &o("scale.max_nodes"),
-                "0 must be at least 1; it is refused, not clamped",
-            ));
-        }
-        if self.scale.pods_per_node < 1 {
-            return Err(err(&o("scale.pods_per_node"), "0 must be at least 1"));
-        }
-        hibernate_after_ok(self.clusters.hibernate_after)
-            .map_err(|e| err(&o("clusters.hibernate_after"), e))?;
-        if self.scale.max_consolidate_after < Duration::from_secs(1) {
-            return Err(err("scale.max_consolidate_after", "must be at least 1s"));
-        }
-        if self.scale.hold.is_zero() {
-            return Err(err(&o("scale.hold"), "must be longer than 0s"));
-        }
-        if self.node.vcpu < 1 {
-            return Err(err(&o("node.vcpu"), "must be at least 1"));
-        }
-        if self.node.mem_mib < 256 {
-            return Err(err(
-                &o("node.memMiB"),
-                format!(
-                    "{} MiB is too small for a node (at least 256)",
-                    self.node.mem_mib
-                ),
-            ));
-        }
-        for (i, s) in self.local_provider.shapes.iter().enumerate() {
-            let at = format!("local_provider.shapes[{i}]");
-            // The spec's check names the field after the shape: `...shapes[1].vcpu`.
-            socialweb_market::Shape::from(*s)
-                .spec
-                .validate(&at)
-                .map_err(|e| match e.split_once(": ") {
-                    Some((field, problem)) => err(field, problem),
-                    None => err(&at, e),
-                })?;
-        }
-        if self.node.disk_mib < 1024 {
-            return Err(err(
-                &o("node.diskMiB"),
-                format!(
-                    "{} MiB is too small for a node (at least 1024)",
-                    self.node.disk_mib
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The store's and market's URLs, the service address, the resolvers, the port range.
-    fn validate_addresses(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
-        if let Some(url) = &self.store.url
-            && !(url.starts_with("sqlite:")
-                || url.starts_with("postgres://")
-                || url.starts_with("postgresql://"))
-        {
-            return Err(err(
-                &o("store.url"),
-                format!("{url:?} is neither sqlite:<path> nor postgres://..."),
-            ));
-        }
-        if self.market.url.is_some() && !self.market.providers.is_empty() {
-            return Err(err(
-                &o("market.url"),
-                "give market.url (one provider) or market.providers (several), not both",
-            ));
-        }
-        for (key, url) in self.market.url.iter().map(|u| (o("market.url"), u)).chain(
-            self.market
-                .providers
-                .iter()
-                .enumerate()
-                .map(|(i, p)| (format!("market.providers[{i}].url"), &p.url)),
-        ) {
-            if url::Url::parse(url)
-                .map(|u| !matches!(u.scheme(), "http" | "https"))
-                .unwrap_or(true)
-            {
-                return Err(err(&key, format!("{url:?} is not an http(s) URL")));
-            }
-        }
-        self.validate_market_transport()?;
-        let mut names = std::collections::BTreeSet::new();
-        for (i, p) in self.market.providers.iter().enumerate() {
-            let ok = !p.name.is_empty()
-                && p.name.len() <= 32
-                && p.name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-            if !ok {
-                return Err(err(
-                    &format!("market.providers[{i}].name"),
-                    format!("{:?} is not 1-32 of a-z, 0-9, '-'", p.name),
-                ));
-            }
-            if !names.insert(p.name.as_str()) {
-                return Err(err(
-                    &format!("market.providers[{i}].name"),
-                    format!("{:?} is named twice", p.name),
-                ));
-            }
-            for (field, v) in [("region", &p.region), ("zone", &p.zone)] {
-                if let Some(v) = v
-                    && !socialweb_market::valid_label_value(v)
-                {
-                    return Err(err(
-                        &format!("market.providers[{i}].{field}"),
-                        format!("{v:?} is not a label value (1-63 of A-Z a-z 0-9 - _ .)"),
-                    ));
-                }
-            }
-        }
-        self.validate_service_addrs(o)
+        self.scale.check(&o)?;
+        node::check(&self.node, &o)?;
+        self.local_provider.check()?;
+        self.store.check(&o)?;
+        self.market.check(&o)?;
+        self.check_service_addrs(&o)?;
+        self.clusters.check(&o)?;
+        self.check_datastore_server(&o)?;
+        self.fleet.check(&o)?;
+        self.check_fleet_homes(&o)?;
+        self.front.check()?;
+        self.relay.check()?;
+        self.access.check()
     }
 
     /// The addresses nodes are told the broker is at, both families.
-    fn validate_service_addrs(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
+    fn check_service_addrs(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
         if IpAddr::V4(self.service_addr).is_unspecified() {
             return Err(err(
                 &o("service_addr"),
@@ -642,76 +352,9 @@ impl Config {
         Ok(())
     }
 
-    /// The `[clusters]` section: resolvers, the datastore, GOGC, the port range.
-    fn validate_clusters(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
-        for (i, n) in self.clusters.webhook_egress_allow.iter().enumerate() {
-            if n.parse::<ipnet::IpNet>().is_err() {
-                return Err(err(
-                    &format!("clusters.webhook_egress_allow[{i}]"),
-                    format!("{n:?} is not a network (203.0.113.0/24, 2001:db8::/32, 0.0.0.0/0)"),
-                ));
-            }
-        }
-        for (i, r) in self.clusters.upstream_resolvers.iter().enumerate() {
-            if socialweb_wire::identity::parse_resolver(r).is_none() {
-                return Err(err(
-                    &format!("clusters.upstream_resolvers[{i}]"),
-                    format!("{r:?} is not an IP or IP:port"),
-                ));
-            }
-        }
-        if !(10..=1000).contains(&self.clusters.gogc) {
-            return Err(err(
-                &o("clusters.gogc"),
-                format!(
-                    "{} is not from 10 to 1000 (Go's default is 100)",
-                    self.clusters.gogc
-                ),
-            ));
-        }
-        if !(self.clusters.cpu_max.is_finite() && self.clusters.cpu_max >= 0.0)
-            || (self.clusters.cpu_max > 0.0 && self.clusters.cpu_max < 0.01)
-        {
-            return Err(err(
-                &o("clusters.cpu_max"),
-                format!(
-                    "{} is not 0 (no limit) or at least 0.01 CPUs",
-                    self.clusters.cpu_max
-                ),
-            ));
-        }
-        if self.clusters.memory_max_mib > 0 && self.clusters.memory_max_mib < 256 {
-            return Err(err(
-                &o("clusters.memory_max_mib"),
-                format!(
-                    "{} MiB is too little for a control plane (an idle one uses about 400); 0 is no limit",
-                    self.clusters.memory_max_mib
-                ),
-            ));
-        }
-        if self.clusters.datastore_quota_mib > 0
-            && self.clusters.datastore_quota_mib < MIN_DATASTORE_QUOTA_MIB
-        {
-            return Err(err(
-                &o("clusters.datastore_quota_mib"),
-                format!(
-                    "{} MiB is less than a new cluster's own objects take (at least \
-                     {MIN_DATASTORE_QUOTA_MIB}); 0 is no quota",
-                    self.clusters.datastore_quota_mib
-                ),
-            ));
-        }
-        if u32::from(self.clusters.port_base) + u32::from(self.clusters.port_count) > 65535 {
-            return Err(err("clusters.port_count", "the port range runs past 65535"));
-        }
-        if let Some(u) = &self.clusters.postgres_url
-            && !url::Url::parse(u).is_ok_and(|u| matches!(u.scheme(), "postgres" | "postgresql"))
-        {
-            return Err(err(
-                &o("clusters.postgres_url"),
-                "is not a postgres://user@host/database URL",
-            ));
-        }
+    /// A `postgres` datastore needs a server: `clusters.postgres_url`, else a PostgreSQL
+    /// `store.url`.
+    fn check_datastore_server(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
         if self.clusters.datastore == DatastoreKind::Postgres
             && self.clusters_postgres_url().is_none()
         {
@@ -720,22 +363,13 @@ impl Config {
                 "is postgres, and neither clusters.postgres_url nor a PostgreSQL store.url says which server",
             ));
         }
-        self.validate_fleet(o)
+        Ok(())
     }
 
     /// A fleet keeps nothing a cluster needs on one host's disk.
-    fn validate_fleet(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
+    fn check_fleet_homes(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
         if !self.fleet.enabled {
             return Ok(());
-        }
-        if self.fleet.lease_ttl < Duration::from_secs(3) {
-            return Err(err(&o("fleet.lease_ttl"), "must be at least 3s"));
-        }
-        if self.fleet.link_port == 0 {
-            return Err(err(
-                &o("fleet.link_port"),
-                "must be a port: the other hosts reach this one's clusters through it",
-            ));
         }
         if !self
             .store
@@ -758,94 +392,6 @@ impl Config {
             return Err(err(
                 &o("fleet.enabled"),
                 "needs clusters.datastore = \"postgres\": a cluster's objects must be where every host reaches them",
-            ));
-        }
-        Ok(())
-    }
-
-    /// The front's URL, DID and certificate.
-    fn validate_front(&self) -> Result<(), ConfigError> {
-        if let Some(u) = &self.front.public_url
-            && url::Url::parse(u)
-                .map(|u| u.scheme() != "https" || u.host_str().is_none())
-                .unwrap_or(true)
-        {
-            return Err(err(
-                "front.public_url",
-                format!("{u:?} is not an https:// URL with a host"),
-            ));
-        }
-        if let Some(d) = &self.front.service_did
-            && !d.starts_with("did:")
-        {
-            return Err(err("front.service_did", format!("{d:?} is not a DID")));
-        }
-        if self.front.tls_cert.is_some() != self.front.tls_key.is_some() {
-            return Err(err(
-                "front.tls_cert",
-                "give front.tls_cert and front.tls_key together, or neither",
-            ));
-        }
-        self.validate_front_limits()
-    }
-
-    /// The front's bounds: none may be zero (a zero would refuse everything or time out at once).
-    fn validate_front_limits(&self) -> Result<(), ConfigError> {
-        let f = &self.front;
-        for (key, zero) in [
-            ("front.max_connections", f.max_connections == 0),
-            (
-                "front.max_connections_per_source",
-                f.max_connections_per_source == 0,
-            ),
-            ("front.handshake_timeout", f.handshake_timeout.is_zero()),
-            ("front.header_read_timeout", f.header_read_timeout.is_zero()),
-            ("front.idle_timeout", f.idle_timeout.is_zero()),
-            ("front.body_read_timeout", f.body_read_timeout.is_zero()),
-            (
-                "front.max_streams_per_certificate",
-                f.max_streams_per_certificate == 0,
-            ),
-        ] {
-            if zero {
-                return Err(err(key, "must be more than zero"));
-            }
-        }
-        if f.max_connections_per_source > f.max_connections {
-            return Err(err(
-                "front.max_connections_per_source",
-                format!(
-                    "{} is more than front.max_connections ({})",
-                    f.max_connections_per_source, f.max_connections
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The relay's gate: no bound may be zero, and one address may not have more than all.
-    fn validate_relay(&self) -> Result<(), ConfigError> {
-        let r = &self.relay;
-        for (key, zero) in [
-            ("relay.max_connections", r.max_connections == 0),
-            (
-                "relay.max_connections_per_source",
-                r.max_connections_per_source == 0,
-            ),
-            ("relay.handshake_timeout", r.handshake_timeout.is_zero()),
-            ("relay.idle_timeout", r.idle_timeout.is_zero()),
-        ] {
-            if zero {
-                return Err(err(key, "must be more than zero"));
-            }
-        }
-        if r.max_connections_per_source > r.max_connections {
-            return Err(err(
-                "relay.max_connections_per_source",
-                format!(
-                    "{} is more than relay.max_connections ({})",
-                    r.max_connections_per_source, r.max_connections
-                ),
             ));
         }
         Ok(())
@@ -928,16 +474,7 @@ impl Config {
     /// The providers to rent from: `market.providers`, or `market.url` as one named `market`;
     /// empty: the embedded local provider.
     pub fn providers(&self) -> Vec<ProviderRef> {
-        match &self.market.url {
-            Some(url) => vec![ProviderRef {
-                name: "market".into(),
-                url: url.clone(),
-                pin: self.market.pin.clone(),
-                region: None,
-                zone: None,
-            }],
-            None => self.market.providers.clone(),
-        }
+        self.market.providers()
     }
 
     /// The store's URL: the configured one, or SQLite in the state directory.

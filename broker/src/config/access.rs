@@ -4,6 +4,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::{ConfigError, err};
+
 /// Who may have a cluster, and how much of the broker a user may take (docs/security.md).
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -60,5 +62,40 @@ impl Default for Access {
             requests_per_minute_per_did: 120,
             creates_per_hour_per_did: 20,
         }
+    }
+}
+
+impl Access {
+    /// Who may have clusters, and the limits: none zero, every allowed DID a DID.
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        for (key, n) in [
+            ("access.max_clusters_per_did", self.max_clusters_per_did),
+            ("access.max_clusters", self.max_clusters),
+            (
+                "access.requests_per_minute_per_source",
+                self.requests_per_minute_per_source,
+            ),
+            (
+                "access.requests_per_minute_per_did",
+                self.requests_per_minute_per_did,
+            ),
+            (
+                "access.creates_per_hour_per_did",
+                self.creates_per_hour_per_did,
+            ),
+        ] {
+            if n == 0 {
+                return Err(err(key, "must be at least 1"));
+            }
+        }
+        if let Some(d) = self.allowed_dids.iter().find(|d| {
+            !(d.starts_with("did:key:") || d.starts_with("did:web:") || d.starts_with("did:plc:"))
+        }) {
+            return Err(err(
+                "access.allowed_dids",
+                format!("{d:?} is not a did:key, did:web or did:plc"),
+            ));
+        }
+        Ok(())
     }
 }

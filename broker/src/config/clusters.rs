@@ -8,6 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::durations::{HumanDuration, humantime_serde_compat};
+use super::{ConfigError, err};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -91,6 +92,83 @@ impl ClusterDefaults {
             .iter()
             .filter_map(|n| n.parse().ok())
             .collect()
+    }
+
+    /// When clusters hibernate, the networks and resolvers they are given, their control
+    /// planes' budget and ports, and the server of their PostgreSQL datastores. Whether
+    /// that server is known when it is needed is [`super::Config`]'s check (`store.url` may
+    /// name it).
+    pub(super) fn check(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
+        hibernate_after_ok(self.hibernate_after)
+            .map_err(|e| err(&o("clusters.hibernate_after"), e))?;
+        for (i, n) in self.webhook_egress_allow.iter().enumerate() {
+            if n.parse::<ipnet::IpNet>().is_err() {
+                return Err(err(
+                    &format!("clusters.webhook_egress_allow[{i}]"),
+                    format!("{n:?} is not a network (203.0.113.0/24, 2001:db8::/32, 0.0.0.0/0)"),
+                ));
+            }
+        }
+        for (i, r) in self.upstream_resolvers.iter().enumerate() {
+            if socialweb_wire::identity::parse_resolver(r).is_none() {
+                return Err(err(
+                    &format!("clusters.upstream_resolvers[{i}]"),
+                    format!("{r:?} is not an IP or IP:port"),
+                ));
+            }
+        }
+        self.check_budget(o)?;
+        if u32::from(self.port_base) + u32::from(self.port_count) > 65535 {
+            return Err(err("clusters.port_count", "the port range runs past 65535"));
+        }
+        if let Some(u) = &self.postgres_url
+            && !url::Url::parse(u).is_ok_and(|u| matches!(u.scheme(), "postgres" | "postgresql"))
+        {
+            return Err(err(
+                &o("clusters.postgres_url"),
+                "is not a postgres://user@host/database URL",
+            ));
+        }
+        Ok(())
+    }
+
+    /// GOGC and the control planes' cgroup and datastore quota: each 0 (none) or enough to
+    /// run a control plane.
+    fn check_budget(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
+        if !(10..=1000).contains(&self.gogc) {
+            return Err(err(
+                &o("clusters.gogc"),
+                format!("{} is not from 10 to 1000 (Go's default is 100)", self.gogc),
+            ));
+        }
+        if !(self.cpu_max.is_finite() && self.cpu_max >= 0.0)
+            || (self.cpu_max > 0.0 && self.cpu_max < 0.01)
+        {
+            return Err(err(
+                &o("clusters.cpu_max"),
+                format!("{} is not 0 (no limit) or at least 0.01 CPUs", self.cpu_max),
+            ));
+        }
+        if self.memory_max_mib > 0 && self.memory_max_mib < 256 {
+            return Err(err(
+                &o("clusters.memory_max_mib"),
+                format!(
+                    "{} MiB is too little for a control plane (an idle one uses about 400); 0 is no limit",
+                    self.memory_max_mib
+                ),
+            ));
+        }
+        if self.datastore_quota_mib > 0 && self.datastore_quota_mib < MIN_DATASTORE_QUOTA_MIB {
+            return Err(err(
+                &o("clusters.datastore_quota_mib"),
+                format!(
+                    "{} MiB is less than a new cluster's own objects take (at least \
+                     {MIN_DATASTORE_QUOTA_MIB}); 0 is no quota",
+                    self.datastore_quota_mib
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -8,6 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::durations::{HumanDuration, humantime_serde_compat};
+use super::{ConfigError, err};
 
 /// `[fleet]`: this host is one of several sharing the store. Each awake cluster is run by
 /// the one host holding its lease (a row of the store it renews); a host that sees the
@@ -45,6 +46,23 @@ impl Fleet {
     /// Not a fleet, and nothing else set: what need not be written.
     pub fn is_off(&self) -> bool {
         *self == Fleet::default()
+    }
+
+    /// Its own bounds, when on: a lease long enough to be renewed, a port for the link.
+    pub(super) fn check(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.lease_ttl < Duration::from_secs(3) {
+            return Err(err(&o("fleet.lease_ttl"), "must be at least 3s"));
+        }
+        if self.link_port == 0 {
+            return Err(err(
+                &o("fleet.link_port"),
+                "must be a port: the other hosts reach this one's clusters through it",
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -9,6 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::durations::{HumanDuration, humantime_serde_compat};
+use super::{ConfigError, err};
 
 /// The way in for users (docs/api.md): one TLS listener for the certificate front
 /// (`/clusters/...`) and the gateway API (`/xrpc/...`).
@@ -97,5 +98,69 @@ impl Default for Front {
             min_body_bytes_per_sec: 1024,
             max_streams_per_certificate: DEFAULT_MAX_STREAMS_PER_CERTIFICATE,
         }
+    }
+}
+
+impl Front {
+    /// The front's URL, DID and certificate.
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        if let Some(u) = &self.public_url
+            && url::Url::parse(u)
+                .map(|u| u.scheme() != "https" || u.host_str().is_none())
+                .unwrap_or(true)
+        {
+            return Err(err(
+                "front.public_url",
+                format!("{u:?} is not an https:// URL with a host"),
+            ));
+        }
+        if let Some(d) = &self.service_did
+            && !d.starts_with("did:")
+        {
+            return Err(err("front.service_did", format!("{d:?} is not a DID")));
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(err(
+                "front.tls_cert",
+                "give front.tls_cert and front.tls_key together, or neither",
+            ));
+        }
+        self.check_limits()
+    }
+
+    /// The front's bounds: none may be zero (a zero would refuse everything or time out at once).
+    fn check_limits(&self) -> Result<(), ConfigError> {
+        for (key, zero) in [
+            ("front.max_connections", self.max_connections == 0),
+            (
+                "front.max_connections_per_source",
+                self.max_connections_per_source == 0,
+            ),
+            ("front.handshake_timeout", self.handshake_timeout.is_zero()),
+            (
+                "front.header_read_timeout",
+                self.header_read_timeout.is_zero(),
+            ),
+            ("front.idle_timeout", self.idle_timeout.is_zero()),
+            ("front.body_read_timeout", self.body_read_timeout.is_zero()),
+            (
+                "front.max_streams_per_certificate",
+                self.max_streams_per_certificate == 0,
+            ),
+        ] {
+            if zero {
+                return Err(err(key, "must be more than zero"));
+            }
+        }
+        if self.max_connections_per_source > self.max_connections {
+            return Err(err(
+                "front.max_connections_per_source",
+                format!(
+                    "{} is more than front.max_connections ({})",
+                    self.max_connections_per_source, self.max_connections
+                ),
+            ));
+        }
+        Ok(())
     }
 }

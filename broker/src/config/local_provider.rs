@@ -10,6 +10,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::durations::{HumanDuration, humantime_serde_compat};
+use super::{ConfigError, err};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -77,6 +78,91 @@ impl Default for LocalProvider {
             region: None,
             zone: None,
         }
+    }
+}
+
+impl LocalProvider {
+    /// Its region and zone, its shapes, the brokers' keys it serves, and what its kind of
+    /// machine takes.
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        self.check_labels()?;
+        self.check_shapes()?;
+        for (i, pin) in self.brokers.iter().enumerate() {
+            socialweb_market_tls::parse_pin(pin)
+                .map_err(|e| err(&format!("local_provider.brokers[{i}]"), e.to_string()))?;
+        }
+        self.check_machines()
+    }
+
+    /// The region and zone its offer names are label values: its nodes carry them as labels.
+    fn check_labels(&self) -> Result<(), ConfigError> {
+        for (field, v) in [
+            ("local_provider.region", &self.region),
+            ("local_provider.zone", &self.zone),
+        ] {
+            if let Some(v) = v
+                && !socialweb_market::valid_label_value(v)
+            {
+                return Err(err(
+                    field,
+                    format!(
+                        "{v:?} is not a label value (1-63 of A-Z a-z 0-9 - _ ., alphanumeric \
+                         at both ends)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each shape is a node size the market takes.
+    fn check_shapes(&self) -> Result<(), ConfigError> {
+        for (i, s) in self.shapes.iter().enumerate() {
+            let at = format!("local_provider.shapes[{i}]");
+            // The spec's check names the field after the shape: `...shapes[1].vcpu`.
+            socialweb_market::Shape::from(*s)
+                .spec
+                .validate(&at)
+                .map_err(|e| match e.split_once(": ") {
+                    Some((field, problem)) => err(field, problem),
+                    None => err(&at, e),
+                })?;
+        }
+        Ok(())
+    }
+
+    /// A VM provider boots a node image, and what only a machine of namespaces can be given
+    /// (the host's seed archives, a kubelet patch on the agent's command line) is refused by
+    /// name rather than ignored.
+    fn check_machines(&self) -> Result<(), ConfigError> {
+        if self.machine != MachineKind::Vm {
+            return Ok(());
+        }
+        if self.image.is_none() {
+            return Err(err(
+                "local_provider.image",
+                "required with machine = \"vm\": the node image directory its guests boot",
+            ));
+        }
+        if !self.seed_images.is_empty() {
+            return Err(err(
+                "local_provider.seed_images",
+                "not taken with machine = \"vm\": a guest imports the node image's seed disk (put the archives in the image config's `images`)",
+            ));
+        }
+        if self.kubelet_config_patch.is_some() {
+            return Err(err(
+                "local_provider.kubelet_config_patch",
+                "not taken with machine = \"vm\": a guest's agent runs as the node image's unit starts it",
+            ));
+        }
+        if self.vm.boot_timeout < Duration::from_secs(10) {
+            return Err(err(
+                "local_provider.vm.boot_timeout",
+                "must be at least 10s (a guest boots its kernel, systemd and the agent)",
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -6,6 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::durations::{HumanDuration, humantime_serde_compat};
+use super::{ConfigError, err};
 
 /// The mesh relay: a public listener (docs/operations.md), HTTPS with the front's certificate,
 /// admitting the live nodes of every cluster and the broker's own tunnel endpoint.
@@ -46,5 +47,34 @@ impl Default for Relay {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
         }
+    }
+}
+
+impl Relay {
+    /// The relay's gate: no bound may be zero, and one address may not have more than all.
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        for (key, zero) in [
+            ("relay.max_connections", self.max_connections == 0),
+            (
+                "relay.max_connections_per_source",
+                self.max_connections_per_source == 0,
+            ),
+            ("relay.handshake_timeout", self.handshake_timeout.is_zero()),
+            ("relay.idle_timeout", self.idle_timeout.is_zero()),
+        ] {
+            if zero {
+                return Err(err(key, "must be more than zero"));
+            }
+        }
+        if self.max_connections_per_source > self.max_connections {
+            return Err(err(
+                "relay.max_connections_per_source",
+                format!(
+                    "{} is more than relay.max_connections ({})",
+                    self.max_connections_per_source, self.max_connections
+                ),
+            ));
+        }
+        Ok(())
     }
 }

@@ -6,6 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::durations::{HumanDuration, humantime_serde_compat};
+use super::{ConfigError, err};
 
 /// The scale decision's knobs (docs/scale.md).
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -46,5 +47,51 @@ impl Default for Scale {
             max_consolidate_after: Duration::from_secs(3600),
             schedulers: vec!["default-scheduler".into()],
         }
+    }
+}
+
+impl Scale {
+    /// The schedulers it rents for, then its bounds, refused rather than clamped: a node and
+    /// a Pod a node at least, a hold longer than 0s, a consolidation of 1s at least.
+    pub(super) fn check(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
+        self.check_schedulers()?;
+        if self.max_nodes < 1 {
+            return Err(err(
+                &o("scale.max_nodes"),
+                "0 must be at least 1; it is refused, not clamped",
+            ));
+        }
+        if self.pods_per_node < 1 {
+            return Err(err(&o("scale.pods_per_node"), "0 must be at least 1"));
+        }
+        if self.max_consolidate_after < Duration::from_secs(1) {
+            return Err(err("scale.max_consolidate_after", "must be at least 1s"));
+        }
+        if self.hold.is_zero() {
+            return Err(err(&o("scale.hold"), "must be longer than 0s"));
+        }
+        Ok(())
+    }
+
+    /// At least one scheduler, each a name a Pod's `spec.schedulerName` can hold.
+    fn check_schedulers(&self) -> Result<(), ConfigError> {
+        if self.schedulers.is_empty() {
+            return Err(err(
+                "scale.schedulers",
+                "lists no scheduler: no Pod would ever rent a node (the default is \
+                 [\"default-scheduler\"])",
+            ));
+        }
+        if let Some(bad) = self
+            .schedulers
+            .iter()
+            .find(|n| n.is_empty() || n.len() > 253 || !n.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return Err(err(
+                "scale.schedulers",
+                format!("{bad:?} is not a scheduler name (1-253 printable characters)"),
+            ));
+        }
+        Ok(())
     }
 }

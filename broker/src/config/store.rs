@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::{ConfigError, err};
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Store {
@@ -17,4 +19,21 @@ pub struct Store {
     /// disk, the store and this key serves the same clusters, and the store alone cannot
     /// sign for them. Back it up apart from the store. Unset: CA keys live on this disk only.
     pub key_file: Option<PathBuf>,
+}
+
+impl Store {
+    /// `url` names a store the broker can open: SQLite or PostgreSQL.
+    pub(super) fn check(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
+        if let Some(url) = &self.url
+            && !(url.starts_with("sqlite:")
+                || url.starts_with("postgres://")
+                || url.starts_with("postgresql://"))
+        {
+            return Err(err(
+                &o("store.url"),
+                format!("{url:?} is neither sqlite:<path> nor postgres://..."),
+            ));
+        }
+        Ok(())
+    }
 }
