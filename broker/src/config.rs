@@ -8,7 +8,7 @@
 //! defaults and the checks of its own keys; this file composes them into [`Config`], reads
 //! the file and the variables, and checks what spans sections.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ pub mod check;
 pub mod reference;
 
 mod access;
+mod addresses;
 mod clusters;
 mod durations;
 mod fleet;
@@ -65,11 +66,6 @@ fn err(source: &str, problem: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Whether a node elsewhere can reach `a`: not unspecified, loopback, link-local (it needs
-/// a zone) or multicast.
-fn reachable_v6(a: Ipv6Addr) -> bool {
-    !(a.is_unspecified() || a.is_loopback() || a.is_unicast_link_local() || a.is_multicast())
-}
 /// Everything the daemon is told.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -311,47 +307,6 @@ impl Config {
         self.access.check()
     }
 
-    /// The addresses nodes are told the broker is at, both families.
-    fn check_service_addrs(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
-        if IpAddr::V4(self.service_addr).is_unspecified() {
-            return Err(err(
-                &o("service_addr"),
-                "must be a specific address nodes can reach",
-            ));
-        }
-        if let Some(a) = self.advertise_addr
-            && (a.is_unspecified() || a.is_loopback())
-        {
-            return Err(err(
-                &o("advertise_addr"),
-                format!("{a} is not an address nodes can reach"),
-            ));
-        }
-        for (key, a) in [
-            ("service_addr_v6", self.service_addr_v6),
-            ("advertise_addr_v6", self.advertise_addr_v6),
-        ] {
-            if let Some(a) = a
-                && !reachable_v6(a)
-            {
-                return Err(err(
-                    &o(key),
-                    format!(
-                        "{a} is not an address nodes can reach (unspecified, loopback, \
-                         link-local or multicast)"
-                    ),
-                ));
-            }
-        }
-        if self.advertise_addr_v6.is_some() && self.service_addr_v6.is_none() {
-            return Err(err(
-                &o("advertise_addr_v6"),
-                "is set without service_addr_v6, the address it is forwarded to",
-            ));
-        }
-        Ok(())
-    }
-
     /// A `postgres` datastore needs a server: `clusters.postgres_url`, else a PostgreSQL
     /// `store.url`.
     fn check_datastore_server(&self, o: &impl Fn(&str) -> String) -> Result<(), ConfigError> {
@@ -397,17 +352,6 @@ impl Config {
         Ok(())
     }
 
-    /// Where the front binds: `front.listen`, except that all IPv4 addresses become all
-    /// addresses of both families when the host has `service_addr_v6`.
-    pub fn front_bind(&self) -> SocketAddr {
-        match self.front.listen {
-            SocketAddr::V4(a) if a.ip().is_unspecified() && self.service_addr_v6.is_some() => {
-                SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), a.port())
-            }
-            a => a,
-        }
-    }
-
     /// The server `postgres` clusters' databases are made on: `clusters.postgres_url`, else
     /// the store's URL when the store is PostgreSQL.
     pub fn clusters_postgres_url(&self) -> Option<String> {
@@ -416,58 +360,6 @@ impl Config {
                 .url
                 .clone()
                 .filter(|u| u.starts_with("postgres://") || u.starts_with("postgresql://"))
-        })
-    }
-
-    /// Where this host's fleet link listens (`fleet.link_port` on `service_addr`).
-    pub fn link_bind(&self) -> SocketAddr {
-        SocketAddr::new(IpAddr::V4(self.service_addr), self.fleet.link_port)
-    }
-
-    /// The URL other hosts of the fleet reach this host's link at.
-    pub fn link_url(&self) -> String {
-        format!(
-            "https://{}:{}",
-            self.advertised_addr(),
-            self.fleet.link_port
-        )
-    }
-
-    /// The URL kubeconfigs name the front by.
-    pub fn front_url(&self) -> String {
-        self.front.public_url.clone().unwrap_or_else(|| {
-            format!(
-                "https://{}:{}",
-                self.advertised_addr(),
-                self.front.listen.port()
-            )
-        })
-    }
-
-    /// Where nodes and users are told the broker is: `advertise_addr`, else `service_addr`.
-    pub fn advertised_addr(&self) -> Ipv4Addr {
-        self.advertise_addr.unwrap_or(self.service_addr)
-    }
-
-    /// The IPv6 address nodes are told, if the host has one: `advertise_addr_v6`, else
-    /// `service_addr_v6`.
-    pub fn advertised_addr_v6(&self) -> Option<Ipv6Addr> {
-        self.advertise_addr_v6.or(self.service_addr_v6)
-    }
-
-    /// The DID service-auth tokens must be addressed to.
-    pub fn service_did(&self) -> String {
-        self.front.service_did.clone().unwrap_or_else(|| {
-            let host = url::Url::parse(&self.front_url())
-                .ok()
-                .and_then(|u| {
-                    u.host_str().map(|h| match u.port() {
-                        Some(p) => format!("{h}%3A{p}"),
-                        None => h.to_string(),
-                    })
-                })
-                .unwrap_or_default();
-            format!("did:web:{host}")
         })
     }
 
