@@ -120,3 +120,41 @@ impl Config {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    #[test]
+    fn ipv6_addresses_must_be_reachable_and_make_the_front_listen_on_both_families() {
+        let dir = std::env::temp_dir().join(format!("sw-cfg6-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("broker.toml");
+        let load = |text: &str| {
+            std::fs::write(&f, text).unwrap();
+            Config::load(Some(&f), |_| None)
+        };
+        let c = load("service_addr_v6 = \"2001:db8::1\"\n").unwrap();
+        assert_eq!(c.advertised_addr_v6(), Some("2001:db8::1".parse().unwrap()));
+        assert_eq!(c.front_bind(), "[::]:8443".parse().unwrap());
+        let c = load("service_addr_v6 = \"2001:db8::1\"\n[front]\nlisten = \"192.0.2.1:443\"\n");
+        assert_eq!(c.unwrap().front_bind(), "192.0.2.1:443".parse().unwrap());
+        assert_eq!(
+            Config::default().front_bind(),
+            "0.0.0.0:8443".parse().unwrap()
+        );
+        for bad in ["::", "::1", "fe80::1", "ff02::1"] {
+            let e = load(&format!("service_addr_v6 = \"{bad}\"\n")).unwrap_err();
+            assert_eq!(e.source_name, "service_addr_v6", "{bad}: {e}");
+            assert!(e.problem.contains(bad), "{e}");
+        }
+        let e = load("advertise_addr_v6 = \"2001:db8::9\"\n").unwrap_err();
+        assert_eq!(e.source_name, "advertise_addr_v6", "{e}");
+        let c = load("service_addr_v6 = \"fd00::1\"\nadvertise_addr_v6 = \"2001:db8::9\"\n");
+        assert_eq!(
+            c.unwrap().advertised_addr_v6(),
+            Some("2001:db8::9".parse().unwrap())
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

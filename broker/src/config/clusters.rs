@@ -249,3 +249,41 @@ pub fn hibernate_after_ok(d: Duration) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::config::Config;
+    use crate::config::tests::load;
+
+    #[test]
+    fn hibernate_after_is_zero_or_a_sane_time_and_errors_name_the_key() {
+        let var = "SOCIALWEB_BROKER_HIBERNATE_AFTER";
+        assert_eq!(
+            load(&[(var, "0")]).unwrap().clusters.hibernate_after,
+            Duration::ZERO
+        );
+        assert_eq!(
+            load(&[(var, "30m")]).unwrap().clusters.hibernate_after,
+            Duration::from_secs(1800)
+        );
+        for (v, needle) in [
+            ("200ms", "too short"),
+            ("400days", "longer than a year"),
+            ("later", "not a duration"),
+        ] {
+            let e = load(&[(var, v)]).unwrap_err();
+            assert_eq!(e.source_name, var, "{e}");
+            assert!(e.problem.contains(needle), "{v}: {e}");
+        }
+        let e = toml::from_str::<Config>("[clusters]\nhibernate_after = \"5s\"\n")
+            .map(|c| c.validate(&|_| None));
+        assert!(matches!(e, Ok(Ok(()))), "{e:?}");
+        let e = toml::from_str::<Config>("[clusters]\nhibernate_after = \"10ms\"\n")
+            .unwrap()
+            .validate(&|_| None)
+            .unwrap_err();
+        assert_eq!(e.source_name, "clusters.hibernate_after", "{e}");
+    }
+}

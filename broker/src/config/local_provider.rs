@@ -249,3 +249,27 @@ impl Default for Vm {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    #[test]
+    fn shapes_are_checked_and_errors_name_the_field() {
+        let ok = "[local_provider]\nshapes = [{ vcpu = 1, memMiB = 2048, diskMiB = 20480 }, \
+                  { vcpu = 2, memMiB = 4096, diskMiB = 20480, price_micros_per_hour = 20000 }]\n";
+        let c = toml::from_str::<Config>(ok).unwrap();
+        assert!(c.validate(&|_| None).is_ok());
+        assert_eq!(c.local_provider.shapes[1].price_micros_per_hour, 20000);
+        let bad = ok.replace("vcpu = 2", "vcpu = 0");
+        let e = toml::from_str::<Config>(&bad)
+            .unwrap()
+            .validate(&|_| None)
+            .unwrap_err();
+        assert_eq!(e.source_name, "local_provider.shapes[1].vcpu", "{e}");
+        assert!(e.problem.contains("0 is not 1-1024"), "{e}");
+        let unknown = ok.replace("diskMiB = 20480 }", "diskMiB = 20480, gpu = 1 }");
+        let e = toml::from_str::<Config>(&unknown).unwrap_err().to_string();
+        assert!(e.contains("gpu"), "{e}");
+    }
+}

@@ -78,3 +78,41 @@ impl Relay {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::config::Config;
+
+    #[test]
+    fn the_relays_bounds_are_more_than_zero_and_one_address_has_no_more_than_all() {
+        let dir = std::env::temp_dir().join(format!("sw-cfgrelay-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("broker.toml");
+        let load = |text: &str| {
+            std::fs::write(&f, text).unwrap();
+            Config::load(Some(&f), |_| None)
+        };
+        let c = load("[relay]\nmax_connections = 200\nidle_timeout = \"3s\"\n").unwrap();
+        assert_eq!(c.relay.max_connections, 200);
+        assert_eq!(c.relay.idle_timeout, Duration::from_secs(3));
+        for (text, key) in [
+            ("max_connections = 0", "relay.max_connections"),
+            (
+                "max_connections_per_source = 0",
+                "relay.max_connections_per_source",
+            ),
+            ("handshake_timeout = \"0s\"", "relay.handshake_timeout"),
+            ("idle_timeout = \"0s\"", "relay.idle_timeout"),
+            (
+                "max_connections = 8\nmax_connections_per_source = 9",
+                "relay.max_connections_per_source",
+            ),
+        ] {
+            let e = load(&format!("[relay]\n{text}\n")).unwrap_err();
+            assert_eq!(e.source_name, key, "{text}: {e}");
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
