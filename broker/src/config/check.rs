@@ -357,3 +357,68 @@ fn vm_programs(cfg: &Config, who: &str, f: &mut Findings) {
         _ => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, DatastoreKind, check};
+
+    #[test]
+    fn check_config_names_missing_files_by_key_and_a_providers_missing_brokers() {
+        let dir = std::env::temp_dir().join(format!("sw-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut c = Config {
+            kube_dir: dir.clone(),
+            ..Config::default()
+        };
+        c.clusters.kine_binary = dir.join("kine");
+        c.local_provider.agent = dir.join("agent");
+        c.local_provider.cni_bin_dir = dir.join("cni");
+        c.front.tls_cert = Some(dir.join("front.crt"));
+        c.front.tls_key = Some(dir.join("front.key"));
+        let found = check::run(&c, None, check::Role::Broker);
+        let errors = |found: &[check::Finding]| -> Vec<String> {
+            found
+                .iter()
+                .filter(|f| f.level == check::Level::Error)
+                .map(|f| f.key.clone())
+                .collect()
+        };
+        let e = errors(&found);
+        for key in [
+            "kube_dir",
+            "clusters.kine_binary",
+            "front.tls_cert",
+            "front.tls_key",
+            "local_provider.agent",
+            "local_provider.cni_bin_dir",
+        ] {
+            assert!(e.iter().any(|k| k == key), "{key}: {found:?}");
+        }
+        assert!(
+            found.iter().all(|f| !f.key.contains("brokers")),
+            "{found:?}"
+        );
+        c.clusters.datastore = DatastoreKind::Etcd;
+        let found = check::run(&c, None, check::Role::Broker);
+        assert!(!errors(&found).contains(&"clusters.kine_binary".to_string()));
+        let file = dir.join("provider.toml");
+        std::fs::write(&file, "state_dir = \"/x\"\n[front]\nnames = []\n[scale]\n").unwrap();
+        let found = check::run(&c, Some(&file), check::Role::Provider);
+        let e = errors(&found);
+        assert!(
+            e.contains(&"local_provider.brokers".to_string()),
+            "{found:?}"
+        );
+        assert!(e.contains(&"kube_dir".to_string()), "{found:?}");
+        let shown: Vec<String> = found.iter().map(ToString::to_string).collect();
+        assert!(
+            shown.contains(&"warning: front: `socialweb-broker provider` does not read it; a provider machine reads only kube_dir, local_provider, metrics, node and state_dir (docs/config.md)".to_string()),
+            "{shown:?}"
+        );
+        assert_eq!(
+            check::not_read_by_a_provider(&std::fs::read_to_string(&file).unwrap()),
+            ["front", "scale"]
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

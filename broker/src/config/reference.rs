@@ -365,3 +365,151 @@ fn toml_literal(v: &Value) -> Option<String> {
     let t: toml::Value = serde_json::from_value(v.clone()).ok()?;
     Some(t.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, LocalShape, ProviderRef, reference};
+
+    /// Every key a configuration writes, dotted (`market.providers.pin` for each
+    /// `[[market.providers]]`), down to the keys of `reference` (whose values may be tables).
+    fn written_keys(v: &toml::Value, at: &str, reference: &[String], out: &mut Vec<String>) {
+        match v {
+            toml::Value::Table(t) if !reference.iter().any(|k| k == at) => {
+                for (k, v) in t {
+                    let key = if at.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{at}.{k}")
+                    };
+                    written_keys(v, &key, reference, out);
+                }
+            }
+            toml::Value::Array(a) if a.first().is_some_and(toml::Value::is_table) => {
+                out.push(at.to_string());
+                for (k, v) in a[0].as_table().into_iter().flatten() {
+                    written_keys(v, &format!("{at}.{k}"), reference, out);
+                }
+            }
+            _ => out.push(at.to_string()),
+        }
+    }
+
+    /// A configuration with every optional key set and every array given an element.
+    fn everything() -> Config {
+        let mut c = Config::default();
+        c.store.url = Some("sqlite://x".into());
+        c.market.url = Some("https://m".into());
+        c.market.pin = Some("sha256:00".into());
+        c.market.image = Some("local".into());
+        c.market.providers.push(ProviderRef {
+            name: "east".into(),
+            url: "https://198.51.100.11:7480".into(),
+            pin: Some("sha256:00".into()),
+            region: None,
+            zone: None,
+        });
+        c.local_provider.shapes.push(LocalShape {
+            vcpu: 2,
+            mem_mib: 4096,
+            disk_mib: 20480,
+            price_micros_per_hour: 1,
+        });
+        c.local_provider.kubelet_config_patch = Some(serde_json::json!({"maxPods": 30}));
+        c.local_provider.image = Some("/srv/image".into());
+        c.front.public_url = Some("https://b".into());
+        c.front.service_did = Some("did:web:b".into());
+        c.front.tls_cert = Some("/c".into());
+        c.front.tls_key = Some("/k".into());
+        c
+    }
+
+    /// The reference names every key the configuration has, and no other: a key added to a
+    /// type, or to `NodeSize` and not to its schema's mirror, fails here.
+    #[test]
+    fn the_reference_has_every_key_and_no_other() {
+        let r = reference::Reference::new();
+        let keys = r.broker_keys();
+        let mut written = Vec::new();
+        let v = toml::Value::try_from(everything()).unwrap();
+        written_keys(&v, "", &keys, &mut written);
+        for k in &written {
+            assert!(keys.contains(k), "{k} is not in the reference");
+        }
+        // What `everything` leaves unset is an optional key, unset by default.
+        for t in &r.broker {
+            for k in &t.keys {
+                assert!(
+                    written.contains(&k.key) || k.default.is_null(),
+                    "{} is in the reference, not in the configuration",
+                    k.key
+                );
+            }
+        }
+        let provider: Vec<String> = r
+            .provider
+            .iter()
+            .flat_map(|t| t.keys.iter().map(|k| k.key.clone()))
+            .collect();
+        for k in &provider {
+            assert!(
+                keys.contains(k),
+                "{k} is a provider's key, not the broker's"
+            );
+        }
+        assert!(provider.contains(&"local_provider.brokers".to_string()));
+        assert!(!provider.iter().any(|k| k.starts_with("front")));
+    }
+
+    /// The defaults are what `check-config` prints for an empty file (issue 39: the page
+    /// said etcd and 100), with their variables, types and meanings.
+    #[test]
+    fn the_reference_says_the_defaults_check_config_prints() {
+        let r = reference::Reference::new();
+        let key = |name: &str| {
+            r.broker
+                .iter()
+                .flat_map(|t| &t.keys)
+                .find(|k| k.key == name)
+                .unwrap_or_else(|| panic!("{name}"))
+                .clone()
+        };
+        let printed = toml::to_string_pretty(&Config::default()).unwrap();
+        assert!(printed.contains("datastore = \"kine\"") && printed.contains("gogc = 50"));
+        assert_eq!(
+            key("clusters.datastore").default_toml.as_deref(),
+            Some("\"kine\"")
+        );
+        assert_eq!(
+            key("clusters.datastore").values,
+            ["etcd", "kine", "postgres"]
+        );
+        assert_eq!(key("clusters.gogc").default_toml.as_deref(), Some("50"));
+        assert_eq!(key("scale.hold").default_toml.as_deref(), Some("\"2m\""));
+        assert!(
+            key("scale.hold").ty.starts_with("duration"),
+            "{:?}",
+            key("scale.hold")
+        );
+        assert_eq!(key("node.memMiB").default_toml.as_deref(), Some("4096"));
+        assert_eq!(key("clusters.cpu_max").default_toml.as_deref(), Some("2.0"));
+        assert_eq!(key("front.tls_cert").default_toml, None);
+        assert!(key("market.providers.name").required);
+        assert!(!key("market.providers.pin").required);
+        assert_eq!(
+            key("state_dir").variable.as_deref(),
+            Some("SOCIALWEB_BROKER_STATE_DIR")
+        );
+        assert!(key("kube_dir").meaning.contains("`kube` and `pause`"));
+        let md = r.markdown();
+        assert!(
+            md.contains("| `gogc` | integer (0 or more) | `50` |"),
+            "{md}"
+        );
+        assert!(md.contains("### `[[market.providers]]`"), "{md}");
+        for t in r.broker.iter().chain(&r.provider) {
+            for k in &t.keys {
+                assert!(!k.meaning.is_empty(), "{} has no doc comment", k.key);
+            }
+        }
+    }
+}
