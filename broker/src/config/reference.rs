@@ -16,7 +16,7 @@ const HEADER: &str = "# Configuration reference
 Every key of the broker's configuration file and of a provider machine's, with its type, its
 default and what it means. This page is the output of `socialweb-broker config reference`
 (`--json` for scripts): do not edit it, change the doc comments and defaults in
-`broker/src/config.rs` and run `socialweb-broker config reference > docs/config.md`
+`broker/src/config/` (one file per section) and run `socialweb-broker config reference > docs/config.md`
 (`tests/tests/tidy.rs` fails when the two differ). It is derived from the configuration's
 own types with `schemars` (JSON Schema from Rust types, reading their doc comments and
 serde's names, the crate `schemars` maintains for `serde` types) rather than kept by hand,
