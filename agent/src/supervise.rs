@@ -17,11 +17,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+
+use socialweb_proc::{start_time, terminate};
 
 use crate::backoff::Backoff;
 
@@ -67,43 +68,6 @@ pub struct Supervisor {
 /// RFC 3339 in UTC, seconds precision.
 pub fn timestamp(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
-}
-
-/// The kernel's start time of `pid` (clock ticks since boot, field 22 of /proc/<pid>/stat),
-/// which tells a process apart from a later one that reused its pid.
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may contain spaces and parentheses: fields after it are
-    // counted from the last ')'.
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(19)?.parse().ok()
-}
-
-fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| {
-                // A zombie is dead for our purposes.
-                s.rfind(')')
-                    .and_then(|i| s[i + 1..].split_whitespace().next())
-                    .is_some_and(|state| state != "Z")
-            })
-            .unwrap_or(false)
-}
-
-/// Stops a process with SIGTERM, then SIGKILL after `grace`.
-async fn terminate(pid: u32, grace: Duration) {
-    let p = Pid::from_raw(pid as i32);
-    if kill(p, Signal::SIGTERM).is_err() {
-        return;
-    }
-    let deadline = Instant::now() + grace;
-    while alive(pid) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    if alive(pid) {
-        let _ = kill(p, Signal::SIGKILL);
-    }
 }
 
 impl Supervisor {
@@ -364,7 +328,7 @@ mod tests {
     fn start_time_reads_past_a_command_name_with_spaces() {
         let me = std::process::id();
         assert!(start_time(me).is_some());
-        assert!(alive(me));
+        assert!(socialweb_proc::alive(me));
     }
 
     #[tokio::test]

@@ -30,7 +30,6 @@ use iroh::{Endpoint, EndpointAddr, EndpointId, RelayUrl};
 use serde::{Deserialize, Serialize};
 use socialweb_wire::BrokerEndpoint;
 use socialweb_wire::tunnel::{ALPN, Allow, MAX_LINE, Open, Reply};
-use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -396,32 +395,14 @@ impl Tunnel {
 }
 
 /// Reads one header or reply line (newline included), at most [`MAX_LINE`] bytes, within
-/// [`LINE_WITHIN`]. Byte by byte: what follows the line is the stream's payload.
+/// [`LINE_WITHIN`] (`socialweb_proc::stream`, shared with the broker's end).
 pub async fn read_line(recv: &mut RecvStream) -> Result<Vec<u8>> {
-    let read = async {
-        let mut line = Vec::with_capacity(64);
-        let mut byte = [0u8; 1];
-        while line.len() < MAX_LINE {
-            if recv.read(&mut byte).await?.is_none() {
-                bail!("the stream ended before its header");
-            }
-            line.push(byte[0]);
-            if byte[0] == b'\n' {
-                return Ok(line);
-            }
-        }
-        bail!("the header is longer than {MAX_LINE} bytes")
-    };
-    tokio::time::timeout(LINE_WITHIN, read)
-        .await
-        .context("no header within 10 s")?
+    socialweb_proc::stream::read_line(recv, MAX_LINE, LINE_WITHIN).await
 }
 
 /// Copies both ways between a TCP connection and a stream until both ends are done.
-async fn splice(mut tcp: TcpStream, send: SendStream, recv: RecvStream) {
-    let mut quic = tokio::io::join(recv, send);
-    if let Err(e) = tokio::io::copy_bidirectional(&mut tcp, &mut quic).await {
+async fn splice(tcp: TcpStream, send: SendStream, recv: RecvStream) {
+    if let Err(e) = socialweb_proc::stream::splice(tcp, recv, send).await {
         debug!("tunnelled connection: {e}");
     }
-    let _ = quic.shutdown().await;
 }

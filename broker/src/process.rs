@@ -6,28 +6,10 @@
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 
-pub use socialweb_proc::{adopt, alive, start_time};
-
-/// SIGTERM, then SIGKILL after `grace`.
-pub async fn terminate(pid: u32, grace: Duration) {
-    let p = Pid::from_raw(pid as i32);
-    if kill(p, Signal::SIGTERM).is_err() {
-        return;
-    }
-    let deadline = Instant::now() + grace;
-    while alive(pid) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    if alive(pid) {
-        let _ = kill(p, Signal::SIGKILL);
-    }
-}
+pub use socialweb_proc::{adopt, alive, start_time, terminate};
 
 /// Starts `program args` with its output appended to `log`, records it in `pidfile`. It is
 /// not tied to the broker's life: a clean shutdown stops it, a crash leaves it for the next

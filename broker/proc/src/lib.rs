@@ -2,11 +2,13 @@
 //! gone; a pid with its kernel start time cannot, so that pair is what the broker (its
 //! control-plane components) and the provider (its machines and their agents) write down
 //! and, after a restart, adopt only if it still names the same process. And their state
-//! on disk, owner-only ([`owner_only`]).
+//! on disk, owner-only ([`owner_only`]); and the byte plumbing of the tunnel's streams that
+//! the agent and the broker share ([`stream`]).
 
 pub mod cgroup;
 pub mod log;
 pub mod owner_only;
+pub mod stream;
 
 use std::path::Path;
 
@@ -34,6 +36,23 @@ pub fn alive(pid: u32) -> bool {
                 .and_then(|i| s[i + 1..].split_whitespace().next().map(|st| st != "Z"))
         })
         .unwrap_or(false)
+}
+
+/// Stops `pid` with SIGTERM, then SIGKILL if it still runs after `grace` (the broker's
+/// control-plane components and the agent's children alike).
+pub async fn terminate(pid: u32, grace: std::time::Duration) {
+    use nix::sys::signal::{Signal, kill};
+    let p = nix::unistd::Pid::from_raw(pid as i32);
+    if kill(p, Signal::SIGTERM).is_err() {
+        return;
+    }
+    let deadline = std::time::Instant::now() + grace;
+    while alive(pid) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    if alive(pid) {
+        let _ = kill(p, Signal::SIGKILL);
+    }
 }
 
 /// Whether `(pid, started)` still names a running process.

@@ -22,7 +22,6 @@ use iroh::endpoint::{Connection, RecvStream, SendStream, presets};
 use iroh::tls::CaTlsConfig;
 use iroh::{Endpoint, EndpointId, RelayMode, RelayUrl, SecretKey};
 use socialweb_wire::tunnel::{ALPN, MAX_LINE, Open, Reply};
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -364,35 +363,17 @@ where
 }
 
 /// Reads one header or reply line (newline included), at most [`MAX_LINE`] bytes, within
-/// [`LINE_WITHIN`]; byte by byte, as what follows is the stream's payload.
+/// [`LINE_WITHIN`] (`socialweb_proc::stream`, shared with the agent's end).
 pub async fn read_line(recv: &mut RecvStream) -> Result<Vec<u8>> {
-    let read = async {
-        let mut line = Vec::with_capacity(64);
-        let mut byte = [0u8; 1];
-        while line.len() < MAX_LINE {
-            if recv.read(&mut byte).await?.is_none() {
-                bail!("the stream ended before its line");
-            }
-            line.push(byte[0]);
-            if byte[0] == b'\n' {
-                return Ok(line);
-            }
-        }
-        bail!("the line is longer than {MAX_LINE} bytes")
-    };
-    tokio::time::timeout(LINE_WITHIN, read)
-        .await
-        .context("no line within 10 s")?
+    socialweb_proc::stream::read_line(recv, MAX_LINE, LINE_WITHIN).await
 }
 
 /// Copies both ways between `tcp` and a stream until both ends are done.
-pub async fn splice<T>(mut tcp: T, send: SendStream, recv: RecvStream)
+pub async fn splice<T>(tcp: T, send: SendStream, recv: RecvStream)
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let mut quic = tokio::io::join(recv, send);
-    if let Err(e) = tokio::io::copy_bidirectional(&mut tcp, &mut quic).await {
+    if let Err(e) = socialweb_proc::stream::splice(tcp, recv, send).await {
         debug!("tunnelled connection: {e}");
     }
-    let _ = quic.shutdown().await;
 }
