@@ -42,6 +42,8 @@ pub struct Daemon {
     store: Store,
     provider: Option<Provider>,
     stop: CancellationToken,
+    /// A fleet host's lease watchdog ([`crate::watchdog`]), killed with the daemon.
+    _watchdog: Option<tokio::process::Child>,
 }
 
 fn broker_id(state_dir: &std::path::Path) -> Result<String> {
@@ -649,6 +651,12 @@ impl Daemon {
         let store = Store::open(&cfg.store_url()).await?;
         info!(backend = store.backend(), "store open");
         let id = broker_id(&cfg.state_dir)?;
+        // Before any control plane runs under a lease: it watches their deadlines.
+        let watchdog = cfg
+            .fleet
+            .enabled
+            .then(|| crate::watchdog::spawn(&clusters_dir(&cfg)))
+            .transpose()?;
         let stop = CancellationToken::new();
         crate::host::ensure_service_addr(cfg.service_addr)
             .with_context(|| format!("putting the service address {} on lo", cfg.service_addr))?;
@@ -707,6 +715,7 @@ impl Daemon {
             store,
             provider,
             stop,
+            _watchdog: watchdog,
         }))
     }
 

@@ -51,6 +51,7 @@ pub mod store;
 pub mod tenant;
 pub mod tunnel;
 pub mod vault;
+pub mod watchdog;
 
 /// One TLS crypto provider for the process (ring, as kube's); with more than one linked in,
 /// rustls refuses to guess. Every part that makes a TLS client or server calls this first.

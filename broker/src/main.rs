@@ -167,6 +167,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The lease watchdog a fleet host's daemon starts beside itself (not run by hand): kills
+    /// a cluster's control plane when the daemon's lease deadline for it has passed, as when
+    /// the daemon is frozen (docs/operations.md, "A fleet's failure modes").
+    #[command(hide = true)]
+    LeaseWatchdog {
+        /// The state directory's `clusters/`.
+        #[arg(long)]
+        clusters: PathBuf,
+    },
     /// The user side of the gateway API: call it with a DID key (docs/api.md).
     ///
     /// Start here:  socialweb-broker api keygen --out ~/.config/socialweb/key
@@ -504,6 +513,7 @@ async fn dispatch(command: Command) -> Result<()> {
         Command::Backup { config, to, json } => backup(&load(&config)?, &to, json).await,
         Command::Restore { config, from, json } => restore(&load(&config)?, &from, json),
         Command::Relay(a) => relay(a).await,
+        Command::LeaseWatchdog { clusters } => socialweb_broker::watchdog::run(&clusters),
         Command::Leases { client } => leases(client).await,
         Command::Drain { undo, client } => drain(undo, client).await,
         Command::Invite { command, client } => invite(command, client).await,

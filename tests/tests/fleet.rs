@@ -19,6 +19,9 @@ use testbed::tmp::TempDir;
 use testbed::user::User;
 use testbed::world::{OPERATOR_ADDR, World};
 
+#[path = "fleet/gray.rs"]
+mod gray;
+
 fn step(t: Instant, what: &str) {
     eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
 }

@@ -109,7 +109,7 @@ async fn exercise(url: &str) {
     };
     s.create_cluster(&owned, now).await.unwrap();
     // Hibernation: the state and its time in one write, and a cluster's own idle time.
-    s.set_hibernating("owned", Some(now)).await.unwrap();
+    s.set_hibernating("owned", Some(now), None).await.unwrap();
     s.set_hibernate_after("owned", Some(0)).await.unwrap();
     let cert = CertRecord {
         serial: "0a1b".into(),
@@ -161,7 +161,7 @@ async fn exercise(url: &str) {
         ("hibernating", Some(millis(now)), Some(0)),
         "hibernation survives a restart"
     );
-    s.set_hibernating("owned", None).await.unwrap();
+    s.set_hibernating("owned", None, None).await.unwrap();
     let owned = s.cluster("owned").await.unwrap().unwrap();
     assert_eq!(
         (owned.state.as_str(), owned.hibernating_since),
@@ -170,7 +170,7 @@ async fn exercise(url: &str) {
     s.set_cluster_state("owned", socialweb_broker_core::ClusterPhase::Deleting)
         .await
         .unwrap();
-    s.set_hibernating("owned", Some(now)).await.unwrap();
+    s.set_hibernating("owned", Some(now), None).await.unwrap();
     assert_eq!(
         s.cluster("owned").await.unwrap().unwrap().state.as_str(),
         "deleting",
@@ -240,7 +240,7 @@ async fn exercise(url: &str) {
     );
     assert_eq!(s.sealed_files("demo").await.unwrap(), 0);
     assert_eq!(
-        s.owner("demo").await.unwrap(),
+        s.owner("demo").await.unwrap().owner,
         None,
         "its lease went with it"
     );
@@ -254,34 +254,63 @@ async fn exercise(url: &str) {
     s.close().await;
 }
 
-/// A fleet's leases (`crate::cluster::ownership`'s rows), on cluster `demo`: a claim wins
-/// only over an expired lease or its own, bumps the fence, and a renewal or release by a
-/// host that lost the lease changes nothing.
+/// A fleet's leases (`crate::cluster::ownership`'s rows), on cluster `demo`, timed by the
+/// store's own clock (no host's): a claim wins only over a lease expired more than the grace
+/// or its own, bumps the fence, and a renewal, release or record by a host that lost the
+/// lease changes nothing.
 async fn leases(s: &Store) {
-    let a = s.claim_owner("demo", "a", 10_000, 0).await.unwrap();
-    assert_eq!((a.host.as_str(), a.fence, a.expires_at), ("a", 1, 10_000));
-    // b cannot take a lease that has not expired (by `expired_before`).
-    let held = s.claim_owner("demo", "b", 20_000, 9_000).await.unwrap();
+    let a = s.claim_owner("demo", "a", 60_000, 0).await.unwrap();
+    assert_eq!((a.host.as_str(), a.fence), ("a", 1));
+    let seen = s.owner("demo").await.unwrap();
+    let left = seen.owner.as_ref().unwrap().expires_at - seen.now;
+    assert!((55_000..=60_000).contains(&left), "{left} ms left");
+    // b cannot take a lease that has not expired, whatever b's clock says.
+    let held = s.claim_owner("demo", "b", 60_000, 0).await.unwrap();
     assert_eq!((held.host.as_str(), held.fence), ("a", 1));
-    assert!(s.renew_owner("demo", "a", 1, 15_000).await.unwrap());
-    assert_eq!(s.owned_by("a", 12_000).await.unwrap(), 1);
-    // Expired: b takes it, the fence grows, a's renewal and release no longer match.
-    let b = s.claim_owner("demo", "b", 30_000, 16_000).await.unwrap();
+    assert!(s.renew_owner("demo", "a", 1, 300).await.unwrap());
+    assert_eq!(s.owned_by("a").await.unwrap(), 1);
+    // Within the grace after expiry it is still a's; past it, b takes it, the fence grows,
+    // and a's renewal and release no longer match.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(s.owned_by("a").await.unwrap(), 0);
+    let held = s.claim_owner("demo", "b", 60_000, 60_000).await.unwrap();
+    assert_eq!(
+        (held.host.as_str(), held.fence),
+        ("a", 1),
+        "within the grace"
+    );
+    let b = s.claim_owner("demo", "b", 60_000, 100).await.unwrap();
     assert_eq!((b.host.as_str(), b.fence), ("b", 2));
-    assert!(!s.renew_owner("demo", "a", 1, 40_000).await.unwrap());
+    assert!(!s.renew_owner("demo", "a", 1, 60_000).await.unwrap());
     s.release_owner("demo", "a", 1).await.unwrap();
-    assert_eq!(s.owner("demo").await.unwrap(), Some(b));
-    assert_eq!(s.owned_by("a", 0).await.unwrap(), 0);
+    assert_eq!(s.owner("demo").await.unwrap().owner, Some(b));
+    // A's record of the cluster under its old fence is refused; b's is written.
+    let fence = |host: &str, fence| socialweb_broker::store::Fence {
+        host: host.into(),
+        fence,
+    };
+    let stale = s
+        .set_hibernating("demo", Some(SystemTime::now()), Some(&fence("a", 1)))
+        .await
+        .unwrap_err();
+    assert!(format!("{stale:#}").contains("fence 1"), "{stale:#}");
+    assert_eq!(
+        s.cluster("demo").await.unwrap().unwrap().state.as_str(),
+        "active"
+    );
+    s.set_hibernating("demo", None, Some(&fence("b", 2)))
+        .await
+        .unwrap();
     // Its holder claims it again at once (a restarted broker), with a new fence.
-    let again = s.claim_owner("demo", "b", 31_000, 0).await.unwrap();
+    let again = s.claim_owner("demo", "b", 60_000, 60_000).await.unwrap();
     assert_eq!((again.host.as_str(), again.fence), ("b", 3));
     s.release_owner("demo", "b", 3).await.unwrap();
     assert_eq!(
-        s.owner("demo").await.unwrap().map(|o| o.expires_at),
+        s.owner("demo").await.unwrap().owner.map(|o| o.expires_at),
         Some(0)
     );
-    assert_eq!(s.owned_by("b", 1).await.unwrap(), 0);
-    let c = s.claim_owner("demo", "c", 5, 1).await.unwrap();
+    assert_eq!(s.owned_by("b").await.unwrap(), 0);
+    let c = s.claim_owner("demo", "c", 60_000, 1).await.unwrap();
     assert_eq!(
         (c.host.as_str(), c.fence),
         ("c", 4),

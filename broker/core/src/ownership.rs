@@ -2,13 +2,15 @@
 //! stopped its control plane if renewals fail, and when another host may take the cluster
 //! over. Pure: the broker's `cluster::ownership` carries them out against the store.
 //!
-//! The one failure to rule out is two apiservers on one cluster's datastore. The owner
-//! counts from the moment it *sent* its last successful renewal (the row's expiry is that
-//! moment plus the TTL, by the owner's clock); it kills its control plane at
-//! [`Timing::fence_after`] from then. A taker claims only a lease whose expiry is more than
-//! [`Timing::grace`] behind its own clock. So the owner is down at least
-//! `ttl - fence_after + grace` before the taker starts, minus the clocks' difference and the
-//! kill's own time: [`Timing::margin`].
+//! The one failure to rule out is two control planes acting on one cluster's datastore. The
+//! owner counts from the moment it *sent* its last successful renewal, by its monotonic
+//! clock (the row's expiry is at least that moment plus the TTL, by the store's clock); it
+//! kills its control plane at [`Timing::fence_after`] from then -- itself, or its watchdog
+//! when it is frozen. A taker claims only a lease whose expiry is more than [`Timing::grace`]
+//! behind the store's clock. Both expiry and comparison are the store's clock, so no host's
+//! clock enters: the owner is down at least `ttl - fence_after + grace` before the taker
+//! starts, minus the kill's own time and the rate at which the two clocks run apart (not
+//! their offset): [`Timing::margin`].
 
 use std::time::Duration;
 
@@ -55,8 +57,8 @@ impl Timing {
         self.ttl - self.fence_after() + self.grace()
     }
 
-    /// What a host that is not the holder does about a lease expiring at `expires_at`
-    /// (Unix ms, the holder's clock) when its own clock reads `now`.
+    /// What a host that is not the holder does about a lease expiring at `expires_at` when
+    /// the store's clock reads `now` (both Unix ms, the store's clock).
     pub fn claim(&self, expires_at: Option<i64>, now: i64) -> Claim {
         let grace = i64::try_from(self.grace().as_millis()).unwrap_or(i64::MAX);
         match expires_at {
@@ -67,12 +69,6 @@ impl Timing {
                 Claim::Wait(Duration::from_millis(left).min(self.renew_every()))
             }
         }
-    }
-
-    /// The `expired_before` a claim at `now` passes the store: leases that expired earlier
-    /// than this may be taken over.
-    pub fn expired_before(&self, now: i64) -> i64 {
-        now.saturating_sub(i64::try_from(self.grace().as_millis()).unwrap_or(i64::MAX))
     }
 }
 
@@ -105,7 +101,6 @@ mod tests {
         // Far from expiry: look again within a renewal period, not at expiry only (the
         // cluster may hibernate, or its owner release it, meanwhile).
         assert_eq!(t.claim(Some(10_000), 0), Claim::Wait(t.renew_every()));
-        assert_eq!(t.expired_before(12_001), 10_001);
         // No overflow at the edges.
         assert_eq!(
             t.claim(Some(i64::MAX), i64::MIN),

@@ -266,7 +266,11 @@ impl Clusters {
             Acquired::Stopped => return Ok(Ended::Stopped),
         };
         life.now(Event::Claimed);
+        life.fenced_by(Some(lease.fence()));
         let ended = self.awake(spec, life, stop, woke, Some(&lease)).await;
+        life.fenced_by(None);
+        // Its control plane is down: nothing left for the watchdog to kill.
+        crate::watchdog::clear(&spec.dir.join(crate::watchdog::DEADLINE_FILE));
         // Its nodes go to find the host that runs it next.
         self.tunnels.close_cluster(name);
         if lease.lost() {

@@ -2,15 +2,18 @@
 //! cluster's lease before it starts the control plane, renews it while it runs, kills the
 //! control plane when it could not renew in time (fencing: it is down before anyone may
 //! take over), and releases the lease when the cluster hibernates or the host stops. The
-//! times are `socialweb_broker_core::ownership`'s; the lease is a row of the store.
+//! times are `socialweb_broker_core::ownership`'s; the lease is a row of the store, its
+//! expiry the store's clock (no host's). The owner's own deadline is its monotonic clock,
+//! written for the watchdog ([`crate::watchdog`]) too, which kills the control plane when
+//! the broker itself is frozen past it.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::SystemTime;
 
 use anyhow::Result;
+use socialweb_broker_core::ClusterPhase;
 use socialweb_broker_core::ownership::{Claim, Timing};
-use socialweb_broker_core::{ClusterPhase, millis};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -56,8 +59,9 @@ pub struct Lease {
     lost: Arc<AtomicBool>,
 }
 
-fn now() -> i64 {
-    millis(SystemTime::now())
+/// A duration in ms, for the store's statements.
+fn ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl Ownership {
@@ -76,9 +80,9 @@ impl Ownership {
             if stop.is_cancelled() {
                 return Ok(Acquired::Stopped);
             }
-            let held = self.store.owner(cluster).await?;
-            let theirs = held.as_ref().filter(|o| o.host != self.host);
-            let wait = match self.timing.claim(theirs.map(|o| o.expires_at), now()) {
+            let seen = self.store.owner(cluster).await?;
+            let theirs = seen.owner.as_ref().filter(|o| o.host != self.host);
+            let wait = match self.timing.claim(theirs.map(|o| o.expires_at), seen.now) {
                 _ if *drained.borrow() => {
                     waiting(theirs.map(|o| o.host.as_str()));
                     self.timing.renew_every()
@@ -101,11 +105,14 @@ impl Ownership {
                         continue;
                     }
                     let sent = Instant::now();
-                    let t = now();
-                    let ttl = i64::try_from(self.timing.ttl.as_millis()).unwrap_or(i64::MAX);
                     let got = self
                         .store
-                        .claim_owner(cluster, &self.host, t + ttl, self.timing.expired_before(t))
+                        .claim_owner(
+                            cluster,
+                            &self.host,
+                            ms(self.timing.ttl),
+                            ms(self.timing.grace()),
+                        )
                         .await?;
                     drop(claiming);
                     if got.host == self.host {
@@ -138,13 +145,13 @@ impl Ownership {
         let Some(max) = self.max_awake else {
             return Ok(false);
         };
-        Ok(self.store.owned_by(&self.host, now()).await? >= i64::from(max))
+        Ok(self.store.owned_by(&self.host).await? >= i64::from(max))
     }
 
     /// Lets hosts running fewer clusters claim first: waits a tenth of a second per cluster
     /// this host runs (at most half a renewal period); `false` when stopped meanwhile.
     async fn first_to_claim(&self, stop: &CancellationToken) -> Result<bool> {
-        let load = u32::try_from(self.store.owned_by(&self.host, now()).await?).unwrap_or(u32::MAX);
+        let load = u32::try_from(self.store.owned_by(&self.host).await?).unwrap_or(u32::MAX);
         let wait =
             (std::time::Duration::from_millis(100) * load).min(self.timing.renew_every() / 2);
         tokio::select! {
@@ -167,8 +174,20 @@ impl Ownership {
 impl Lease {
     /// Renews the lease until `period` ends. When it cannot (taken over, or no renewal
     /// got through for `fence_after`), it marks the lease lost and cancels `period`, so
-    /// the control plane is killed before the lease may be taken over.
-    pub fn keep(&self, period: CancellationToken) {
+    /// the control plane is killed before the lease may be taken over. Each deadline is
+    /// written to `deadline_file` (the first before this returns), for the watchdog that
+    /// kills the control plane when this broker is frozen past it; the file stays until
+    /// the owner clears it, its control plane down.
+    pub fn keep(&self, period: CancellationToken, deadline_file: PathBuf) {
+        let told = move |cluster: &str, deadline: Instant| {
+            if let Err(e) = crate::watchdog::write_deadline(&deadline_file, deadline) {
+                warn!(%cluster, "telling the watchdog the lease's deadline: {e:#}");
+            }
+        };
+        told(
+            &self.cluster,
+            self.claimed_at + self.own.timing.fence_after(),
+        );
         let (own, cluster, fence, lost, mut last_ok) = (
             self.own.clone(),
             self.cluster.clone(),
@@ -178,9 +197,9 @@ impl Lease {
         );
         tokio::spawn(async move {
             let t = own.timing;
-            let ttl = i64::try_from(t.ttl.as_millis()).unwrap_or(i64::MAX);
             let why = loop {
                 let deadline = last_ok + t.fence_after();
+                told(&cluster, deadline);
                 tokio::select! {
                     _ = tokio::time::sleep(t.renew_every()) => {}
                     _ = tokio::time::sleep_until(deadline) => break "no renewal got through in time",
@@ -188,7 +207,7 @@ impl Lease {
                 }
                 let sent = Instant::now();
                 tokio::select! {
-                    r = own.store.renew_owner(&cluster, &own.host, fence, now() + ttl) => match r {
+                    r = own.store.renew_owner(&cluster, &own.host, fence, ms(t.ttl)) => match r {
                         Ok(true) => last_ok = sent,
                         Ok(false) => break "another host holds it now, or it was released",
                         Err(e) => warn!(%cluster, "renewing its lease: {e:#}"),
@@ -201,6 +220,15 @@ impl Lease {
             lost.store(true, Ordering::SeqCst);
             period.cancel();
         });
+    }
+
+    /// The host and fence this lease was claimed as: what an owner's writes are
+    /// conditional on.
+    pub fn fence(&self) -> crate::store::Fence {
+        crate::store::Fence {
+            host: self.own.host.clone(),
+            fence: self.fence,
+        }
     }
 
     /// Whether the lease was lost.

@@ -158,7 +158,10 @@ impl Clusters {
         let period = stop.child_token();
         let _end = period.clone().drop_guard();
         if let Some(l) = lease {
-            l.keep(period.clone());
+            l.keep(
+                period.clone(),
+                spec.dir.join(crate::watchdog::DEADLINE_FILE),
+            );
         }
         if woke.is_some() {
             wake_fail_point()?;

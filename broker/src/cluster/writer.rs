@@ -17,7 +17,7 @@ use tracing::{debug, error, warn};
 use crate::command::ClusterState;
 use crate::front::proxy::Upstream;
 use crate::front::{Front, MountState};
-use crate::store::Store;
+use crate::store::{Fence, Store};
 
 /// What a cluster with no host yet is told, on a fleet's host that takes no more.
 const NO_HOST: &str = "none yet: this host takes no more (drained, or at fleet.max_awake)";
@@ -32,6 +32,9 @@ pub(super) struct Writer {
     store: Store,
     /// The way to the apiserver of the awake period, once it answers.
     upstream: Mutex<Option<Upstream>>,
+    /// The lease this host runs the cluster under (a fleet's): every record is conditional
+    /// on it, so an owner that lost it (frozen, cut off) cannot record over the next one.
+    fence: Mutex<Option<Fence>>,
 }
 
 impl Writer {
@@ -53,6 +56,7 @@ impl Writer {
             front,
             store,
             upstream: Mutex::new(None),
+            fence: Mutex::new(None),
         };
         (w, rx)
     }
@@ -67,6 +71,12 @@ impl Writer {
     /// The awake period's way to its apiserver: what a serving phase mounts.
     pub fn serve(&self, upstream: Upstream) {
         *self.upstream.lock().expect("lock") = Some(upstream);
+    }
+
+    /// The lease the cluster's records are conditional on from now on (`None`: no lease,
+    /// outside a fleet or between its periods).
+    pub fn fenced_by(&self, fence: Option<Fence>) {
+        *self.fence.lock().expect("lock") = fence;
     }
 
     /// Carries out `event`: its record first -- an error leaves the phase as it was and is
@@ -126,7 +136,10 @@ impl Writer {
             Record::Awake => None,
             Record::Hibernating { since } => Some(from_millis(since)),
         };
-        self.store.set_hibernating(&self.name, since).await
+        let fence = self.fence.lock().expect("lock").clone();
+        self.store
+            .set_hibernating(&self.name, since, fence.as_ref())
+            .await
     }
 
     /// Enters `phase`: the operator's state and the front's mount, from it alone. `true`:

@@ -347,7 +347,12 @@ pub fn controller_manager_args(kubeconfig: &Path, c: &Credentials) -> Vec<OsStri
         arg("authentication-kubeconfig", kubeconfig),
         arg("authorization-kubeconfig", kubeconfig),
         arg("bind-address", "127.0.0.1"),
-        arg("leader-elect", "false"),
+        // Leader election, its lease in the cluster's own datastore: a second copy (an owner
+        // frozen while the next one runs, a fleet's gray failure) waits instead of acting
+        // beside this one -- no Job's Pod made twice, no pod CIDR given twice. The broker
+        // releases the lease when it stops this one with grace (the controller-manager does
+        // not), so a wake does not wait out the lease.
+        arg("leader-elect", "true"),
         // The default controllers and the token cleaner (it deletes bootstrap tokens once
         // they expire), without the CSR approver: it would sign system:node:<any name> for
         // any bootstrap token. The broker approves nodes' requests (docs/security.md); a
@@ -374,7 +379,9 @@ pub fn scheduler_args(kubeconfig: &Path) -> Vec<OsString> {
         arg("authentication-kubeconfig", kubeconfig),
         arg("authorization-kubeconfig", kubeconfig),
         arg("bind-address", "127.0.0.1"),
-        arg("leader-elect", "false"),
+        // As the controller-manager's: no two schedulers bind; it releases its lease itself
+        // when stopped with grace.
+        arg("leader-elect", "true"),
         arg("profiling", "false"),
     ]
 }
@@ -559,6 +566,14 @@ mod tests {
         assert!(has(&a, "--cluster-signing-cert-file=/pki/ca.crt"));
         assert!(has(&a, "--controllers=*,tokencleaner,-csrapproving"));
         assert!(has(&a, "--cluster-signing-duration=24h"));
+    }
+
+    #[test]
+    fn the_controllers_and_the_scheduler_act_only_as_elected_leaders() {
+        let kcm = controller_manager_args(Path::new("/kcm.kubeconfig"), &creds());
+        assert!(has(&kcm, "--leader-elect=true"));
+        let sched = scheduler_args(Path::new("/scheduler.kubeconfig"));
+        assert!(has(&sched, "--leader-elect=true"));
     }
 
     #[test]

@@ -33,6 +33,16 @@ pub struct Ports {
     pub guard: u16,
 }
 
+/// Every component a control plane may run, in the order they start (a datastore first: kine
+/// or etcd), each with its pidfile `run/<name>.pid`.
+pub const COMPONENTS: [&str; 5] = [
+    "kine",
+    "etcd",
+    "apiserver",
+    "controller-manager",
+    "scheduler",
+];
+
 /// The purposes ports are leased for, in [`Ports`] order.
 pub const PORT_PURPOSES: [&str; 6] = [
     "api",
@@ -815,6 +825,45 @@ impl Supervisor {
         true
     }
 
+    /// Gives up the stopped controller-manager's leader lease (it keeps it when stopped,
+    /// unlike the scheduler), while the apiserver still runs: the next start's
+    /// controller-manager -- a wake, or another host of a fleet -- acts at once instead of
+    /// after the lease's 15 s. Best effort: the lease expires by itself.
+    async fn release_leader_lease(&self) {
+        let deleted = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::process::Command::new(&self.spec.kube)
+                .arg("kubectl")
+                .arg(format!(
+                    "--kubeconfig={}",
+                    self.files.admin_kubeconfig.display()
+                ))
+                .args([
+                    "--request-timeout=5s",
+                    "--namespace=kube-system",
+                    "delete",
+                    "lease",
+                    "kube-controller-manager",
+                    "--ignore-not-found",
+                ])
+                .stdin(std::process::Stdio::null())
+                .output(),
+        )
+        .await;
+        match deleted {
+            Ok(Ok(o)) if o.status.success() => {}
+            Ok(Ok(o)) => {
+                warn!(cluster = %self.spec.cluster, "releasing the controller-manager's lease: {}", String::from_utf8_lossy(&o.stderr).trim())
+            }
+            Ok(Err(e)) => {
+                warn!(cluster = %self.spec.cluster, "releasing the controller-manager's lease: {e}")
+            }
+            Err(_) => {
+                warn!(cluster = %self.spec.cluster, "releasing the controller-manager's lease: no answer in 10s")
+            }
+        }
+    }
+
     /// Stops every component, the last started first.
     async fn stop_all(&mut self, grace: Duration) {
         for i in (0..self.components.len()).rev() {
@@ -824,6 +873,9 @@ impl Supervisor {
             {
                 process::terminate(pid, grace).await;
                 let _ = std::fs::remove_file(self.spec.pidfile(name));
+                if name == "controller-manager" && !grace.is_zero() {
+                    self.release_leader_lease().await;
+                }
             }
         }
         if let Some(cg) = &self.cgroup {
@@ -873,13 +925,7 @@ async fn supervise(
 /// Stops what a previous broker left running of `spec`'s control plane (a cluster that
 /// hibernates runs nothing), last component first.
 pub async fn stop_leftovers(spec: &Spec) {
-    for name in [
-        "scheduler",
-        "controller-manager",
-        "apiserver",
-        "etcd",
-        "kine",
-    ] {
+    for name in COMPONENTS.iter().rev() {
         let pidfile = spec.pidfile(name);
         if let Some((pid, _)) = process::adopt(&pidfile) {
             warn!(cluster = %spec.cluster, component = name, pid, "stopping a leftover {name} a previous broker left running");

@@ -18,7 +18,7 @@ mod owners;
 mod sealed;
 
 pub use accounts::{Invite, Limit, NewCluster};
-pub use owners::Owner;
+pub use owners::{Fence, Owner};
 
 /// A cluster of that name exists already.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -175,21 +175,52 @@ impl Store {
     }
 
     /// Hibernating since `since`, or awake (`None`): the state and its time in one write.
-    pub async fn set_hibernating(&self, name: &str, since: Option<SystemTime>) -> Result<()> {
+    /// Under a fleet's lease (`fence`), only while that lease is still the row's: a host
+    /// that lost the cluster to another (frozen, cut off) records nothing over it, and says
+    /// so with an error.
+    pub async fn set_hibernating(
+        &self,
+        name: &str,
+        since: Option<SystemTime>,
+        fence: Option<&Fence>,
+    ) -> Result<()> {
         let (state, at) = match since {
             Some(t) => (ClusterPhase::Hibernating, Some(millis(t))),
             None => (ClusterPhase::Active, None),
         };
         // Never over a deletion: a delete that began wins.
-        sqlx::query(
-            "UPDATE clusters SET state = $1, hibernating_since = $2 \
-             WHERE name = $3 AND state <> 'deleting'",
-        )
+        let q = sqlx::query(match fence {
+            None => {
+                "UPDATE clusters SET state = $1, hibernating_since = $2 \
+                 WHERE name = $3 AND state <> 'deleting'"
+            }
+            Some(_) => {
+                "UPDATE clusters SET state = $1, hibernating_since = $2 \
+                 WHERE name = $3 AND state <> 'deleting' AND EXISTS (SELECT 1 FROM owners \
+                 WHERE owners.cluster = $3 AND owners.host = $4 AND owners.fence = $5)"
+            }
+        })
         .bind(state.as_str())
         .bind(at)
-        .bind(name)
-        .execute(&self.pool)
-        .await?;
+        .bind(name);
+        let q = match fence {
+            Some(f) => q.bind(f.host.clone()).bind(f.fence),
+            None => q,
+        };
+        let written = q.execute(&self.pool).await?.rows_affected();
+        if let Some(f) = fence
+            && written == 0
+            && self
+                .cluster(name)
+                .await?
+                .is_some_and(|c| c.state != ClusterPhase::Deleting)
+        {
+            anyhow::bail!(
+                "not recorded: cluster {name:?}'s lease is no longer this host's (fence {}): \
+                 another host runs it",
+                f.fence
+            );
+        }
         Ok(())
     }
 

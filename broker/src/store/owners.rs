@@ -1,62 +1,98 @@
 //! The store's part of a fleet's ownership (`crate::cluster::ownership`): one lease row per
-//! owned cluster. Each statement is one atomic step, on SQLite (one writer) as on PostgreSQL
-//! (the row's lock), so two hosts claiming at once cannot both win.
+//! owned cluster. Each statement is one atomic step (the row's lock), so two hosts claiming
+//! at once cannot both win. Time is PostgreSQL's (`clock_timestamp()`), never a host's: a
+//! lease's expiry is written and compared by the one clock every host shares, so a host whose
+//! clock runs ahead cannot take a live lease (a fleet's store is always PostgreSQL).
 
 use anyhow::Result;
 use sqlx::Row;
 
 use super::Store;
 
+/// The datastore's clock now, Unix ms, in its own SQL: PostgreSQL's `clock_timestamp()` (the
+/// statement's moment, not its transaction's), SQLite's `julianday('now')`.
+fn db_now_ms(backend: &str) -> &'static str {
+    match backend {
+        "sqlite" => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        _ => "(extract(epoch from clock_timestamp()) * 1000)::bigint",
+    }
+}
+
 /// A cluster's lease as the store has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owner {
     pub host: String,
     pub fence: i64,
-    /// Unix ms.
+    /// Unix ms, by the store's clock.
     pub expires_at: i64,
 }
 
+/// A lease as its holder names it: what the holder's writes about the cluster are
+/// conditional on (the fencing token, checked by the store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub host: String,
+    pub fence: i64,
+}
+
+/// A lease row read together with the store's clock at the reading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub owner: Option<Owner>,
+    /// Unix ms, by the store's clock.
+    pub now: i64,
+}
+
 impl Store {
-    /// Claims cluster `cluster` for `host` until `expires_at`, when no one holds it, its
-    /// lease expired before `expired_before`, or `host` holds it already; the fence grows
-    /// by one. Returns the lease as it is after: `host`'s when the claim won.
+    fn now_sql(&self) -> &'static str {
+        db_now_ms(self.backend())
+    }
+
+    /// Claims cluster `cluster` for `host` for `ttl_ms` from the store's now, when no one
+    /// holds it, its lease expired more than `grace_ms` ago, or `host` holds it already; the
+    /// fence grows by one. Returns the lease as it is after: `host`'s when the claim won.
     pub async fn claim_owner(
         &self,
         cluster: &str,
         host: &str,
-        expires_at: i64,
-        expired_before: i64,
+        ttl_ms: i64,
+        grace_ms: i64,
     ) -> Result<Owner> {
-        sqlx::query(
-            "INSERT INTO owners (cluster, host, fence, expires_at) VALUES ($1, $2, 1, $3) \
+        let now = self.now_sql();
+        sqlx::query(&format!(
+            "INSERT INTO owners (cluster, host, fence, expires_at) \
+             VALUES ($1, $2, 1, {now} + $3) \
              ON CONFLICT (cluster) DO UPDATE SET host = excluded.host, \
              fence = owners.fence + 1, expires_at = excluded.expires_at \
-             WHERE owners.expires_at < $4 OR owners.host = excluded.host",
-        )
+             WHERE owners.expires_at + $4 < {now} OR owners.host = excluded.host"
+        ))
         .bind(cluster)
         .bind(host)
-        .bind(expires_at)
-        .bind(expired_before)
+        .bind(ttl_ms)
+        .bind(grace_ms)
         .execute(&self.pool)
         .await?;
-        self.owner(cluster).await?.ok_or_else(|| {
+        self.owner(cluster).await?.owner.ok_or_else(|| {
             anyhow::anyhow!("cluster {cluster:?}'s lease vanished as it was claimed")
         })
     }
 
-    /// Extends `host`'s lease of `cluster` (fence `fence`) to `expires_at`; `false` when
-    /// that lease is no longer there (taken over, released, the cluster deleted).
+    /// Extends `host`'s lease of `cluster` (fence `fence`) to `ttl_ms` from the store's now;
+    /// `false` when that lease is no longer there (taken over, released, the cluster
+    /// deleted).
     pub async fn renew_owner(
         &self,
         cluster: &str,
         host: &str,
         fence: i64,
-        expires_at: i64,
+        ttl_ms: i64,
     ) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE owners SET expires_at = $1 WHERE cluster = $2 AND host = $3 AND fence = $4",
-        )
-        .bind(expires_at)
+        let now = self.now_sql();
+        let done = sqlx::query(&format!(
+            "UPDATE owners SET expires_at = {now} + $1 \
+             WHERE cluster = $2 AND host = $3 AND fence = $4"
+        ))
+        .bind(ttl_ms)
         .bind(cluster)
         .bind(host)
         .bind(fence)
@@ -79,31 +115,40 @@ impl Store {
         Ok(())
     }
 
-    /// Cluster `cluster`'s lease, if someone holds one.
-    pub async fn owner(&self, cluster: &str) -> Result<Option<Owner>> {
-        let row = sqlx::query("SELECT host, fence, expires_at FROM owners WHERE cluster = $1")
-            .bind(cluster)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| {
-            Ok(Owner {
-                host: r.try_get("host")?,
-                fence: r.try_get("fence")?,
-                expires_at: r.try_get("expires_at")?,
-            })
+    /// Cluster `cluster`'s lease, if someone holds one, and the store's clock.
+    pub async fn owner(&self, cluster: &str) -> Result<Seen> {
+        let now = self.now_sql();
+        let row = sqlx::query(&format!(
+            "SELECT o.host, o.fence, o.expires_at, {now} AS now \
+             FROM (SELECT 1) AS one LEFT JOIN owners o ON o.cluster = $1"
+        ))
+        .bind(cluster)
+        .fetch_one(&self.pool)
+        .await?;
+        let host: Option<String> = row.try_get("host")?;
+        let owner = match host {
+            Some(host) => Some(Owner {
+                host,
+                fence: row.try_get("fence")?,
+                expires_at: row.try_get("expires_at")?,
+            }),
+            None => None,
+        };
+        Ok(Seen {
+            owner,
+            now: row.try_get("now")?,
         })
-        .transpose()
     }
 
-    /// How many leases `host` holds that have not expired at `now` (Unix ms).
-    pub async fn owned_by(&self, host: &str, now: i64) -> Result<i64> {
-        Ok(
-            sqlx::query("SELECT COUNT(*) AS n FROM owners WHERE host = $1 AND expires_at >= $2")
-                .bind(host)
-                .bind(now)
-                .fetch_one(&self.pool)
-                .await?
-                .try_get("n")?,
-        )
+    /// How many leases `host` holds that have not expired by the store's clock.
+    pub async fn owned_by(&self, host: &str) -> Result<i64> {
+        let now = self.now_sql();
+        Ok(sqlx::query(&format!(
+            "SELECT COUNT(*) AS n FROM owners WHERE host = $1 AND expires_at >= {now}"
+        ))
+        .bind(host)
+        .fetch_one(&self.pool)
+        .await?
+        .try_get("n")?)
     }
 }

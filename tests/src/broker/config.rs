@@ -81,6 +81,9 @@ pub struct BrokerOptions {
     pub extra_seeds: Vec<PathBuf>,
     /// The broker's open-file limit (soft and hard), when not the harness's own.
     pub nofile: Option<u64>,
+    /// How far ahead of the machine's the daemon's wall clock runs (libfaketime; its
+    /// monotonic clock is left alone): a fleet host with a wrong clock.
+    pub clock_ahead: Option<Duration>,
     /// The `[clusters]` section; the harness sets `upstream_resolvers` and `kine_binary` over
     /// it.
     pub clusters: ClusterDefaults,
@@ -135,6 +138,7 @@ impl Default for BrokerOptions {
             },
             extra_seeds: Vec::new(),
             nofile: None,
+            clock_ahead: None,
             clusters: ClusterDefaults::default(),
             shapes: Vec::new(),
             zones: Vec::new(),

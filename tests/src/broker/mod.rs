@@ -251,6 +251,14 @@ impl<'w> Broker<'w> {
         if let Some(fp) = failpoints {
             cmd.env("FAILPOINTS", fp);
         }
+        if let Some(ahead) = self.opts.clock_ahead.filter(|_| sub == "run") {
+            // libfaketime shifts what libc's clock_gettime says of the wall clock; the
+            // broker's Go children read the clock without libc and keep the machine's.
+            cmd.env("LD_PRELOAD", FAKETIME_LIB)
+                .env("FAKETIME", format!("+{}s", ahead.as_secs()))
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                .env("FAKETIME_NO_CACHE", "1");
+        }
         if let Some(n) = self.opts.nofile.filter(|_| sub == "run") {
             use std::os::unix::process::CommandExt;
             // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
@@ -267,6 +275,9 @@ impl<'w> Broker<'w> {
 
     /// Starts (or starts again) the broker daemon and waits for its control socket.
     pub fn start_broker(&mut self) -> Result<()> {
+        if self.opts.clock_ahead.is_some() && !Path::new(FAKETIME_LIB).exists() {
+            bail!("{FAKETIME_LIB} is missing: install Debian's libfaketime (./x does)");
+        }
         let cmd = self.command(
             self.host,
             "run",
@@ -330,6 +341,17 @@ impl<'w> Broker<'w> {
     /// Runs the broker with other failpoints from now on (after a crash).
     pub fn set_failpoints(&mut self, fp: Option<&str>) {
         self.opts.broker_failpoints = fp.map(str::to_string);
+    }
+
+    /// Freezes the broker (SIGSTOP to its process alone, as a debugger, a host under swap or
+    /// a paused VM's scheduler would): its children go on.
+    pub fn freeze_broker(&self) -> Result<()> {
+        signal(self.broker.id(), nix::sys::signal::Signal::SIGSTOP)
+    }
+
+    /// Lets a frozen broker go on (SIGCONT).
+    pub fn thaw_broker(&self) -> Result<()> {
+        signal(self.broker.id(), nix::sys::signal::Signal::SIGCONT)
     }
 
     /// SIGKILLs the broker (the provider and the nodes keep running).
@@ -462,4 +484,13 @@ impl Drop for Broker<'_> {
 /// Provider `i`'s prefix beside the broker's own (`<prefix>p<i>`).
 fn prefix_for(prefix: &str, i: u8) -> String {
     format!("{prefix}p{i}")
+}
+
+/// libfaketime's library for multithreaded programs (Debian's `libfaketime`).
+const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// Sends `sig` to process `pid`.
+fn signal(pid: u32, sig: nix::sys::signal::Signal) -> Result<()> {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid)?);
+    nix::sys::signal::kill(pid, sig).with_context(|| format!("sending {sig} to {pid}"))
 }
