@@ -2,15 +2,17 @@
 //! metrics address (loopback by default): `/metrics` (decisions by action, provisions by step
 //! and live ones by cluster and provider, provision latency, the front's and the gateway
 //! API's requests, market calls and failures by provider, control planes' component
-//! restarts, hibernation), `/healthz` and `/readyz` ([`Health`]).
+//! restarts, hibernation, a fleet host's leases), `/healthz` and `/readyz` ([`Health`]).
 //!
 //! Every label is bounded: `cluster` by the clusters that exist (at most
 //! `access.max_clusters`; a deleted cluster's series are removed), `provider` by the
 //! configured providers, `call`, `kind`, `method`, `door`, `class`, `step` and `component` by
 //! fixed lists. A request for a path no mounted cluster answers is counted without a cluster.
 
+mod fleet;
 mod health;
 
+pub use fleet::Fleet;
 pub use health::{Check, Health, check};
 
 use std::collections::HashMap;
@@ -290,6 +292,8 @@ pub struct Metrics {
     traffic: Traffic,
     /// `/healthz` and `/readyz`, and the gauges they set at each scrape.
     pub health: Health,
+    /// A fleet host's leases.
+    pub fleet: Fleet,
 }
 
 impl Default for Metrics {
@@ -314,6 +318,7 @@ impl Default for Metrics {
             wake_seconds: Histogram::new([0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0]),
             traffic: Traffic::default(),
             health: Health::default(),
+            fleet: Fleet::default(),
         };
         r.register(
             "decisions",
@@ -354,6 +359,7 @@ impl Default for Metrics {
         m.register_hibernation(&mut r);
         m.traffic.register(&mut r);
         m.health.register(&mut r);
+        m.fleet.register(&mut r);
         *m.registry.lock().expect("lock") = r;
         m
     }
@@ -711,6 +717,10 @@ mod tests {
             })
             .set(1);
         m.health.readyz().await;
+        m.fleet.claimed(true);
+        m.fleet.ended(true);
+        m.fleet.fenced(1);
+        m.fleet.renewed(0.01);
         m
     }
 

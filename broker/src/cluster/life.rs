@@ -267,6 +267,11 @@ impl Clusters {
         };
         life.now(Event::Claimed);
         life.fenced_by(Some(lease.fence()));
+        if let Err(e) = fence_out_datastore(spec, &self.provisioner.metrics().fleet).await {
+            life.fenced_by(None);
+            lease.release().await;
+            return Err(e);
+        }
         let ended = self.awake(spec, life, stop, woke, Some(&lease)).await;
         life.fenced_by(None);
         // Its control plane is down: nothing left for the watchdog to kill.
@@ -295,4 +300,17 @@ fn elsewhere(name: &str, life: &Writer, host: Option<&str>) {
     }) {
         info!(cluster = %name, host = host.unwrap_or("none yet"), "another host runs the cluster");
     }
+}
+
+/// Closes whatever still connects to the cluster's database before this host's kine does
+/// (`Server::fence_out`): a former owner that did not die is cut off at the storage.
+async fn fence_out_datastore(spec: &Spec, metrics: &crate::metrics::Fleet) -> Result<()> {
+    if let Some((Some(server), db)) = spec.datastore.postgres() {
+        let closed = server.fence_out(db).await?;
+        metrics.fenced(closed);
+        if closed > 0 {
+            warn!(cluster = %spec.cluster, closed, "closed connections to the cluster's database that were not this host's: a former owner's");
+        }
+    }
+    Ok(())
 }

@@ -445,6 +445,7 @@ impl Clusters {
             timing,
             max_awake: self.settings.max_awake,
             claiming: self.claiming.clone(),
+            metrics: self.provisioner.metrics().fleet.clone(),
         })
     }
 

@@ -32,6 +32,7 @@ pub struct Ownership {
     /// Held while this host counts its leases and claims one: two of its clusters claiming
     /// at once must not both pass the limit.
     pub claiming: Arc<tokio::sync::Mutex<()>>,
+    pub metrics: crate::metrics::Fleet,
 }
 
 /// What waiting for a lease came to.
@@ -116,6 +117,8 @@ impl Ownership {
                         .await?;
                     drop(claiming);
                     if got.host == self.host {
+                        self.metrics
+                            .claimed(theirs.is_some_and(|o| o.expires_at > 0));
                         info!(%cluster, fence = got.fence, took_over_from = ?theirs.map(|o| &o.host), "this host owns the cluster");
                         return Ok(Acquired::Lease(Lease {
                             fence: got.fence,
@@ -208,7 +211,10 @@ impl Lease {
                 let sent = Instant::now();
                 tokio::select! {
                     r = own.store.renew_owner(&cluster, &own.host, fence, ms(t.ttl)) => match r {
-                        Ok(true) => last_ok = sent,
+                        Ok(true) => {
+                            own.metrics.renewed(sent.elapsed().as_secs_f64());
+                            last_ok = sent;
+                        }
                         Ok(false) => break "another host holds it now, or it was released",
                         Err(e) => warn!(%cluster, "renewing its lease: {e:#}"),
                     },
@@ -246,5 +252,12 @@ impl Lease {
         {
             warn!(cluster = %self.cluster, "releasing its lease (it expires by itself): {e:#}");
         }
+    }
+}
+
+impl Drop for Lease {
+    /// Released, lost or dropped on an error path: this host no longer holds it.
+    fn drop(&mut self) {
+        self.own.metrics.ended(self.lost());
     }
 }

@@ -99,6 +99,23 @@ impl Server {
         Ok(())
     }
 
+    /// Closes every connection to `db` but this pool's own: what a fleet's host does as it
+    /// starts a cluster it holds the lease of, before its kine connects. No kine of the
+    /// cluster may run anywhere then, so any connection is a former owner's that did not
+    /// die (a paused VM, a host whose watchdog could not act): the store fences it. How
+    /// many were closed.
+    pub async fn fence_out(&self, db: &str) -> Result<u64> {
+        let closed: i64 = sqlx::query_scalar(
+            "select count(*) from (select pg_terminate_backend(pid) as t from pg_stat_activity \
+             where datname = $1 and pid <> pg_backend_pid()) as k where k.t",
+        )
+        .bind(db)
+        .fetch_one(&self.pool)
+        .await
+        .with_context(|| format!("closing the connections to database {db}"))?;
+        Ok(closed.max(0) as u64)
+    }
+
     /// What `db` takes on the server's disk, in bytes.
     pub async fn size(&self, db: &str) -> Result<u64> {
         let n: i64 = sqlx::query_scalar("select pg_database_size($1)")

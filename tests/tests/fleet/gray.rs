@@ -123,6 +123,22 @@ fn a_frozen_owner_is_down_before_another_host_takes_its_cluster_and_nothing_acts
         let made = pods(&b, "frozen", &format!("job-name={j}"));
         assert_eq!(made.len(), 1, "Job {j}: {made:?}");
     }
+    assert_eq!(metric(&b, "socialweb_broker_fleet_takeovers_total"), 1.0);
+    assert_eq!(metric(&a, "socialweb_broker_fleet_leases_lost_total"), 1.0);
+}
+
+/// A series' value at host `b`'s metrics address (one without labels).
+fn metric(b: &Broker<'_>, name: &str) -> f64 {
+    let text = b
+        .host
+        .exec(
+            "curl",
+            &["-sf", "--max-time", "10", "http://127.0.0.1:9464/metrics"],
+        )
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
 }
 
 /// Watches the frozen host's components until host `id_b` claims the cluster (within
