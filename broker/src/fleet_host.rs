@@ -169,12 +169,7 @@ pub async fn join(
     let mut recorded = tunnel.to_json();
     recorded["relay_url"] = relay.as_str().into();
     store
-        .register_host(
-            id,
-            &cfg.link_url(),
-            &recorded.to_string(),
-            millis(SystemTime::now()),
-        )
+        .register_host(id, &cfg.link_url(), &recorded.to_string())
         .await
         .context("recording this host's link in the store")?;
     info!(%bound, url = %cfg.link_url(), "this host joined the fleet");

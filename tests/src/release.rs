@@ -38,12 +38,16 @@ const BINS: [&str; 3] = ["socialweb-broker", "socialweb-agent", "socialweb-cni"]
 /// The previous release's `socialweb-broker`, `socialweb-agent` and `socialweb-cni`, built on
 /// first use.
 pub fn previous() -> Result<Previous> {
+    built_at(&format!("v{PREVIOUS_VERSION}"), PREVIOUS_COMMIT)
+}
+
+/// The `socialweb-broker`, `socialweb-agent` and `socialweb-cni` of commit `commit` (full
+/// hash), called `label` in the cache and messages, built on first use: the previous release
+/// for the upgrade test, a baseline for a benchmark (`bench/fleet --only load`).
+pub fn built_at(label: &str, commit: &str) -> Result<Previous> {
     static LOCK: Mutex<()> = Mutex::new(());
     let _held = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = cache_dir().join(format!(
-        "broker-v{PREVIOUS_VERSION}-{}",
-        &PREVIOUS_COMMIT[..12]
-    ));
+    let dir = cache_dir().join(format!("broker-{label}-{}", &commit[..12]));
     let previous = Previous {
         broker: dir.join(BINS[0]),
         agent: dir.join(BINS[1]),
@@ -59,23 +63,20 @@ pub fn previous() -> Result<Previous> {
         return Ok(previous);
     }
     // A dot-directory: `./x prune` sweeps one an interrupted build left, a day on.
-    let scratch = cache_dir().join(format!(
-        ".broker-v{PREVIOUS_VERSION}-{}",
-        std::process::id()
-    ));
+    let scratch = cache_dir().join(format!(".broker-{label}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
     let src = scratch.join("src");
     std::fs::create_dir_all(&src)?;
     eprintln!(
-        "testbed: building the previous release's broker, agent and CNI plugin (v{PREVIOUS_VERSION}, {}) once, into {}",
-        &PREVIOUS_COMMIT[..12],
+        "testbed: building the broker, agent and CNI plugin of {label} ({}) once, into {}",
+        &commit[..12],
         dir.display()
     );
-    ensure_commit()?;
+    ensure_commit(commit)?;
     let mut git = Command::new("git")
         .arg("-C")
         .arg(repo())
-        .args(["archive", "--format=tar", PREVIOUS_COMMIT])
+        .args(["archive", "--format=tar", commit])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -89,7 +90,7 @@ pub fn previous() -> Result<Previous> {
     let git = git.wait_with_output()?;
     if !git.status.success() || !tar.success() {
         bail!(
-            "git archive {PREVIOUS_COMMIT} (the previous release) failed: {}",
+            "git archive {commit} ({label}) failed: {}",
             String::from_utf8_lossy(&git.stderr).trim()
         );
     }
@@ -101,22 +102,22 @@ pub fn previous() -> Result<Previous> {
         .env("CARGO_TARGET_DIR", &target)
         .env("CARGO_INCREMENTAL", "0")
         .status()
-        .context("running cargo build for the previous release")?;
+        .with_context(|| format!("running cargo build for {label}"))?;
     if !built.success() {
-        bail!("building the previous release's broker ({PREVIOUS_COMMIT}) failed: {built}");
+        bail!("building {label}'s broker ({commit}) failed: {built}");
     }
     std::fs::create_dir_all(&dir)?;
     for b in BINS {
         std::fs::copy(target.join("debug").join(b), dir.join(b))
-            .with_context(|| format!("keeping the previous release's {b}"))?;
+            .with_context(|| format!("keeping {label}'s {b}"))?;
     }
     std::fs::remove_dir_all(&scratch)?;
     Ok(previous)
 }
 
-/// Makes sure the pinned commit is in this clone: a shallow one (CI's, often) fetches just
-/// that commit from `origin`.
-fn ensure_commit() -> Result<()> {
+/// Makes sure `commit` is in this clone: a shallow one (CI's, often) fetches just that
+/// commit from `origin`.
+fn ensure_commit(commit: &str) -> Result<()> {
     let git = |args: &[&str]| {
         Command::new("git")
             .arg("-C")
@@ -126,17 +127,17 @@ fn ensure_commit() -> Result<()> {
             .stderr(Stdio::piped())
             .output()
     };
-    let object = format!("{PREVIOUS_COMMIT}^{{commit}}");
+    let object = format!("{commit}^{{commit}}");
     if git(&["cat-file", "-e", &object])?.status.success() {
         return Ok(());
     }
-    eprintln!("testbed: {PREVIOUS_COMMIT} is not in this clone; fetching it from origin");
-    let fetched = git(&["fetch", "--no-tags", "--depth=1", "origin", PREVIOUS_COMMIT])?;
+    eprintln!("testbed: {commit} is not in this clone; fetching it from origin");
+    let fetched = git(&["fetch", "--no-tags", "--depth=1", "origin", commit])?;
     if !fetched.status.success() {
         bail!(
-            "the previous release's commit {PREVIOUS_COMMIT} is not in this clone and could not \
-             be fetched from origin ({}): the upgrade test builds the previous release from \
-             it; fetch the whole history (git fetch --unshallow)",
+            "commit {commit} is not in this clone and could not be fetched from origin ({}): \
+             the upgrade test and `bench/fleet --only load` build from it; fetch the whole \
+             history (git fetch --unshallow)",
             String::from_utf8_lossy(&fetched.stderr).trim()
         );
     }

@@ -284,6 +284,20 @@ async fn leases(s: &Store) {
     assert!(!s.renew_owner("demo", "a", 1, 60_000).await.unwrap());
     s.release_owner("demo", "a", 1).await.unwrap();
     assert_eq!(s.owner("demo").await.unwrap().owner, Some(b));
+    // Batched renewals: each lease under its own fence, a stale one not.
+    let renewed = s
+        .renew_owners("b", &[("demo".into(), 2), ("other".into(), 1)], 60_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        renewed,
+        std::collections::HashSet::from(["demo".to_string()])
+    );
+    let stale = s.renew_owners("a", &[("demo".into(), 1)], 60_000).await;
+    assert!(stale.unwrap().is_empty());
+    let (all, now) = s.owners().await.unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert!(now > 1_700_000_000_000, "the store's clock: {now}");
     // A's record of the cluster under its old fence is refused; b's is written.
     let fence = |host: &str, fence| socialweb_broker::store::Fence {
         host: host.into(),
@@ -305,6 +319,11 @@ async fn leases(s: &Store) {
     let again = s.claim_owner("demo", "b", 60_000, 60_000).await.unwrap();
     assert_eq!((again.host.as_str(), again.fence), ("b", 3));
     s.release_owner("demo", "b", 3).await.unwrap();
+    let revived = s.renew_owners("b", &[("demo".into(), 3)], 60_000).await;
+    assert!(
+        revived.unwrap().is_empty(),
+        "a released lease is not renewed again"
+    );
     assert_eq!(
         s.owner("demo").await.unwrap().owner.map(|o| o.expires_at),
         Some(0)

@@ -8,13 +8,30 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use socialweb_broker_core::ClusterPhase;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::Clusters;
+use super::view::View;
 use crate::command::{ClusterState, ServiceError};
 
 impl Clusters {
-    /// Follows the store until the broker stops; returns at once outside a fleet.
+    /// Reads the store's clusters and leases into this host's view (`super::view`), which
+    /// every cluster life of this host reads instead of the store; the clusters, as read.
+    pub(super) async fn read_view(&self) -> anyhow::Result<Vec<socialweb_broker_core::Cluster>> {
+        let all = self.store.clusters().await?;
+        let (owners, now) = self.store.owners().await?;
+        let read_at = tokio::time::Instant::now();
+        self.view.send_replace(Arc::new(View {
+            clusters: all.iter().map(|c| (c.name.clone(), c.state)).collect(),
+            owners: owners.into_iter().collect(),
+            now,
+            read_at: Some(read_at),
+        }));
+        Ok(all)
+    }
+
+    /// Follows the store until the broker stops, reading it into the view once a renewal
+    /// period; returns at once outside a fleet.
     pub(super) async fn follow_store(self: Arc<Self>) {
         let Some(own) = self.ownership() else {
             return;
@@ -24,8 +41,16 @@ impl Clusters {
                 _ = tokio::time::sleep(own.timing.renew_every()) => {}
                 _ = self.stop.cancelled() => return,
             }
-            let Ok(all) = self.store.clusters().await else {
-                continue;
+            // This host is alive: nodes' identities keep naming its tunnel and relay.
+            if let Err(e) = self.store.heartbeat(&own.host).await {
+                warn!("recording this host's heartbeat: {e:#}");
+            }
+            let all = match self.read_view().await {
+                Ok(all) => all,
+                Err(e) => {
+                    warn!("reading the fleet's clusters and leases: {e:#}");
+                    continue;
+                }
             };
             let listed: HashSet<String> = all
                 .into_iter()
@@ -111,16 +136,21 @@ impl Clusters {
     }
 
     /// Returns when another host of the fleet has woken the cluster (the store no longer
-    /// says it hibernates); never outside a fleet.
+    /// says it hibernates, as a view read after this began shows); never outside a fleet.
     pub(super) async fn woken_elsewhere(&self, name: &str) {
-        let Some(own) = self.ownership() else {
+        if self.ownership().is_none() {
             return std::future::pending().await;
-        };
+        }
+        let mut view = self.view.subscribe();
+        // Only a reading that began after this: the one before may predate this host's
+        // own record of the hibernation.
+        view.mark_unchanged();
+        let _ = view.changed().await;
         loop {
-            tokio::time::sleep(own.timing.renew_every()).await;
-            if let Ok(Some(c)) = self.store.cluster(name).await
-                && c.state == ClusterPhase::Active
-            {
+            if view.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            if view.borrow_and_update().active(name) {
                 return;
             }
         }

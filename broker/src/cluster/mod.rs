@@ -8,6 +8,8 @@ mod idle;
 mod life;
 mod ownership;
 mod period;
+mod renewer;
+mod view;
 mod writer;
 
 use std::collections::HashMap;
@@ -127,6 +129,10 @@ pub struct Clusters {
     draining: tokio::sync::watch::Sender<bool>,
     /// Held while a fleet host counts its leases and claims one (`ownership`).
     claiming: Arc<tokio::sync::Mutex<()>>,
+    /// A fleet host's view of the store, read once a renewal period (`view`).
+    view: watch::Sender<Arc<view::View>>,
+    /// A fleet host's lease renewals, one batch a period (`renewer`).
+    renewer: Arc<renewer::Renewer>,
     stop: CancellationToken,
 }
 
@@ -171,6 +177,8 @@ impl Clusters {
             locks: Mutex::new(HashMap::new()),
             draining: tokio::sync::watch::Sender::new(settings.drain_marker.exists()),
             claiming: Arc::default(),
+            view: watch::Sender::new(Arc::default()),
+            renewer: Arc::default(),
             settings,
             stop,
         }
@@ -219,7 +227,22 @@ impl Clusters {
     /// Runs every cluster of the store: the live ones' lives, the deletions a crash cut
     /// short to their end.
     pub async fn resume(self: &Arc<Self>) -> Result<()> {
-        for c in self.store.clusters().await? {
+        // A fleet's lives start from a view of the store, not an empty one (every lease
+        // would look free, and every cluster try a claim).
+        let all = match self.ownership() {
+            Some(own) => {
+                tokio::spawn(self.renewer.clone().run(
+                    self.store.clone(),
+                    own.host.clone(),
+                    own.timing,
+                    own.metrics.clone(),
+                    self.stop.clone(),
+                ));
+                self.read_view().await?
+            }
+            None => self.store.clusters().await?,
+        };
+        for c in all {
             match c.state {
                 ClusterPhase::Deleting => {
                     let me = self.clone();
@@ -446,6 +469,8 @@ impl Clusters {
             max_awake: self.settings.max_awake,
             claiming: self.claiming.clone(),
             metrics: self.provisioner.metrics().fleet.clone(),
+            view: self.view.subscribe(),
+            renewer: self.renewer.clone(),
         })
     }
 

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::renewer::Renewal;
 use crate::store::Store;
 
 /// This host's part in a fleet.
@@ -33,13 +34,17 @@ pub struct Ownership {
     /// at once must not both pass the limit.
     pub claiming: Arc<tokio::sync::Mutex<()>>,
     pub metrics: crate::metrics::Fleet,
+    /// The store as this host last read it, once a renewal period for all its clusters.
+    pub view: tokio::sync::watch::Receiver<Arc<super::view::View>>,
+    /// This host's batched renewals.
+    pub renewer: Arc<super::renewer::Renewer>,
 }
 
 /// What waiting for a lease came to.
 #[derive(Debug)]
 pub enum Acquired {
     /// This host holds the cluster's lease.
-    Lease(Lease),
+    Lease(Box<Lease>),
     /// The cluster hibernates (or is being deleted) and no request asked this host to wake
     /// it: no one runs it.
     Hibernating,
@@ -68,7 +73,9 @@ fn ms(d: std::time::Duration) -> i64 {
 impl Ownership {
     /// Waits until this host holds `cluster`'s lease. Without `woken` (a request at this
     /// host's front), a hibernating cluster is left to sleep; while `drained`, nothing is
-    /// claimed. `waiting` is told the holder (if any) each time this host waits.
+    /// claimed. `waiting` is told the holder (if any) each time this host waits. Who holds
+    /// the lease is read from the host's view of the store, not from the store per cluster;
+    /// the claim itself is the store's decision.
     pub async fn acquire(
         &self,
         cluster: &str,
@@ -77,11 +84,12 @@ impl Ownership {
         waiting: impl Fn(Option<&str>),
         stop: &CancellationToken,
     ) -> Result<Acquired> {
+        let mut view = self.view.clone();
         loop {
             if stop.is_cancelled() {
                 return Ok(Acquired::Stopped);
             }
-            let seen = self.store.owner(cluster).await?;
+            let seen = view.borrow_and_update().lease(cluster);
             let theirs = seen.owner.as_ref().filter(|o| o.host != self.host);
             let wait = match self.timing.claim(theirs.map(|o| o.expires_at), seen.now) {
                 _ if *drained.borrow() => {
@@ -120,13 +128,13 @@ impl Ownership {
                         self.metrics
                             .claimed(theirs.is_some_and(|o| o.expires_at > 0));
                         info!(%cluster, fence = got.fence, took_over_from = ?theirs.map(|o| &o.host), "this host owns the cluster");
-                        return Ok(Acquired::Lease(Lease {
+                        return Ok(Acquired::Lease(Box::new(Lease {
                             fence: got.fence,
                             cluster: cluster.to_string(),
                             own: self.clone(),
                             claimed_at: sent,
                             lost: Arc::default(),
-                        }));
+                        })));
                     }
                     waiting(Some(&got.host));
                     self.timing.renew_every()
@@ -138,6 +146,7 @@ impl Ownership {
             };
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
+                Ok(()) = view.changed() => {}
                 _ = stop.cancelled() => return Ok(Acquired::Stopped),
             }
         }
@@ -198,30 +207,29 @@ impl Lease {
             self.lost.clone(),
             self.claimed_at,
         );
+        // Renewed by the host's one batch a period (`super::renewer`), from now on.
+        let mut registered = own.renewer.register(&cluster, fence);
         tokio::spawn(async move {
             let t = own.timing;
             let why = loop {
                 let deadline = last_ok + t.fence_after();
                 told(&cluster, deadline);
                 tokio::select! {
-                    _ = tokio::time::sleep(t.renew_every()) => {}
                     _ = tokio::time::sleep_until(deadline) => break "no renewal got through in time",
-                    _ = period.cancelled() => return,
-                }
-                let sent = Instant::now();
-                tokio::select! {
-                    r = own.store.renew_owner(&cluster, &own.host, fence, ms(t.ttl)) => match r {
-                        Ok(true) => {
-                            own.metrics.renewed(sent.elapsed().as_secs_f64());
-                            last_ok = sent;
+                    changed = registered.told.changed() => {
+                        if changed.is_err() {
+                            break "this host stopped renewing";
                         }
-                        Ok(false) => break "another host holds it now, or it was released",
-                        Err(e) => warn!(%cluster, "renewing its lease: {e:#}"),
-                    },
-                    _ = tokio::time::sleep_until(deadline) => break "no renewal got through in time",
+                        match *registered.told.borrow_and_update() {
+                            Renewal::Sent(sent) => last_ok = last_ok.max(sent),
+                            Renewal::Gone => break "another host holds it now, or it was released",
+                            Renewal::Pending => {}
+                        }
+                    }
                     _ = period.cancelled() => return,
                 }
             };
+            drop(registered);
             warn!(%cluster, fence, "lost the cluster's lease ({why}): killing its control plane");
             lost.store(true, Ordering::SeqCst);
             period.cancel();

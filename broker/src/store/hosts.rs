@@ -1,24 +1,43 @@
 //! The store's list of a fleet's hosts: where each one's link is (`crate::front::link`), and
-//! its tunnel endpoint (`crate::tunnel`), which nodes' identities list.
+//! its tunnel endpoint (`crate::tunnel`), which nodes' identities list -- those of the hosts
+//! alive: each host's `seen_at` is PostgreSQL's clock at its last heartbeat (once a renewal
+//! period), and a host not seen for [`ALIVE_WITHIN`] leaves new identities.
+
+use std::time::Duration;
 
 use anyhow::Result;
 use sqlx::Row;
 
 use super::Store;
 
+/// How long after its last heartbeat a host still counts as one of the fleet's.
+pub const ALIVE_WITHIN: Duration = Duration::from_secs(60);
+
 impl Store {
     /// Records that host `id` serves its link at `link` and its tunnel endpoint as `tunnel`
-    /// (a restarted host may have moved).
-    pub async fn register_host(&self, id: &str, link: &str, tunnel: &str, now: i64) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO fleet_hosts (id, link, tunnel, seen_at) VALUES ($1, $2, $3, $4) \
+    /// (a restarted host may have moved), seen now.
+    pub async fn register_host(&self, id: &str, link: &str, tunnel: &str) -> Result<()> {
+        let now = self.now_sql();
+        sqlx::query(&format!(
+            "INSERT INTO fleet_hosts (id, link, tunnel, seen_at) VALUES ($1, $2, $3, {now}) \
              ON CONFLICT (id) DO UPDATE SET link = excluded.link, tunnel = excluded.tunnel, \
-             seen_at = excluded.seen_at",
-        )
+             seen_at = excluded.seen_at"
+        ))
         .bind(id)
         .bind(link)
         .bind(tunnel)
-        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Host `id` is alive now.
+    pub async fn heartbeat(&self, id: &str) -> Result<()> {
+        let now = self.now_sql();
+        sqlx::query(&format!(
+            "UPDATE fleet_hosts SET seen_at = {now} WHERE id = $1"
+        ))
+        .bind(id)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -33,15 +52,18 @@ impl Store {
             .map(|r| r.get::<String, _>("link")))
     }
 
-    /// Every host's tunnel endpoint, as recorded, in the order the hosts joined.
+    /// The tunnel endpoint of every host seen within [`ALIVE_WITHIN`], as recorded, by id.
     pub async fn fleet_tunnels(&self) -> Result<Vec<String>> {
-        Ok(
-            sqlx::query("SELECT tunnel FROM fleet_hosts ORDER BY seen_at, id")
-                .fetch_all(&self.pool)
-                .await?
-                .iter()
-                .map(|r| r.get::<String, _>("tunnel"))
-                .collect(),
-        )
+        let now = self.now_sql();
+        let within = i64::try_from(ALIVE_WITHIN.as_millis()).unwrap_or(i64::MAX);
+        Ok(sqlx::query(&format!(
+            "SELECT tunnel FROM fleet_hosts WHERE seen_at >= {now} - $1 ORDER BY id"
+        ))
+        .bind(within)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(|r| r.get::<String, _>("tunnel"))
+        .collect())
     }
 }

@@ -18,7 +18,7 @@ mod owners;
 mod sealed;
 
 pub use accounts::{Invite, Limit, NewCluster};
-pub use owners::{Fence, Owner};
+pub use owners::{Fence, Owner, Seen};
 
 /// A cluster of that name exists already.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -44,7 +44,8 @@ pub struct Seen {
 }
 
 impl Store {
-    fn now_sql(&self) -> &'static str {
+    /// The store's clock now, in its own SQL (Unix ms).
+    pub(super) fn now_sql(&self) -> &'static str {
         db_now_ms(self.backend())
     }
 
@@ -101,6 +102,39 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
+    /// Extends each of `host`'s `leases` (cluster, fence) to `ttl_ms` from the store's now,
+    /// in one statement per thousand: a fleet host's renewals, batched. The clusters whose
+    /// lease was extended; the others are no longer `host`'s under that fence (taken over,
+    /// or released: a released lease is never extended again).
+    pub async fn renew_owners(
+        &self,
+        host: &str,
+        leases: &[(String, i64)],
+        ttl_ms: i64,
+    ) -> Result<std::collections::HashSet<String>> {
+        let now = self.now_sql();
+        let mut renewed = std::collections::HashSet::new();
+        for chunk in leases.chunks(1000) {
+            let pairs: Vec<String> = (0..chunk.len())
+                .map(|i| format!("(${}, ${})", 3 + 2 * i, 4 + 2 * i))
+                .collect();
+            let sql = format!(
+                "UPDATE owners SET expires_at = {now} + $1 \
+                 WHERE host = $2 AND expires_at > 0 AND (cluster, fence) IN (VALUES {}) \
+                 RETURNING cluster",
+                pairs.join(", ")
+            );
+            let mut q = sqlx::query(&sql).bind(ttl_ms).bind(host);
+            for (cluster, fence) in chunk {
+                q = q.bind(cluster.clone()).bind(*fence);
+            }
+            for r in q.fetch_all(&self.pool).await? {
+                renewed.insert(r.try_get("cluster")?);
+            }
+        }
+        Ok(renewed)
+    }
+
     /// Gives up `host`'s lease of `cluster` (fence `fence`), if it still holds it: expired
     /// at once, the row kept so that the next claim's fence is still a new one.
     pub async fn release_owner(&self, cluster: &str, host: &str, fence: i64) -> Result<()> {
@@ -150,5 +184,35 @@ impl Store {
         .fetch_one(&self.pool)
         .await?
         .try_get("n")?)
+    }
+
+    /// Every lease row, and the store's clock at the reading: what a fleet host reads once a
+    /// renewal period for all its clusters (`crate::cluster::view`), instead of one read per
+    /// cluster.
+    pub async fn owners(&self) -> Result<(Vec<(String, Owner)>, i64)> {
+        let now = self.now_sql();
+        let rows = sqlx::query(&format!(
+            "SELECT o.cluster, o.host, o.fence, o.expires_at, n.now \
+             FROM (SELECT {now} AS now) AS n LEFT JOIN owners o ON 1 = 1"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut owners = Vec::with_capacity(rows.len());
+        let mut at = 0;
+        for r in &rows {
+            at = r.try_get("now")?;
+            let cluster: Option<String> = r.try_get("cluster")?;
+            if let Some(cluster) = cluster {
+                owners.push((
+                    cluster,
+                    Owner {
+                        host: r.try_get("host")?,
+                        fence: r.try_get("fence")?,
+                        expires_at: r.try_get("expires_at")?,
+                    },
+                ));
+            }
+        }
+        Ok((owners, at))
     }
 }
