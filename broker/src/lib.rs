@@ -40,6 +40,7 @@ pub mod host;
 pub mod market;
 pub mod metrics;
 pub mod node_addresses;
+pub mod notify;
 pub mod process;
 pub mod provision;
 pub mod quota;

@@ -468,8 +468,10 @@ async fn dispatch(command: Command) -> Result<()> {
             let d = socialweb_broker::daemon::Daemon::start(cfg).await?;
             let _ctl = ctl::serve(&socket, d.services())?;
             tracing::info!(socket = %socket.display(), "broker running");
+            socialweb_broker::notify::ready();
             let stop = CancellationToken::new();
             until_signal(stop.clone()).await?;
+            socialweb_broker::notify::stopping();
             d.shutdown().await;
             Ok(())
         }

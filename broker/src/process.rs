@@ -32,6 +32,8 @@ pub fn spawn(
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .envs(env.iter().map(|(k, v)| (k, v)))
+        // Only the broker talks to systemd (`NotifyAccess=main`; etcd would try too).
+        .env_remove("NOTIFY_SOCKET")
         .stdin(Stdio::null())
         .stdout(file.try_clone()?)
         .stderr(file)

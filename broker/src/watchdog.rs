@@ -123,6 +123,7 @@ pub fn spawn(clusters: &Path) -> Result<tokio::process::Child> {
         .arg("lease-watchdog")
         .arg("--clusters")
         .arg(clusters)
+        .env_remove("NOTIFY_SOCKET")
         .stdin(std::process::Stdio::null())
         .process_group(0)
         .kill_on_drop(true)

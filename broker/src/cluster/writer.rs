@@ -220,10 +220,17 @@ fn mount_state(phase: &Phase, up: Option<&Upstream>) -> Option<MountState> {
     };
     match phase {
         Phase::Starting { serving: true, .. } | Phase::Ready => serving(),
-        // Requests wait: for the bring-up, for a fleet host's retry, for the next owner.
-        Phase::Starting { serving: false, .. } | Phase::Failed { .. } | Phase::Handing { .. } => {
+        // Requests wait: for the bring-up, for the next owner.
+        Phase::Starting { serving: false, .. } | Phase::Handing { .. } => {
             Some(MountState::Starting)
         }
+        // Not for a failure: the store out of reach, say, holds for nothing (another host
+        // may run it meanwhile, and this one cannot even say which). Answered at once, for
+        // the client to retry, here or at another host.
+        Phase::Failed { .. } => Some(MountState::Unavailable(match told(phase) {
+            ClusterState::Failed { error } => error,
+            _ => "failed".into(),
+        })),
         Phase::Holding
         | Phase::Hibernating {
             wake_failed: None, ..
@@ -289,7 +296,7 @@ mod tests {
                     retry_secs: Some(4),
                 },
                 "failed",
-                Some("starting"),
+                Some("unavailable"),
             ),
             (Phase::Deleting, "deleting", None),
         ];
@@ -302,6 +309,7 @@ mod tests {
                 MountState::Hibernating => "hibernating",
                 MountState::WakeFailed(_) => "wake_failed",
                 MountState::Elsewhere(_) => "elsewhere",
+                MountState::Unavailable(_) => "unavailable",
             });
             assert_eq!(m, mount, "{phase:?}");
         }

@@ -71,6 +71,10 @@ pub enum MountState {
     /// ([`link`]). `None`: no host does yet, and this one takes no more (drained, or at
     /// `fleet.max_awake`); requests wait as for a start.
     Elsewhere(Option<String>),
+    /// This host cannot run it or say who does, with why (its life failed; a fleet host
+    /// tries again, and meanwhile another host may run it): requests are answered 503 at
+    /// once with why and a `Retry-After`, not held for a start that is not coming.
+    Unavailable(String),
 }
 
 /// What the front serves from: the mounted clusters, and the certificate records it reads

@@ -3,7 +3,9 @@
 //! a request for it is held -- not refused -- while it comes up, then forwarded as if
 //! nothing happened. A hibernating cluster is asked to wake; every request that arrives
 //! meanwhile asks too, and the asks collapse into one wake. Only a wake that fails, or one
-//! that takes longer than [`HOLD`], is answered: 503 with the reason and a `Retry-After`.
+//! that takes longer than [`HOLD`], is answered: 503 with the reason and a `Retry-After`; so
+//! is, at once, a request for a cluster this host cannot serve now (its life failed, the
+//! store out of reach).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,10 +82,18 @@ pub(super) async fn target(
         match &m.state {
             MountState::Up(up) => return Ok(Target::Here(up.clone())),
             MountState::Starting => {}
-            MountState::Elsewhere(_) | MountState::Hibernating | MountState::WakeFailed(_)
+            MountState::Elsewhere(_)
+            | MountState::Hibernating
+            | MountState::WakeFailed(_)
+            | MountState::Unavailable(_)
                 if at_link =>
             {
                 return Err(not_here(cluster, "another host runs it, or none does"));
+            }
+            MountState::Unavailable(why) => {
+                return Err(unavailable(&format!(
+                    "cluster {cluster} cannot be served from this host now: {why}"
+                )));
             }
             MountState::Elsewhere(Some(host)) => return Ok(Target::Host(host.clone())),
             MountState::Elsewhere(None) => no_host = true,
@@ -118,5 +128,53 @@ pub(super) async fn target(
                 )
             }));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn front_with(state: MountState) -> Front {
+        let front = Front::new(
+            Arc::new(crate::access::records::Records::new(Vec::new())),
+            "https://front.example:8443".into(),
+            crate::metrics::Metrics::default(),
+        );
+        front.mount(Mount {
+            cluster: "c".into(),
+            account_hash: None,
+            users_ca: Vec::new(),
+            state,
+        });
+        front
+    }
+
+    /// A cluster this host cannot serve (its life failed: the store out of reach) is
+    /// answered at once, 503 with why and a `Retry-After`, not held for [`HOLD`]; a request
+    /// from another host's link is told it is not here.
+    #[tokio::test(start_paused = true)]
+    async fn a_cluster_this_host_cannot_serve_is_refused_at_once_with_why() {
+        let front = front_with(MountState::Unavailable(
+            "the store: connection refused (this host tries again in 4s)".into(),
+        ));
+        let t = tokio::time::Instant::now();
+        let Err(r) = target(&front, "c", false).await else {
+            panic!("served");
+        };
+        assert_eq!(t.elapsed(), Duration::ZERO, "not held");
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[http::header::RETRY_AFTER], "5");
+        let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.contains("connection refused"), "{body}");
+        let Err(r) = target(&front, "c", true).await else {
+            panic!("served at the link");
+        };
+        assert!(r.headers().contains_key(super::super::proxy::NOT_HERE));
+        // A start is still waited for.
+        let front = front_with(MountState::Starting);
+        let held = tokio::time::timeout(Duration::from_secs(30), target(&front, "c", false)).await;
+        assert!(held.is_err(), "a starting cluster's request is held");
     }
 }

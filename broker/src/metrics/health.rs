@@ -130,14 +130,21 @@ impl Health {
         self.ready.lock().expect("lock").push((name, check));
     }
 
-    /// Ticks the heartbeat every second until `stop`.
+    /// Ticks the heartbeat every second until `stop`; each tick is also told to systemd's
+    /// watchdog when it has one ([`crate::notify`]).
     pub(super) fn beat(&self, stop: CancellationToken) {
         let (start, beat) = (self.start, self.beat.clone());
+        let watchdog = crate::notify::watchdog_enabled();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
-                    _ = tick.tick() => beat.store(start.elapsed().as_millis() as u64, Ordering::Relaxed),
+                    _ = tick.tick() => {
+                        beat.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+                        if watchdog {
+                            crate::notify::alive();
+                        }
+                    }
                     _ = stop.cancelled() => return,
                 }
             }

@@ -84,6 +84,8 @@ pub struct BrokerOptions {
     /// How far ahead of the machine's the daemon's wall clock runs (libfaketime; its
     /// monotonic clock is left alone): a fleet host with a wrong clock.
     pub clock_ahead: Option<Duration>,
+    /// More environment for the daemon (`NOTIFY_SOCKET`, `WATCHDOG_USEC`: systemd's).
+    pub env: Vec<(String, String)>,
     /// The `[clusters]` section; the harness sets `upstream_resolvers` and `kine_binary` over
     /// it.
     pub clusters: ClusterDefaults,
@@ -139,6 +141,7 @@ impl Default for BrokerOptions {
             extra_seeds: Vec::new(),
             nofile: None,
             clock_ahead: None,
+            env: Vec::new(),
             clusters: ClusterDefaults::default(),
             shapes: Vec::new(),
             zones: Vec::new(),

@@ -251,6 +251,9 @@ impl<'w> Broker<'w> {
         if let Some(fp) = failpoints {
             cmd.env("FAILPOINTS", fp);
         }
+        if sub == "run" {
+            cmd.envs(self.opts.env.iter().map(|(k, v)| (k, v)));
+        }
         if let Some(ahead) = self.opts.clock_ahead.filter(|_| sub == "run") {
             // libfaketime shifts what libc's clock_gettime says of the wall clock; the
             // broker's Go children read the clock without libc and keep the machine's.

@@ -307,3 +307,58 @@ fn first_stamp(log: &Path) -> std::time::SystemTime {
         .find_map(|l| humantime::parse_rfc3339(l.split_whitespace().next()?).ok())
         .unwrap_or_else(|| panic!("no stamped line in {}:\n{plain}", log.display()))
 }
+
+/// Under systemd (`Type=notify`, `WatchdogSec`): the broker says it serves, then that it is
+/// alive every second while its runtime turns; frozen, it says nothing (systemd kills it
+/// after `WatchdogSec`); thawed, it goes on. The notify socket is this test's, as systemd's
+/// would be.
+#[test]
+fn a_broker_tells_systemd_it_serves_and_is_alive_and_a_frozen_one_falls_silent() {
+    let _shared = light();
+    let (world, pg, keys, key) = fleet_of(1, 0);
+    let socket = keys.path().join("notify.sock");
+    let listener = std::os::unix::net::UnixDatagram::bind(&socket).unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let a = Broker::start(
+        &world,
+        BrokerOptions {
+            env: vec![
+                ("NOTIFY_SOCKET".into(), socket.display().to_string()),
+                ("WATCHDOG_USEC".into(), "30000000".into()),
+            ],
+            ..fleet_host(&pg, &key, 1)
+        },
+    )
+    .unwrap();
+    let heard = |within: Duration| -> Vec<String> {
+        let t = Instant::now();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 512];
+        while t.elapsed() < within {
+            if let Ok(n) = listener.recv(&mut buf) {
+                got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+        got
+    };
+    let started = heard(Duration::from_secs(4));
+    assert!(
+        started.iter().any(|m| m.contains("READY=1")),
+        "no READY=1: {started:?}"
+    );
+    let alive = started.iter().filter(|m| *m == "WATCHDOG=1\n").count();
+    assert!(alive >= 2, "{alive} WATCHDOG=1 in 4 s: {started:?}");
+    a.freeze_broker().unwrap();
+    // What was sent before the freeze may still be read first.
+    let _ = heard(Duration::from_millis(600));
+    let frozen = heard(Duration::from_secs(3));
+    a.thaw_broker().unwrap();
+    assert!(frozen.is_empty(), "a frozen broker said {frozen:?}");
+    let thawed = heard(Duration::from_secs(3));
+    assert!(
+        thawed.iter().any(|m| m == "WATCHDOG=1\n"),
+        "thawed, it said {thawed:?}"
+    );
+}
