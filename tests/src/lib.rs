@@ -11,6 +11,7 @@
 pub mod broker;
 pub mod cache;
 pub mod cni;
+pub mod fleet;
 pub mod images;
 pub mod k8s;
 pub mod link;

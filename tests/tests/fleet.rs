@@ -11,7 +11,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use socialweb_broker::config::{ClusterDefaults, DatastoreKind};
 use testbed::broker::{Broker, BrokerOptions};
 use testbed::postgres::Postgres;
 use testbed::ticker::Ticker;
@@ -86,19 +85,8 @@ fn alive(pid: u32) -> bool {
 
 /// Host `host`'s options in a fleet on `pg`'s store with the key in `key`.
 fn fleet_host(pg: &Postgres, key: &Path, host: u8) -> BrokerOptions {
-    BrokerOptions {
-        on_host: Some(host),
-        store_url: Some(pg.url.clone()),
-        store_key_file: Some(key.to_path_buf()),
-        fleet_lease_ttl: Some(Duration::from_secs(10)),
-        clusters: ClusterDefaults {
-            datastore: DatastoreKind::Postgres,
-            // Idle clusters stay awake: this is about who runs them.
-            hibernate_after: Duration::ZERO,
-            ..Default::default()
-        },
-        ..Default::default()
-    }
+    // Idle clusters stay awake: this is about who runs them.
+    testbed::fleet::host(pg, key, host, Duration::from_secs(10), Duration::ZERO)
 }
 
 /// `fleet.max_awake`: a host at its limit claims no more, and a cluster created there is

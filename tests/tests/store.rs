@@ -267,7 +267,11 @@ async fn leases(s: &Store) {
     // b cannot take a lease that has not expired, whatever b's clock says.
     let held = s.claim_owner("demo", "b", 60_000, 0).await.unwrap();
     assert_eq!((held.host.as_str(), held.fence), ("a", 1));
-    assert!(s.renew_owner("demo", "a", 1, 300).await.unwrap());
+    let renewed = s
+        .renew_owners("a", &[("demo".into(), 1)], 300)
+        .await
+        .unwrap();
+    assert!(renewed.contains("demo"));
     assert_eq!(s.owned_by("a").await.unwrap(), 1);
     // Within the grace after expiry it is still a's; past it, b takes it, the fence grows,
     // and a's renewal and release no longer match.
@@ -281,7 +285,11 @@ async fn leases(s: &Store) {
     );
     let b = s.claim_owner("demo", "b", 60_000, 100).await.unwrap();
     assert_eq!((b.host.as_str(), b.fence), ("b", 2));
-    assert!(!s.renew_owner("demo", "a", 1, 60_000).await.unwrap());
+    let renewed = s
+        .renew_owners("a", &[("demo".into(), 1)], 60_000)
+        .await
+        .unwrap();
+    assert!(!renewed.contains("demo"));
     s.release_owner("demo", "a", 1).await.unwrap();
     assert_eq!(s.owner("demo").await.unwrap().owner, Some(b));
     // Batched renewals: each lease under its own fence, a stale one not.

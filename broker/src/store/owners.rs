@@ -78,30 +78,6 @@ impl Store {
         })
     }
 
-    /// Extends `host`'s lease of `cluster` (fence `fence`) to `ttl_ms` from the store's now;
-    /// `false` when that lease is no longer there (taken over, released, the cluster
-    /// deleted).
-    pub async fn renew_owner(
-        &self,
-        cluster: &str,
-        host: &str,
-        fence: i64,
-        ttl_ms: i64,
-    ) -> Result<bool> {
-        let now = self.now_sql();
-        let done = sqlx::query(&format!(
-            "UPDATE owners SET expires_at = {now} + $1 \
-             WHERE cluster = $2 AND host = $3 AND fence = $4"
-        ))
-        .bind(ttl_ms)
-        .bind(cluster)
-        .bind(host)
-        .bind(fence)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
     /// Extends each of `host`'s `leases` (cluster, fence) to `ttl_ms` from the store's now,
     /// in one statement per thousand: a fleet host's renewals, batched. The clusters whose
     /// lease was extended; the others are no longer `host`'s under that fence (taken over,

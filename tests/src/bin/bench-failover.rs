@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use serde_json::{Value, json};
-use testbed::broker::{Broker, BrokerOptions};
+use testbed::broker::Broker;
 use testbed::postgres::Postgres;
 use testbed::world::{OPERATOR_ADDR, World};
 
@@ -102,24 +102,8 @@ fn main() -> Result<()> {
     let world = World::fleet(2, 0)?;
     let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR))?;
     let keys = testbed::tmp::TempDir::new("bench-failover")?;
-    let key = keys.path().join("store.key");
-    std::fs::write(
-        &key,
-        format!("{}\n", socialweb_broker::vault::SealKey::generate()),
-    )?;
-    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-    let opts = |host| BrokerOptions {
-        on_host: Some(host),
-        store_url: Some(pg.url.clone()),
-        store_key_file: Some(key.clone()),
-        fleet_lease_ttl: Some(args.lease_ttl),
-        clusters: socialweb_broker::config::ClusterDefaults {
-            datastore: socialweb_broker::config::DatastoreKind::Postgres,
-            hibernate_after: Duration::ZERO,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
+    let key = testbed::fleet::store_key(keys.path())?;
+    let opts = |host| testbed::fleet::host(&pg, &key, host, args.lease_ttl, Duration::ZERO);
     let mut hosts = [
         Broker::start(&world, opts(1))?,
         Broker::start(&world, opts(2))?,

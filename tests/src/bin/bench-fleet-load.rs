@@ -62,28 +62,20 @@ fn round(args: &Args, broker_bin: Option<&std::path::Path>) -> Result<(f64, f64)
     let world = World::fleet(args.hosts, 0)?;
     let pg = Postgres::start_on(&world.operator, Some(OPERATOR_ADDR))?;
     let keys = testbed::tmp::TempDir::new("bench-fleet-load")?;
-    let key = keys.path().join("store.key");
-    std::fs::write(
-        &key,
-        format!("{}\n", socialweb_broker::vault::SealKey::generate()),
-    )?;
-    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    let key = testbed::fleet::store_key(keys.path())?;
     let hosts = (1..=args.hosts)
         .map(|host| {
             Broker::start(
                 &world,
                 BrokerOptions {
-                    on_host: Some(host),
-                    store_url: Some(pg.url.clone()),
-                    store_key_file: Some(key.clone()),
-                    fleet_lease_ttl: Some(Duration::from_secs(10)),
                     broker_bin: broker_bin.map(std::path::Path::to_path_buf),
-                    clusters: socialweb_broker::config::ClusterDefaults {
-                        datastore: socialweb_broker::config::DatastoreKind::Postgres,
-                        hibernate_after: Duration::from_secs(5),
-                        ..Default::default()
-                    },
-                    ..Default::default()
+                    ..testbed::fleet::host(
+                        &pg,
+                        &key,
+                        host,
+                        Duration::from_secs(10),
+                        Duration::from_secs(5),
+                    )
                 },
             )
         })
