@@ -306,23 +306,7 @@ async fn leases(s: &Store) {
     let (all, now) = s.owners().await.unwrap();
     assert_eq!(all.len(), 1, "{all:?}");
     assert!(now > 1_700_000_000_000, "the store's clock: {now}");
-    // A's record of the cluster under its old fence is refused; b's is written.
-    let fence = |host: &str, fence| socialweb_broker::store::Fence {
-        host: host.into(),
-        fence,
-    };
-    let stale = s
-        .set_hibernating("demo", Some(SystemTime::now()), Some(&fence("a", 1)))
-        .await
-        .unwrap_err();
-    assert!(format!("{stale:#}").contains("fence 1"), "{stale:#}");
-    assert_eq!(
-        s.cluster("demo").await.unwrap().unwrap().state.as_str(),
-        "active"
-    );
-    s.set_hibernating("demo", None, Some(&fence("b", 2)))
-        .await
-        .unwrap();
+    records_are_fenced(s).await;
     // Its holder claims it again at once (a restarted broker), with a new fence.
     let again = s.claim_owner("demo", "b", 60_000, 60_000).await.unwrap();
     assert_eq!((again.host.as_str(), again.fence), ("b", 3));
@@ -343,6 +327,27 @@ async fn leases(s: &Store) {
         ("c", 4),
         "a released lease is anyone's, and its fence still grows"
     );
+}
+
+/// Under `demo`'s lease (b's, fence 2, taken from a's fence 1): a's record of the cluster
+/// under its old fence is refused; b's is written.
+async fn records_are_fenced(s: &Store) {
+    let fence = |host: &str, fence| socialweb_broker::store::Fence {
+        host: host.into(),
+        fence,
+    };
+    let stale = s
+        .set_hibernating("demo", Some(SystemTime::now()), Some(&fence("a", 1)))
+        .await
+        .unwrap_err();
+    assert!(format!("{stale:#}").contains("fence 1"), "{stale:#}");
+    assert_eq!(
+        s.cluster("demo").await.unwrap().unwrap().state.as_str(),
+        "active"
+    );
+    s.set_hibernating("demo", None, Some(&fence("b", 2)))
+        .await
+        .unwrap();
 }
 
 /// The attack on the per-DID and global limits: many createCluster calls at once, on the
