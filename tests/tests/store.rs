@@ -198,6 +198,7 @@ async fn exercise(url: &str) {
     assert!(s.use_nonce("did:key:zDnae n1", 20).await.unwrap());
     s.delete_cluster("owned").await.unwrap();
     leases(&s).await;
+    reachability(&s).await;
     s.insert_sealed_file("demo", "pki/ca.key", "k1", "v1:first", 1)
         .await
         .unwrap();
@@ -326,6 +327,45 @@ async fn leases(s: &Store) {
         (c.host.as_str(), c.fence),
         ("c", 4),
         "a released lease is anyone's, and its fence still grows"
+    );
+}
+
+/// A fleet's hosts and who reached whom (`crate::cluster::reach`'s rows), by the store's
+/// clock: live hosts are those seen within the window, a success recorded again moves on.
+async fn reachability(s: &Store) {
+    let empty = s.reach(Duration::from_secs(10)).await.unwrap();
+    assert!(empty.live.is_empty() && empty.reached.is_empty(), "{empty:?}");
+    assert!(empty.now > 1_700_000_000_000, "the store's clock: {}", empty.now);
+    s.register_host("h1", "https://198.18.0.11:6445", "{}")
+        .await
+        .unwrap();
+    s.register_host("h2", "https://198.18.0.12:6445", "{}")
+        .await
+        .unwrap();
+    s.reached("h1", &["h2".to_string()]).await.unwrap();
+    s.reached("h2", &[]).await.unwrap();
+    let first = s.reach(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(
+        first.live,
+        [
+            ("h1".to_string(), "https://198.18.0.11:6445".to_string()),
+            ("h2".to_string(), "https://198.18.0.12:6445".to_string())
+        ]
+    );
+    assert_eq!(first.reached.len(), 1, "{first:?}");
+    let (r, at) = (&first.reached[0], first.reached[0].at);
+    assert_eq!((r.prober.as_str(), r.target.as_str()), ("h1", "h2"));
+    assert!((first.now - 5_000..=first.now).contains(&at), "{at} vs {}", first.now);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.reached("h1", &["h2".to_string()]).await.unwrap();
+    s.heartbeat("h1").await.unwrap();
+    let again = s.reach(Duration::from_millis(200)).await.unwrap();
+    assert_eq!(again.reached.len(), 1, "one row per pair");
+    assert!(again.reached[0].at >= at + 250, "moved on: {again:?}");
+    assert_eq!(
+        again.live.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
+        ["h1"],
+        "h2, not seen for 300 ms, is not live within 200 ms"
     );
 }
 

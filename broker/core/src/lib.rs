@@ -20,6 +20,7 @@
 //! - [`life`]: a cluster's life on one host (start, ready, idle, hibernate, wake, hand-over,
 //!   take-over, delete) as a transition function, with the record each writes first.
 //! - [`source`]: what counts as one source address for the limits per address.
+//! - [`reach`]: whether a fleet host is cut off from its users, from its peers' probes.
 
 pub mod bids;
 pub mod csr;
@@ -32,6 +33,7 @@ pub mod offers;
 pub mod ownership;
 pub mod placement;
 pub mod provision;
+pub mod reach;
 pub mod reconcile;
 pub mod records;
 pub mod requests;

@@ -116,7 +116,9 @@ impl Clusters {
         written.map_err(|e| {
             ServiceError::internal(anyhow::anyhow!("writing {}: {e}", marker.display()))
         })?;
-        self.draining.send_replace(!undo);
+        self.drained_by_operator
+            .store(!undo, std::sync::atomic::Ordering::SeqCst);
+        self.give_up_or_not();
         info!(
             drained = !undo,
             "this host of the fleet is {}",
@@ -130,7 +132,15 @@ impl Clusters {
             .collect())
     }
 
-    /// Whether this host is drained now.
+    /// Tells the clusters' lives whether this host gives its clusters up now: drained by
+    /// the operator, or cut off from its users (`super::reach`).
+    pub(super) fn give_up_or_not(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let give_up = self.drained_by_operator.load(SeqCst) || self.cut_off.load(SeqCst);
+        self.draining.send_if_modified(|d| std::mem::replace(d, give_up) != give_up);
+    }
+
+    /// Whether this host gives its clusters up now (drained or cut off).
     pub(super) fn drained(&self) -> tokio::sync::watch::Receiver<bool> {
         self.draining.subscribe()
     }

@@ -8,6 +8,7 @@ mod idle;
 mod life;
 mod ownership;
 mod period;
+mod reach;
 mod renewer;
 mod view;
 mod writer;
@@ -124,9 +125,13 @@ pub struct Clusters {
     /// One lock per cluster name: a create, a delete and a kubeconfig of one cluster run
     /// one at a time (docs/security.md).
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// This fleet host is drained (`socialweb-broker drain`): it gives its clusters up and
-    /// claims none. Kept across restarts by `ClusterSettings::drain_marker`.
+    /// This fleet host gives its clusters up and claims none: it is drained or cut off.
     draining: tokio::sync::watch::Sender<bool>,
+    /// The operator drained this host (`socialweb-broker drain`), kept across restarts by
+    /// `ClusterSettings::drain_marker`.
+    drained_by_operator: std::sync::atomic::AtomicBool,
+    /// No peer of the fleet reaches this host (`reach`).
+    cut_off: std::sync::atomic::AtomicBool,
     /// Held while a fleet host counts its leases and claims one (`ownership`).
     claiming: Arc<tokio::sync::Mutex<()>>,
     /// A fleet host's view of the store, read once a renewal period (`view`).
@@ -176,6 +181,8 @@ impl Clusters {
             running: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             draining: tokio::sync::watch::Sender::new(settings.drain_marker.exists()),
+            drained_by_operator: settings.drain_marker.exists().into(),
+            cut_off: false.into(),
             claiming: Arc::default(),
             view: watch::Sender::new(Arc::default()),
             renewer: Arc::default(),
@@ -256,6 +263,7 @@ impl Clusters {
             }
         }
         tokio::spawn(self.clone().follow_store());
+        tokio::spawn(self.clone().watch_reach());
         Ok(())
     }
 

@@ -296,7 +296,7 @@ impl Clusters {
         match why {
             Ended::Hibernated => self.hibernated(name, life).await,
             Ended::Moved => {
-                info!(cluster = %name, "this host is drained: the cluster goes to another host");
+                info!(cluster = %name, "this host is drained or cut off: the cluster goes to another host");
                 Ok(Ended::Moved)
             }
             other => Ok(other),

@@ -17,6 +17,7 @@ pub struct Fleet {
     lost: Counter,
     fenced_connections: Counter,
     renew_seconds: Histogram,
+    cut_off: Gauge,
 }
 
 impl Default for Fleet {
@@ -28,6 +29,7 @@ impl Default for Fleet {
             lost: Counter::default(),
             fenced_connections: Counter::default(),
             renew_seconds: Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
+            cut_off: Gauge::default(),
         }
     }
 }
@@ -64,6 +66,11 @@ impl Fleet {
             "Time one lease renewal takes at the store",
             self.renew_seconds.clone(),
         );
+        r.register(
+            "fleet_cut_off",
+            "1 while no peer of the fleet reaches this host and they reach each other: it gives its clusters up",
+            self.cut_off.clone(),
+        );
     }
 
     /// A claim won; `from_another`: over another host's expired lease.
@@ -85,6 +92,10 @@ impl Fleet {
 
     pub fn fenced(&self, connections: u64) {
         self.fenced_connections.inc_by(connections);
+    }
+
+    pub fn cut_off(&self, cut: bool) {
+        self.cut_off.set(i64::from(cut));
     }
 
     pub fn renewed(&self, seconds: f64) {

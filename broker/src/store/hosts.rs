@@ -13,6 +13,16 @@ use super::Store;
 /// How long after its last heartbeat a host still counts as one of the fleet's.
 pub const ALIVE_WITHIN: Duration = Duration::from_secs(60);
 
+/// The fleet's reachability, as [`Store::reach`] read it.
+#[derive(Debug, Clone)]
+pub struct Reach {
+    /// The live hosts: id and link URL.
+    pub live: Vec<(String, String)>,
+    pub reached: Vec<socialweb_broker_core::reach::Reached>,
+    /// The store's clock at the reading (Unix ms).
+    pub now: i64,
+}
+
 impl Store {
     /// Records that host `id` serves its link at `link` and its tunnel endpoint as `tunnel`
     /// (a restarted host may have moved), seen now.
@@ -50,6 +60,58 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?
             .map(|r| r.get::<String, _>("link")))
+    }
+
+    /// Host `prober` reached each of `targets` now.
+    pub async fn reached(&self, prober: &str, targets: &[String]) -> Result<()> {
+        if targets.is_empty() {
+            return Ok(());
+        }
+        let now = self.now_sql();
+        let mut q = sqlx::QueryBuilder::new("INSERT INTO fleet_reach (prober, target, at) ");
+        q.push_values(targets, |mut row, t| {
+            row.push_bind(prober).push_bind(t).push(&now);
+        });
+        q.push(" ON CONFLICT (prober, target) DO UPDATE SET at = excluded.at");
+        q.build().execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// The fleet's reachability as of now: every host seen within `live_within` with its
+    /// link, every pair's last success, and the store's clock.
+    pub async fn reach(&self, live_within: Duration) -> Result<Reach> {
+        let now_sql = self.now_sql();
+        let within = i64::try_from(live_within.as_millis()).unwrap_or(i64::MAX);
+        // One row even when no host is live, for the store's clock.
+        let hosts = sqlx::query(&format!(
+            "SELECT h.id, h.link, n.now FROM (SELECT {now_sql} AS now) AS n \
+             LEFT JOIN fleet_hosts h ON h.seen_at >= n.now - $1 ORDER BY h.id"
+        ))
+        .bind(within)
+        .fetch_all(&self.pool)
+        .await?;
+        let reached = sqlx::query("SELECT prober, target, at FROM fleet_reach")
+            .fetch_all(&self.pool)
+            .await?;
+        let now = hosts.first().map_or(Ok(0), |r| r.try_get::<i64, _>("now"))?;
+        let mut live = Vec::with_capacity(hosts.len());
+        for r in &hosts {
+            if let Some(id) = r.try_get::<Option<String>, _>("id")? {
+                live.push((id, r.try_get::<String, _>("link")?));
+            }
+        }
+        Ok(Reach {
+            live,
+            reached: reached
+                .iter()
+                .map(|r| socialweb_broker_core::reach::Reached {
+                    prober: r.get("prober"),
+                    target: r.get("target"),
+                    at: r.get("at"),
+                })
+                .collect(),
+            now,
+        })
     }
 
     /// The tunnel endpoint of every host seen within [`ALIVE_WITHIN`], as recorded, by id.

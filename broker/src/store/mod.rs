@@ -18,6 +18,7 @@ mod owners;
 mod sealed;
 
 pub use accounts::{Invite, Limit, NewCluster};
+pub use hosts::Reach;
 pub use owners::{Fence, Owner, Seen};
 
 /// A cluster of that name exists already.
