@@ -68,11 +68,11 @@ impl Store {
             return Ok(());
         }
         let now = self.now_sql();
-        let mut q = sqlx::QueryBuilder::new("INSERT INTO fleet_reach (prober, target, at) ");
+        let mut q = sqlx::QueryBuilder::new("INSERT INTO fleet_reach (prober, target, reached_at) ");
         q.push_values(targets, |mut row, t| {
             row.push_bind(prober).push_bind(t).push(&now);
         });
-        q.push(" ON CONFLICT (prober, target) DO UPDATE SET at = excluded.at");
+        q.push(" ON CONFLICT (prober, target) DO UPDATE SET reached_at = excluded.reached_at");
         q.build().execute(&self.pool).await?;
         Ok(())
     }
@@ -90,7 +90,7 @@ impl Store {
         .bind(within)
         .fetch_all(&self.pool)
         .await?;
-        let reached = sqlx::query("SELECT prober, target, at FROM fleet_reach")
+        let reached = sqlx::query("SELECT prober, target, reached_at FROM fleet_reach")
             .fetch_all(&self.pool)
             .await?;
         let now = hosts.first().map_or(Ok(0), |r| r.try_get::<i64, _>("now"))?;
@@ -107,7 +107,7 @@ impl Store {
                 .map(|r| socialweb_broker_core::reach::Reached {
                     prober: r.get("prober"),
                     target: r.get("target"),
-                    at: r.get("at"),
+                    at: r.get("reached_at"),
                 })
                 .collect(),
             now,
