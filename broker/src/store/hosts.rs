@@ -68,12 +68,20 @@ impl Store {
             return Ok(());
         }
         let now = self.now_sql();
-        let mut q = sqlx::QueryBuilder::new("INSERT INTO fleet_reach (prober, target, reached_at) ");
-        q.push_values(targets, |mut row, t| {
-            row.push_bind(prober).push_bind(t).push(&now);
-        });
-        q.push(" ON CONFLICT (prober, target) DO UPDATE SET reached_at = excluded.reached_at");
-        q.build().execute(&self.pool).await?;
+        // `$n` by hand: the store's `Any` driver numbers no placeholders of a QueryBuilder.
+        let rows: Vec<String> = (0..targets.len())
+            .map(|i| format!("($1, ${}, {now})", i + 2))
+            .collect();
+        let sql = format!(
+            "INSERT INTO fleet_reach (prober, target, reached_at) VALUES {} \
+             ON CONFLICT (prober, target) DO UPDATE SET reached_at = excluded.reached_at",
+            rows.join(", ")
+        );
+        let mut q = sqlx::query(&sql).bind(prober);
+        for t in targets {
+            q = q.bind(t);
+        }
+        q.execute(&self.pool).await?;
         Ok(())
     }
 
