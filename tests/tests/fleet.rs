@@ -20,6 +20,8 @@ use testbed::world::{OPERATOR_ADDR, World};
 
 #[path = "fleet/gray.rs"]
 mod gray;
+#[path = "fleet/reach.rs"]
+mod reach;
 
 fn step(t: Instant, what: &str) {
     eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());

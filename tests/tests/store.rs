@@ -334,8 +334,15 @@ async fn leases(s: &Store) {
 /// clock: live hosts are those seen within the window, a success recorded again moves on.
 async fn reachability(s: &Store) {
     let empty = s.reach(Duration::from_secs(10)).await.unwrap();
-    assert!(empty.live.is_empty() && empty.reached.is_empty(), "{empty:?}");
-    assert!(empty.now > 1_700_000_000_000, "the store's clock: {}", empty.now);
+    assert!(
+        empty.live.is_empty() && empty.reached.is_empty(),
+        "{empty:?}"
+    );
+    assert!(
+        empty.now > 1_700_000_000_000,
+        "the store's clock: {}",
+        empty.now
+    );
     s.register_host("h1", "https://198.18.0.11:6445", "{}")
         .await
         .unwrap();
@@ -355,7 +362,11 @@ async fn reachability(s: &Store) {
     assert_eq!(first.reached.len(), 1, "{first:?}");
     let (r, at) = (&first.reached[0], first.reached[0].at);
     assert_eq!((r.prober.as_str(), r.target.as_str()), ("h1", "h2"));
-    assert!((first.now - 5_000..=first.now).contains(&at), "{at} vs {}", first.now);
+    assert!(
+        (first.now - 5_000..=first.now).contains(&at),
+        "{at} vs {}",
+        first.now
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     s.reached("h1", &["h2".to_string()]).await.unwrap();
     s.heartbeat("h1").await.unwrap();
@@ -363,7 +374,11 @@ async fn reachability(s: &Store) {
     assert_eq!(again.reached.len(), 1, "one row per pair");
     assert!(again.reached[0].at >= at + 250, "moved on: {again:?}");
     assert_eq!(
-        again.live.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
+        again
+            .live
+            .iter()
+            .map(|(id, _)| id.as_str())
+            .collect::<Vec<_>>(),
         ["h1"],
         "h2, not seen for 300 ms, is not live within 200 ms"
     );

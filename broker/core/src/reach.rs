@@ -41,7 +41,13 @@ pub enum Verdict {
 /// The verdict on host `me`, given the hosts seen alive (`live`, by id, `me` among them or
 /// not), the pairs' last successes and the store's clock `now`; successes older than
 /// `window_ms` do not count.
-pub fn verdict(me: &str, live: &[String], reached: &[Reached], now: i64, window_ms: i64) -> Verdict {
+pub fn verdict(
+    me: &str,
+    live: &[String],
+    reached: &[Reached],
+    now: i64,
+    window_ms: i64,
+) -> Verdict {
     let live: HashSet<&str> = live.iter().map(String::as_str).collect();
     let recent = reached.iter().filter(|r| {
         r.prober != r.target
@@ -109,7 +115,13 @@ mod tests {
                     peers: ids(&["h2", "h3"]),
                 },
             ),
-            ("h2 beside a cut h1", "h2", &three, &cut_h1, Verdict::Reached),
+            (
+                "h2 beside a cut h1",
+                "h2",
+                &three,
+                &cut_h1,
+                Verdict::Reached,
+            ),
             // Only h1's outgoing probes work (its incoming are cut): users cannot reach it
             // either, and h2 was reached, by h1 itself.
             (
@@ -129,7 +141,13 @@ mod tests {
                 Verdict::Reached,
             ),
             // Two hosts cut from each other: either may be the one cut from its users.
-            ("two hosts, no pair", "h1", &ids(&["h1", "h2"]), &[], Verdict::Unknown),
+            (
+                "two hosts, no pair",
+                "h1",
+                &ids(&["h1", "h2"]),
+                &[],
+                Verdict::Unknown,
+            ),
             ("alone", "h1", &ids(&["h1"]), &[], Verdict::Unknown),
             // A host reaching itself proves nothing.
             (

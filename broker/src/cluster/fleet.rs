@@ -137,7 +137,8 @@ impl Clusters {
     pub(super) fn give_up_or_not(&self) {
         use std::sync::atomic::Ordering::SeqCst;
         let give_up = self.drained_by_operator.load(SeqCst) || self.cut_off.load(SeqCst);
-        self.draining.send_if_modified(|d| std::mem::replace(d, give_up) != give_up);
+        self.draining
+            .send_if_modified(|d| std::mem::replace(d, give_up) != give_up);
     }
 
     /// Whether this host gives its clusters up now (drained or cut off).

@@ -79,9 +79,7 @@ impl Clusters {
     /// Follows verdict `v` (acted on only once `judged`: peers had a window to try).
     fn set_cut_off(&self, v: &Verdict, judged: bool, metrics: &crate::metrics::Fleet) {
         let cut = judged && matches!(v, Verdict::CutOff { .. });
-        let was = self
-            .cut_off
-            .swap(cut, std::sync::atomic::Ordering::SeqCst);
+        let was = self.cut_off.swap(cut, std::sync::atomic::Ordering::SeqCst);
         if cut != was {
             if let Verdict::CutOff { peers } = v {
                 warn!(
@@ -117,7 +115,13 @@ mod tests {
             ("bad".to_string(), "not a url".to_string()),
         ];
         assert_eq!(probe(&links, Duration::from_secs(1)).await, vec!["up"]);
-        assert_eq!(probe_timeout(Duration::from_secs(2)), Duration::from_secs(1));
-        assert_eq!(probe_timeout(Duration::from_millis(400)), Duration::from_millis(200));
+        assert_eq!(
+            probe_timeout(Duration::from_secs(2)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            probe_timeout(Duration::from_millis(400)),
+            Duration::from_millis(200)
+        );
     }
 }

@@ -101,7 +101,9 @@ impl Store {
         let reached = sqlx::query("SELECT prober, target, reached_at FROM fleet_reach")
             .fetch_all(&self.pool)
             .await?;
-        let now = hosts.first().map_or(Ok(0), |r| r.try_get::<i64, _>("now"))?;
+        let now = hosts
+            .first()
+            .map_or(Ok(0), |r| r.try_get::<i64, _>("now"))?;
         let mut live = Vec::with_capacity(hosts.len());
         for r in &hosts {
             if let Some(id) = r.try_get::<Option<String>, _>("id")? {
