@@ -239,6 +239,10 @@ pub enum ServiceError {
     Forbidden(String),
     #[error("{0}")]
     Internal(String),
+    /// Not now: the broker lacks what it needs (the disk guard's floor); the message names
+    /// it, and a later try may pass.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl ServiceError {

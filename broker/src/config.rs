@@ -22,6 +22,7 @@ pub mod reference;
 mod access;
 mod addresses;
 mod clusters;
+mod disk;
 mod durations;
 mod fleet;
 mod front;
@@ -37,6 +38,7 @@ mod tunnel;
 
 pub use access::{Access, Registration};
 pub use clusters::{ClusterDefaults, DatastoreKind, MIN_DATASTORE_QUOTA_MIB, hibernate_after_ok};
+pub use disk::Disk;
 pub use fleet::Fleet;
 pub use front::{DEFAULT_MAX_STREAMS_PER_CERTIFICATE, Front};
 pub use local_provider::{LocalProvider, LocalShape, MachineKind, Vm};
@@ -126,6 +128,10 @@ pub struct Config {
     // the files this one writes (the upgrade test), and knows no `[fleet]`.
     #[serde(skip_serializing_if = "Fleet::is_off")]
     pub fleet: Fleet,
+    /// The disk guard: the free space and inodes the state directory's filesystem keeps
+    /// (docs/operations.md, "The disk guard").
+    #[serde(skip_serializing_if = "Disk::is_default")]
+    pub disk: Disk,
 }
 
 impl Default for Config {
@@ -150,6 +156,7 @@ impl Default for Config {
             front: Front::default(),
             access: Access::default(),
             fleet: Fleet::default(),
+            disk: Disk::default(),
         }
     }
 }

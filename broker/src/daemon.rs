@@ -591,9 +591,14 @@ fn front_limits(cfg: &Config) -> crate::front::listener::Limits {
     }
 }
 
-fn cluster_settings(cfg: &Config, host: &str) -> Result<ClusterSettings> {
+fn cluster_settings(
+    cfg: &Config,
+    host: &str,
+    disk: Arc<crate::disk::DiskGuard>,
+) -> Result<ClusterSettings> {
     Ok(ClusterSettings {
         host: host.to_string(),
+        disk,
         dir: clusters_dir(cfg),
         kube: cfg.kube_dir.join("kube"),
         port_base: cfg.clusters.port_base,
@@ -733,13 +738,20 @@ impl Daemon {
         let records = Arc::new(Records::new(store.certificates().await?));
         tls.serving.watch(stop.clone());
         let server_tls = crate::front::tls::server_config(tls.serving.clone())?;
+        let disk = Arc::new(crate::disk::DiskGuard::new(
+            cfg.state_dir.clone(),
+            cfg.disk.floor(),
+            provisioner.metrics().disk.clone(),
+        ));
+        tokio::spawn(disk.clone().watch(stop.clone()));
         let front = Arc::new(
             Front::new(
                 records.clone(),
                 cfg.front_url(),
                 provisioner.metrics().clone(),
             )
-            .with_max_streams_per_certificate(cfg.front.max_streams_per_certificate),
+            .with_max_streams_per_certificate(cfg.front.max_streams_per_certificate)
+            .with_disk_guard(disk.clone()),
         );
         let access = Arc::new(Access::new(
             store.clone(),
@@ -751,7 +763,7 @@ impl Daemon {
         ));
         let fleet_tunnels = tunnels.clone();
         let clusters = Arc::new(Clusters::new(
-            cluster_settings(cfg, id)?,
+            cluster_settings(cfg, id, disk)?,
             store.clone(),
             provisioner.clone(),
             front.clone(),

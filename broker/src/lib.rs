@@ -33,6 +33,7 @@ pub mod config;
 pub mod control_plane;
 pub mod ctl;
 pub mod daemon;
+pub mod disk;
 pub mod fleet_host;
 pub mod front;
 pub mod guard;

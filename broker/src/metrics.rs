@@ -2,16 +2,19 @@
 //! metrics address (loopback by default): `/metrics` (decisions by action, provisions by step
 //! and live ones by cluster and provider, provision latency, the front's and the gateway
 //! API's requests, market calls and failures by provider, control planes' component
-//! restarts, hibernation, a fleet host's leases), `/healthz` and `/readyz` ([`Health`]).
+//! restarts, hibernation, a fleet host's leases, the state directory's free space),
+//! `/healthz` and `/readyz` ([`Health`]).
 //!
 //! Every label is bounded: `cluster` by the clusters that exist (at most
 //! `access.max_clusters`; a deleted cluster's series are removed), `provider` by the
 //! configured providers, `call`, `kind`, `method`, `door`, `class`, `step` and `component` by
 //! fixed lists. A request for a path no mounted cluster answers is counted without a cluster.
 
+mod disk;
 mod fleet;
 mod health;
 
+pub use disk::Disk;
 pub use fleet::Fleet;
 pub use health::{Check, Health, check};
 
@@ -294,6 +297,8 @@ pub struct Metrics {
     pub health: Health,
     /// A fleet host's leases.
     pub fleet: Fleet,
+    /// The state directory's filesystem.
+    pub disk: Disk,
 }
 
 impl Default for Metrics {
@@ -319,6 +324,7 @@ impl Default for Metrics {
             traffic: Traffic::default(),
             health: Health::default(),
             fleet: Fleet::default(),
+            disk: Disk::default(),
         };
         r.register(
             "decisions",
@@ -360,6 +366,7 @@ impl Default for Metrics {
         m.traffic.register(&mut r);
         m.health.register(&mut r);
         m.fleet.register(&mut r);
+        m.disk.register(&mut r);
         *m.registry.lock().expect("lock") = r;
         m
     }
@@ -721,6 +728,7 @@ mod tests {
         m.fleet.ended(true);
         m.fleet.fenced(1);
         m.fleet.renewed(0.01);
+        m.disk.refused();
         m
     }
 

@@ -10,6 +10,7 @@
 //! - [`provision`]: a provision's steps as a transition function.
 //! - [`bids`]: which bids to take, and when to stop waiting for more.
 //! - [`csr`]: which node certificate requests the broker approves.
+//! - [`disk`]: whether the state directory's filesystem has room for new work.
 //! - [`egress`]: which node an apiserver CONNECT goes to.
 //! - [`guard`]: what RBAC cannot say: the control plane's namespaces and names, whom a
 //!   tenant may impersonate.
@@ -24,6 +25,7 @@
 
 pub mod bids;
 pub mod csr;
+pub mod disk;
 pub mod egress;
 pub mod guard;
 pub mod hibernation;

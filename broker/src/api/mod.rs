@@ -100,6 +100,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::Conflict(_) => (StatusCode::CONFLICT, "Conflict"),
             ServiceError::Forbidden(_) => (StatusCode::FORBIDDEN, "Forbidden"),
             ServiceError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError"),
+            ServiceError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "Unavailable"),
         };
         ApiError::new(status, error, e.public())
     }

@@ -86,6 +86,8 @@ pub struct ClusterSettings {
     pub datastore_quota: Option<u64>,
     /// `clusters.webhook_egress_allow`: the public networks URL webhooks may reach.
     pub webhook_egress_allow: Vec<ipnet::IpNet>,
+    /// `[disk]`: no create and no wake while the state directory's filesystem is low.
+    pub disk: Arc<crate::disk::DiskGuard>,
 }
 
 /// A cluster to create.
@@ -337,6 +339,9 @@ impl Clusters {
                     .into(),
             ));
         }
+        if let Some(why) = self.settings.disk.refuse("no new cluster") {
+            return Err(ServiceError::Unavailable(why));
+        }
         let lock = self.lock(name).await;
         // Never a directory an earlier cluster of this name had: its CA keys are not this
         // cluster's.
@@ -403,6 +408,9 @@ impl Clusters {
         self.record(name).await?;
         if let Some(mut rx) = self.state_of(name) {
             if matches!(*rx.borrow(), ClusterState::Hibernating { .. }) {
+                if let Some(why) = self.settings.disk.refuse("not woken") {
+                    return Err(ServiceError::Unavailable(format!("cluster {name}: {why}")));
+                }
                 self.front.wake(name);
                 // Past the hibernating state first, then to where the wake ends.
                 past(&mut rx, wait, |s| {

@@ -98,6 +98,8 @@ pub struct Front {
     hosts: std::sync::OnceLock<Arc<hosts::Hosts>>,
     /// The long-lived requests each certificate holds (`front.max_streams_per_certificate`).
     streams: Arc<streams::Streams>,
+    /// The disk guard (`[disk]`): no wake while the state directory's filesystem is low.
+    disk: Option<Arc<crate::disk::DiskGuard>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -122,7 +124,20 @@ impl Front {
             metrics,
             hosts: std::sync::OnceLock::new(),
             streams: streams::Streams::new(crate::config::DEFAULT_MAX_STREAMS_PER_CERTIFICATE),
+            disk: None,
         }
+    }
+
+    /// This front wakes no hibernating cluster while `disk` says the state directory's
+    /// filesystem is low: the request is answered 503 with why.
+    pub fn with_disk_guard(mut self, disk: Arc<crate::disk::DiskGuard>) -> Front {
+        self.disk = Some(disk);
+        self
+    }
+
+    /// Why a wake must wait for disk space (`None`: it may go on).
+    pub fn wake_refused(&self) -> Option<String> {
+        self.disk.as_ref()?.refuse("not woken")
     }
 
     /// This front, with at most `max` long-lived requests per certificate.

@@ -105,6 +105,13 @@ pub(super) async fn target(
                 )));
             }
             MountState::Hibernating | MountState::WakeFailed(_) => {
+                // A request already waiting for a wake it asked for waits on; a new one is
+                // refused while the disk is low.
+                if asked_at.is_none()
+                    && let Some(why) = front.wake_refused()
+                {
+                    return Err(unavailable(&format!("cluster {cluster}: {why}")));
+                }
                 if asked_at.is_none() {
                     tracing::debug!(cluster, "a request wakes the cluster");
                 }

@@ -56,6 +56,11 @@ pub struct BrokerOptions {
     pub fleet_lease_ttl: Option<Duration>,
     /// `fleet.max_awake`.
     pub fleet_max_awake: Option<u32>,
+    /// The `[disk]` section (default: the broker's).
+    pub disk: Option<socialweb_broker::config::Disk>,
+    /// The state directory on a tmpfs of its own of this many MiB (default: the test's
+    /// temporary directory's filesystem).
+    pub state_fs_mib: Option<u64>,
     /// Rent from these provider machines (another host's of the fleet:
     /// [`super::Broker::market_refs`]) instead of starting its own.
     pub rent_from: Vec<ProviderRef>,
@@ -125,6 +130,8 @@ impl Default for BrokerOptions {
             on_host: None,
             fleet_lease_ttl: None,
             fleet_max_awake: None,
+            disk: None,
+            state_fs_mib: None,
             rent_from: Vec::new(),
             request_timeout: Duration::from_secs(5),
             node_vcpu: 2,
@@ -274,6 +281,9 @@ impl NodeSoftware {
             c.fleet.enabled = true;
             c.fleet.lease_ttl = ttl;
             c.fleet.max_awake = opts.fleet_max_awake;
+        }
+        if let Some(d) = &opts.disk {
+            c.disk = d.clone();
         }
         c.scale.max_nodes = opts.max_nodes;
         c.scale.pods_per_node = opts.pods_per_node;

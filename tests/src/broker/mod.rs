@@ -92,6 +92,8 @@ pub struct Broker<'w> {
     pub opts: BrokerOptions,
     /// The clusters the broker last described, for when it does not answer (killed).
     known: Mutex<HashMap<String, ClusterInfo>>,
+    /// The state directory's own filesystem (`state_fs_mib`), unmounted before `dir` goes.
+    _state_fs: Option<StateFs>,
     _cni: TempDir,
     dir: TempDir,
 }
@@ -132,6 +134,10 @@ impl<'w> Broker<'w> {
     pub fn start(world: &'w World, opts: BrokerOptions) -> Result<Broker<'w>> {
         let dir = TempDir::new("broker")?;
         let d = dir.path();
+        let state_fs = opts
+            .state_fs_mib
+            .map(|mib| StateFs::mount(&d.join("state"), mib))
+            .transpose()?;
         let cni = crate::k8s::cni_bin_dir()?;
         if let Some((_, plugin)) = &opts.node_bins {
             let link = cni.path().join("socialweb-cni");
@@ -206,6 +212,7 @@ impl<'w> Broker<'w> {
             prefix,
             opts,
             known: Mutex::default(),
+            _state_fs: state_fs,
             _cni: cni,
             dir,
         };
@@ -481,6 +488,32 @@ impl Drop for Broker<'_> {
             p.proc.kill_now();
         }
         self.destroy_machines();
+    }
+}
+
+/// A tmpfs of a given size mounted over a broker's state directory; detached when dropped
+/// (whatever still holds a file in it).
+#[derive(Debug)]
+struct StateFs(PathBuf);
+
+impl StateFs {
+    fn mount(at: &Path, mib: u64) -> Result<StateFs> {
+        std::fs::create_dir_all(at)?;
+        nix::mount::mount(
+            Some("tmpfs"),
+            at,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some(format!("size={mib}m,mode=0700").as_str()),
+        )
+        .with_context(|| format!("mounting a tmpfs of {mib} MiB at {}", at.display()))?;
+        Ok(StateFs(at.to_path_buf()))
+    }
+}
+
+impl Drop for StateFs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
     }
 }
 
