@@ -62,6 +62,62 @@ fn sqlite_intact(dir: &Path) -> usize {
     files.len()
 }
 
+/// A GET of `path` through the front with user `u`'s kubeconfig, from the internet, by
+/// curl (kubectl retries a 503 and reports its own words): the status and the body.
+fn front_get(b: &Broker<'_>, u: &User, dir: &Path, path: &str) -> (u16, String) {
+    let view = |what: &str| {
+        let o = b
+            .kubectl_as(
+                &u.kubeconfig,
+                &[],
+                &[
+                    "config",
+                    "view",
+                    "--raw",
+                    "-o",
+                    &format!("jsonpath={{{what}}}"),
+                ],
+            )
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let decoded = |what: &str, file: &str| {
+        let pem =
+            base64::Engine::decode(&base64::engine::general_purpose::STANDARD, view(what)).unwrap();
+        let f = dir.join(file);
+        std::fs::write(&f, pem).unwrap();
+        f.display().to_string()
+    };
+    let cert = decoded(".users[0].user.client-certificate-data", "user.crt");
+    let key = decoded(".users[0].user.client-key-data", "user.pem");
+    let ca = decoded(".clusters[0].cluster.certificate-authority-data", "ca.crt");
+    let url = format!("{}{path}", view(".clusters[0].cluster.server"));
+    let out = b
+        .world
+        .internet
+        .exec(
+            "curl",
+            &[
+                "-s",
+                "--max-time",
+                "20",
+                "--cacert",
+                &ca,
+                "--cert",
+                &cert,
+                "--key",
+                &key,
+                "-w",
+                "\n%{http_code}",
+                &url,
+            ],
+        )
+        .unwrap();
+    let (body, code) = out.trim_end().rsplit_once('\n').unwrap();
+    (code.parse().unwrap(), body.to_string())
+}
+
 /// Fills the filesystem of `dir` until `leave` bytes are free, in `file`.
 fn fill(dir: &Path, file: &str, leave: u64) {
     let len = free_bytes(dir).saturating_sub(leave);
