@@ -175,13 +175,15 @@ fn a_filling_disk_stops_new_clusters_and_wakes_keeps_what_runs_and_loses_nothing
         "{e}"
     );
     assert!(b.listed("third").is_null(), "nothing of it recorded");
-    let woken = b
-        .kubectl_as(&u.kubeconfig, &[], &["get", "configmap", "s1"])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&woken.stderr);
+    let (code, said) = front_get(
+        &b,
+        &u,
+        dir.path(),
+        "/api/v1/namespaces/default/configmaps/s1",
+    );
+    assert_eq!(code, 503, "{said}");
     assert!(
-        !woken.status.success() && said.contains("not woken") && said.contains("disk.min_free_mib"),
+        said.contains("not woken") && said.contains("disk.min_free_mib"),
         "{said}"
     );
     let e = b.cli(&["cluster", "wake", "sleepy"]).unwrap_err();
