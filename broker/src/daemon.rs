@@ -574,6 +574,22 @@ fn provision_settings(
     })
 }
 
+/// The disk guard of the state directory (`[disk]`), sampling it for the metrics until
+/// `stop`.
+fn disk_guard(
+    cfg: &Config,
+    metrics: &crate::metrics::Metrics,
+    stop: &CancellationToken,
+) -> Arc<crate::disk::DiskGuard> {
+    let disk = Arc::new(crate::disk::DiskGuard::new(
+        cfg.state_dir.clone(),
+        cfg.disk.floor(),
+        metrics.disk.clone(),
+    ));
+    tokio::spawn(disk.clone().watch(stop.clone()));
+    disk
+}
+
 /// The front listener's bounds, from `[front]`.
 fn front_limits(cfg: &Config) -> crate::front::listener::Limits {
     let f = &cfg.front;
@@ -738,12 +754,7 @@ impl Daemon {
         let records = Arc::new(Records::new(store.certificates().await?));
         tls.serving.watch(stop.clone());
         let server_tls = crate::front::tls::server_config(tls.serving.clone())?;
-        let disk = Arc::new(crate::disk::DiskGuard::new(
-            cfg.state_dir.clone(),
-            cfg.disk.floor(),
-            provisioner.metrics().disk.clone(),
-        ));
-        tokio::spawn(disk.clone().watch(stop.clone()));
+        let disk = disk_guard(cfg, provisioner.metrics(), stop);
         let front = Arc::new(
             Front::new(
                 records.clone(),

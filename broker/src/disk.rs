@@ -33,8 +33,8 @@ impl DiskGuard {
     fn space(&self) -> nix::Result<Space> {
         let s = nix::sys::statvfs::statvfs(&self.dir)?;
         Ok(Space {
-            free_bytes: u64::from(s.blocks_available()).saturating_mul(s.fragment_size()),
-            free_inodes: u64::from(s.files_available()),
+            free_bytes: s.blocks_available().saturating_mul(s.fragment_size()),
+            free_inodes: s.files_available(),
         })
     }
 

@@ -197,8 +197,7 @@ async fn exercise(url: &str) {
     );
     assert!(s.use_nonce("did:key:zDnae n1", 20).await.unwrap());
     s.delete_cluster("owned").await.unwrap();
-    leases(&s).await;
-    reachability(&s).await;
+    fleet_rows(&s).await;
     s.insert_sealed_file("demo", "pki/ca.key", "k1", "v1:first", 1)
         .await
         .unwrap();
@@ -328,6 +327,12 @@ async fn leases(s: &Store) {
         ("c", 4),
         "a released lease is anyone's, and its fence still grows"
     );
+}
+
+/// A fleet's rows: leases, then hosts and who reached whom.
+async fn fleet_rows(s: &Store) {
+    leases(s).await;
+    reachability(s).await;
 }
 
 /// A fleet's hosts and who reached whom (`crate::cluster::reach`'s rows), by the store's

@@ -88,6 +88,9 @@ mod tests {
         v.iter().map(|s| s.to_string()).collect()
     }
 
+    /// A case: what, for whom, the live hosts, the successes, the verdict wanted.
+    type Case<'a> = (&'a str, &'a str, &'a [String], &'a [Reached], Verdict);
+
     const NOW: i64 = 100_000;
     const WINDOW: i64 = 10_000;
 
@@ -104,7 +107,7 @@ mod tests {
             .cloned()
             .collect();
         // h1 cut off both ways: the others still reached each other, h1 sees it.
-        let cases: &[(&str, &str, &[String], &[Reached], Verdict)] = &[
+        let cases: &[Case<'_>] = &[
             ("healthy", "h1", &three, &all_pairs, Verdict::Reached),
             (
                 "h1 cut off",

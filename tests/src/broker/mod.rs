@@ -134,10 +134,7 @@ impl<'w> Broker<'w> {
     pub fn start(world: &'w World, opts: BrokerOptions) -> Result<Broker<'w>> {
         let dir = TempDir::new("broker")?;
         let d = dir.path();
-        let state_fs = opts
-            .state_fs_mib
-            .map(|mib| StateFs::mount(&d.join("state"), mib))
-            .transpose()?;
+        let state_fs = StateFs::for_options(d, &opts)?;
         let cni = crate::k8s::cni_bin_dir()?;
         if let Some((_, plugin)) = &opts.node_bins {
             let link = cni.path().join("socialweb-cni");
@@ -149,18 +146,7 @@ impl<'w> Broker<'w> {
         // The broker's key towards providers, as its operator gets it (`market-pin`, made on
         // first use) before any provider machine can list it.
         let config = d.join("broker.toml");
-        let (host, bind, bind_v6, public_addr) = match opts.on_host {
-            None => (
-                &world.operator,
-                world.operator_addr,
-                world.operator_addr_v6,
-                crate::world::OPERATOR_ADDR,
-            ),
-            Some(i) => {
-                let h = &world.hosts[usize::from(i) - 1];
-                (&h.ns, h.addr, None, h.addr)
-            }
-        };
+        let (host, bind, bind_v6, public_addr) = placed(world, &opts);
         write_config(
             &config,
             &sw.broker(&opts, d, &prefix, bind, bind_v6, Vec::new()),
@@ -491,12 +477,44 @@ impl Drop for Broker<'_> {
     }
 }
 
+/// Where a broker runs in `world`: its host's namespace, the addresses it binds (IPv4, and
+/// IPv6 in a dual-stack world) and the one users and nodes reach it at.
+fn placed<'w>(
+    world: &'w World,
+    opts: &BrokerOptions,
+) -> (
+    &'w Netns,
+    std::net::Ipv4Addr,
+    Option<std::net::Ipv6Addr>,
+    std::net::Ipv4Addr,
+) {
+    match opts.on_host {
+        None => (
+            &world.operator,
+            world.operator_addr,
+            world.operator_addr_v6,
+            crate::world::OPERATOR_ADDR,
+        ),
+        Some(i) => {
+            let h = &world.hosts[usize::from(i) - 1];
+            (&h.ns, h.addr, None, h.addr)
+        }
+    }
+}
+
 /// A tmpfs of a given size mounted over a broker's state directory; detached when dropped
 /// (whatever still holds a file in it).
 #[derive(Debug)]
 struct StateFs(PathBuf);
 
 impl StateFs {
+    /// The state directory's own tmpfs under `d`, when `opts` asks for one.
+    fn for_options(d: &Path, opts: &BrokerOptions) -> Result<Option<StateFs>> {
+        opts.state_fs_mib
+            .map(|mib| StateFs::mount(&d.join("state"), mib))
+            .transpose()
+    }
+
     fn mount(at: &Path, mib: u64) -> Result<StateFs> {
         std::fs::create_dir_all(at)?;
         nix::mount::mount(

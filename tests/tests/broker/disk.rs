@@ -17,7 +17,7 @@ const MIB: u64 = 1 << 20;
 /// What the broker may still write on the filesystem of `dir`.
 fn free_bytes(dir: &Path) -> u64 {
     let s = nix::sys::statvfs::statvfs(dir).unwrap();
-    u64::from(s.blocks_available()) * s.fragment_size()
+    s.blocks_available() * s.fragment_size()
 }
 
 /// A series' value at the broker's metrics address (one without labels; 0 when absent).
@@ -149,7 +149,6 @@ fn a_filling_disk_stops_new_clusters_and_wakes_keeps_what_runs_and_loses_nothing
         },
     )
     .unwrap();
-    let state = b.state.clone();
     let awake = b
         .cli_json(&["cluster", "create", "awake", "--hibernate-after", "0"])
         .unwrap();
@@ -164,8 +163,16 @@ fn a_filling_disk_stops_new_clusters_and_wakes_keeps_what_runs_and_loses_nothing
     u.ok(&b, &["create", "configmap", "s1", "--from-literal=k=s1"]);
     b.wait_state("sleepy", "hibernating", Duration::from_secs(60));
 
-    // Under the floor, not full: refusals naming it; the awake cluster goes on.
-    fill(&state, "filler", 48 * MIB);
+    under_the_floor(&b, &u, dir.path());
+    full_to_the_last_byte(&b);
+    freed(&b, &u);
+}
+
+/// Under the floor, not full: a create and both wakes refused naming it; the awake cluster
+/// goes on.
+fn under_the_floor(b: &Broker<'_>, u: &User, dir: &Path) {
+    let state = &b.state;
+    fill(state, "filler", 48 * MIB);
     let e = b
         .cli(&["cluster", "create", "third", "--hibernate-after", "0"])
         .unwrap_err();
@@ -175,12 +182,7 @@ fn a_filling_disk_stops_new_clusters_and_wakes_keeps_what_runs_and_loses_nothing
         "{e}"
     );
     assert!(b.listed("third").is_null(), "nothing of it recorded");
-    let (code, said) = front_get(
-        &b,
-        &u,
-        dir.path(),
-        "/api/v1/namespaces/default/configmaps/s1",
-    );
+    let (code, said) = front_get(b, u, dir, "/api/v1/namespaces/default/configmaps/s1");
     assert_eq!(code, 503, "{said}");
     assert!(
         said.contains("not woken") && said.contains("disk.min_free_mib"),
@@ -194,11 +196,15 @@ fn a_filling_disk_stops_new_clusters_and_wakes_keeps_what_runs_and_loses_nothing
         &["create", "configmap", "two", "--from-literal=k=2"],
     )
     .unwrap();
-    assert_eq!(metric(&b, "socialweb_broker_state_disk_low"), 1.0);
-    assert!(metric(&b, "socialweb_broker_disk_refusals_total") >= 3.0);
-    assert!(metric(&b, "socialweb_broker_state_disk_free_bytes") < (96 * MIB) as f64);
+    assert_eq!(metric(b, "socialweb_broker_state_disk_low"), 1.0);
+    assert!(metric(b, "socialweb_broker_disk_refusals_total") >= 3.0);
+    assert!(metric(b, "socialweb_broker_state_disk_free_bytes") < (96 * MIB) as f64);
+}
 
-    // Full to the last byte for a while: writes fail where they must; nothing is lost.
+/// Full to the last byte for a while: writes fail where they must; the broker still
+/// answers from its store.
+fn full_to_the_last_byte(b: &Broker<'_>) {
+    let state = &b.state;
     let o = std::process::Command::new("dd")
         .args(["if=/dev/zero", "bs=1M"])
         .arg(format!("of={}", state.join("filler-2").display()))
@@ -208,7 +214,7 @@ fn a_filling_disk_stops_new_clusters_and_wakes_keeps_what_runs_and_loses_nothing
         String::from_utf8_lossy(&o.stderr).contains("No space left"),
         "{o:?}"
     );
-    assert_eq!(free_bytes(&state), 0);
+    assert_eq!(free_bytes(state), 0);
     let _ = b.kubectl(
         "awake",
         &["create", "configmap", "full", "--from-literal=k=f"],
@@ -216,8 +222,11 @@ fn a_filling_disk_stops_new_clusters_and_wakes_keeps_what_runs_and_loses_nothing
     std::thread::sleep(Duration::from_secs(5));
     let listed = b.cli_json(&["cluster", "list"]).unwrap();
     assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+}
 
-    // Freed: everything goes on, with what was written.
+/// Freed: everything goes on, with what was written.
+fn freed(b: &Broker<'_>, u: &User) {
+    let state = &b.state;
     std::fs::remove_file(state.join("filler")).unwrap();
     std::fs::remove_file(state.join("filler-2")).unwrap();
     let third = b
@@ -225,7 +234,7 @@ fn a_filling_disk_stops_new_clusters_and_wakes_keeps_what_runs_and_loses_nothing
         .unwrap();
     assert_eq!(third["state"], "ready", "{third}\n{}", b.diagnostics());
     assert_eq!(
-        u.ok(&b, &["get", "configmap", "s1", "-o", "jsonpath={.data.k}"]),
+        u.ok(b, &["get", "configmap", "s1", "-o", "jsonpath={.data.k}"]),
         "s1",
         "woken with what it had"
     );
@@ -246,10 +255,10 @@ fn a_filling_disk_stops_new_clusters_and_wakes_keeps_what_runs_and_loses_nothing
     )
     .unwrap();
     testbed::k8s::wait_for("the disk no longer low", Duration::from_secs(30), || {
-        Ok((metric(&b, "socialweb_broker_state_disk_low") == 0.0).then_some(()))
+        Ok((metric(b, "socialweb_broker_state_disk_low") == 0.0).then_some(()))
     })
     .unwrap();
-    let checked = sqlite_intact(&state);
+    let checked = sqlite_intact(state);
     assert!(
         checked >= 4,
         "the store and three kine datastores: {checked}"

@@ -45,6 +45,39 @@ fn cut_off_metric(b: &Broker<'_>) -> Option<f64> {
     })
 }
 
+/// Watches host 1's apiserver (`apiserver`) until another host of `ids` claims the cluster,
+/// within `within` of now: the apiserver must have stopped first. When it stopped, when the
+/// claim came, and the index of the claiming host.
+fn stopped_then_claimed(
+    world: &testbed::world::World,
+    a: &Broker<'_>,
+    ids: &[String],
+    apiserver: u32,
+    within: Duration,
+) -> (Duration, Duration, usize) {
+    let cut = Instant::now();
+    let mut stopped = None;
+    let (claimed, n) = loop {
+        if stopped.is_none() && !alive(apiserver) {
+            stopped = Some(cut.elapsed());
+        }
+        let o = owner(&world.operator, "cut");
+        if let Some(i) = ids[1..].iter().position(|id| o.starts_with(id.as_str())) {
+            break (cut.elapsed(), i + 1);
+        }
+        assert!(
+            cut.elapsed() < within,
+            "no other host claimed the cluster within 3 TTLs of the cut (lease: {o})\n{}",
+            std::fs::read_to_string(a.log("broker")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stopped = stopped.unwrap_or_else(|| {
+        panic!("host 1's apiserver still ran when another host claimed the cluster")
+    });
+    (stopped, claimed, n)
+}
+
 /// Three hosts; host 1 runs a cluster and is then cut from everything but PostgreSQL: its
 /// peers reach each other and not it, so within three lease TTLs it has stopped the
 /// control plane and another host serves the cluster with what host 1 wrote. While cut off,
@@ -75,26 +108,8 @@ fn a_host_cut_off_from_its_users_but_not_the_store_gives_its_clusters_to_another
 
     cut_all_but_the_store(a);
     let cut = Instant::now();
-    let mut stopped = None;
-    let (claimed, n) = loop {
-        if stopped.is_none() && !alive(apiserver) {
-            stopped = Some(cut.elapsed());
-        }
-        let o = owner(&world.operator, "cut");
-        if let Some(i) = ids[1..].iter().position(|id| o.starts_with(id.as_str())) {
-            break (cut.elapsed(), i + 1);
-        }
-        assert!(
-            cut.elapsed() < ttl * 3,
-            "no other host claimed the cluster within 3 TTLs of the cut (lease: {o})\n{}",
-            std::fs::read_to_string(a.log("broker")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let (stopped, claimed, n) = stopped_then_claimed(&world, a, &ids, apiserver, ttl * 3);
     let by = &hosts[n];
-    let stopped = stopped.unwrap_or_else(|| {
-        panic!("host 1's apiserver still ran when another host claimed the cluster")
-    });
     by.wait_state("cut", "ready", Duration::from_secs(120));
     step(
         t,
