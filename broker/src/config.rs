@@ -21,6 +21,7 @@ pub mod reference;
 
 mod access;
 mod addresses;
+mod backup;
 mod clusters;
 mod disk;
 mod durations;
@@ -37,6 +38,7 @@ mod store;
 mod tunnel;
 
 pub use access::{Access, Registration};
+pub use backup::Backup;
 pub use clusters::{ClusterDefaults, DatastoreKind, MIN_DATASTORE_QUOTA_MIB, hibernate_after_ok};
 pub use disk::Disk;
 pub use fleet::Fleet;
@@ -132,6 +134,10 @@ pub struct Config {
     /// (docs/operations.md, "The disk guard").
     #[serde(skip_serializing_if = "Disk::is_default")]
     pub disk: Disk,
+    /// Backups of the state directory on a schedule (docs/operations.md, "Backup and
+    /// restore").
+    #[serde(skip_serializing_if = "Backup::is_default")]
+    pub backup: Backup,
 }
 
 impl Default for Config {
@@ -157,6 +163,7 @@ impl Default for Config {
             access: Access::default(),
             fleet: Fleet::default(),
             disk: Disk::default(),
+            backup: Backup::default(),
         }
     }
 }
@@ -311,6 +318,7 @@ impl Config {
         self.check_fleet_homes(&o)?;
         self.front.check()?;
         self.relay.check()?;
+        self.backup.check(&self.state_dir, &o)?;
         self.access.check()
     }
 

@@ -574,6 +574,22 @@ fn provision_settings(
     })
 }
 
+/// What `backup`, `restore` and the scheduled backups read: where the daemon keeps its
+/// files ([`paths`]), and what of it is not state.
+pub fn backup_layout(cfg: &Config) -> crate::backup::Layout {
+    let p = paths(cfg);
+    crate::backup::Layout {
+        skip: vec![
+            p.provider_nodes.clone(),
+            p.provider_socket.clone(),
+            p.ctl_socket.clone(),
+        ],
+        state_dir: p.state_dir,
+        store: p.store,
+        clusters: p.clusters,
+    }
+}
+
 /// The disk guard of the state directory (`[disk]`), sampling it for the metrics until
 /// `stop`.
 fn disk_guard(
@@ -731,6 +747,7 @@ impl Daemon {
         sweep(&provisioner).await;
         services.clusters.resume().await?;
         resumed.store(true, Ordering::Relaxed);
+        crate::backup_schedule::spawn(&cfg, &metrics, &stop);
         Ok(Arc::new(Daemon {
             services,
             store,

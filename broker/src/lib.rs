@@ -18,15 +18,25 @@
 //!   [`approver`] (nodes' certificate requests), [`node_addresses`] (nodes' cluster
 //!   addresses, for the mesh), [`quota`] (the datastore quota on kine),
 //!   [`store`], [`relay`], [`metrics`], [`process`].
-//! - [`backup`]: `backup` and `restore` of the state directory (the CLI's, not the daemon's).
+//! - [`backup`]: `backup` and `restore` of the state directory (the CLI's), and
+//!   [`backup_schedule`], the daemon's backups on a schedule (`[backup]`).
 //! - [`daemon`]: the composition root: builds each subsystem from its own [`config`]
 //!   section, wires them, and shuts them down.
+
+/// This build's version, as `--version`, the backups' manifests and the logs name it.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("SOCIALWEB_COMMIT"),
+    ")"
+);
 
 pub mod access;
 pub mod api;
 pub mod approver;
 pub mod auth;
 pub mod backup;
+pub mod backup_schedule;
 pub mod cluster;
 pub mod command;
 pub mod config;

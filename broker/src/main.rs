@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use socialweb_broker::VERSION;
 use socialweb_broker::command::{
     ClusterDetail, ClusterInfo, ClusterState, Command as Request, Reply,
 };
@@ -602,28 +603,6 @@ fn print_paths(cfg: &Config, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// What `backup` and `restore` read: where the daemon keeps its files (`paths`).
-fn backup_layout(cfg: &Config) -> socialweb_broker::backup::Layout {
-    let p = socialweb_broker::daemon::paths(cfg);
-    socialweb_broker::backup::Layout {
-        skip: vec![
-            p.provider_nodes.clone(),
-            p.provider_socket.clone(),
-            p.ctl_socket.clone(),
-        ],
-        state_dir: p.state_dir,
-        store: p.store,
-        clusters: p.clusters,
-    }
-}
-
-const VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (commit ",
-    env!("SOCIALWEB_COMMIT"),
-    ")"
-);
-
 fn print_manifest(m: &socialweb_broker::backup::Manifest, verb: &str, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(m)?);
@@ -651,7 +630,12 @@ fn print_manifest(m: &socialweb_broker::backup::Manifest, verb: &str, json: bool
 
 async fn backup(cfg: &Config, to: &std::path::Path, json: bool) -> Result<()> {
     let t = std::time::Instant::now();
-    let m = socialweb_broker::backup::backup(&backup_layout(cfg), to, VERSION).await?;
+    let m = socialweb_broker::backup::backup(
+        &socialweb_broker::daemon::backup_layout(cfg),
+        to,
+        VERSION,
+    )
+    .await?;
     print_manifest(&m, "backed up", json)?;
     if !json {
         println!("in {:.1?} to {}", t.elapsed(), to.display());
@@ -660,7 +644,7 @@ async fn backup(cfg: &Config, to: &std::path::Path, json: bool) -> Result<()> {
 }
 
 fn restore(cfg: &Config, from: &std::path::Path, json: bool) -> Result<()> {
-    let m = socialweb_broker::backup::restore(&backup_layout(cfg), from)?;
+    let m = socialweb_broker::backup::restore(&socialweb_broker::daemon::backup_layout(cfg), from)?;
     print_manifest(&m, "restored", json)?;
     if !json {
         println!(

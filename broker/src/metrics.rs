@@ -10,10 +10,12 @@
 //! configured providers, `call`, `kind`, `method`, `door`, `class`, `step` and `component` by
 //! fixed lists. A request for a path no mounted cluster answers is counted without a cluster.
 
+mod backups;
 mod disk;
 mod fleet;
 mod health;
 
+pub use backups::Backups;
 pub use disk::Disk;
 pub use fleet::Fleet;
 pub use health::{Check, Health, check};
@@ -299,6 +301,8 @@ pub struct Metrics {
     pub fleet: Fleet,
     /// The state directory's filesystem.
     pub disk: Disk,
+    /// Scheduled backups.
+    pub backups: Backups,
 }
 
 impl Default for Metrics {
@@ -325,6 +329,7 @@ impl Default for Metrics {
             health: Health::default(),
             fleet: Fleet::default(),
             disk: Disk::default(),
+            backups: Backups::default(),
         };
         r.register(
             "decisions",
@@ -367,6 +372,7 @@ impl Default for Metrics {
         m.health.register(&mut r);
         m.fleet.register(&mut r);
         m.disk.register(&mut r);
+        m.backups.register(&mut r);
         *m.registry.lock().expect("lock") = r;
         m
     }
@@ -729,6 +735,8 @@ mod tests {
         m.fleet.fenced(1);
         m.fleet.renewed(0.01);
         m.disk.refused();
+        m.backups.taken(1);
+        m.backups.failed();
         m
     }
 

@@ -140,3 +140,89 @@ fn a_backup_taken_while_serving_brings_the_cluster_back_into_an_empty_state_dire
         "the node reconnected by itself: Ready, the same Pod, logs and exec through the tunnel",
     );
 }
+
+/// `[backup]`: the daemon backs up on its own every `interval`, keeps the newest `keep`, and
+/// runs `command` on each finished backup (here, a copy off to another directory).
+#[test]
+fn scheduled_backups_run_keep_the_newest_and_are_copied_off() {
+    let world = World::new(0).unwrap();
+    let dir = TempDir::new("scheduled-backups").unwrap();
+    let (backups, offsite) = (dir.path().join("backups"), dir.path().join("offsite"));
+    std::fs::create_dir_all(&offsite).unwrap();
+    // The operator's own file in the backup directory stays.
+    std::fs::create_dir_all(&backups).unwrap();
+    std::fs::write(backups.join("README"), "ours\n").unwrap();
+    let b = Broker::start(
+        &world,
+        BrokerOptions {
+            backup: Some(socialweb_broker::config::Backup {
+                interval: Duration::from_secs(5),
+                keep: 1,
+                dir: backups.clone(),
+                command: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    format!("cp -a \"$1\" {}/", offsite.display()),
+                    "sh".into(),
+                ],
+            }),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    b.cli_json(&["cluster", "create", "kept", "--hibernate-after", "0"])
+        .unwrap();
+    let copied = |n: usize| {
+        testbed::k8s::wait_for(
+            &format!("{n} backups copied off"),
+            Duration::from_secs(60),
+            || {
+                let names = names_in(&offsite);
+                Ok((names.len() >= n).then_some(names))
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()))
+    };
+    let first = copied(1);
+    // A backup taken after the cluster was: the second.
+    let all = copied(first.len() + 1);
+    let newest = all.last().unwrap();
+    // Keep 1: one finished backup stays (the newest, or one newer still by now), beside
+    // the README and at most one being written.
+    let ours = testbed::k8s::wait_for("one backup kept", Duration::from_secs(30), || {
+        let finished: Vec<String> = names_in(&backups)
+            .into_iter()
+            .filter(|n| socialweb_broker_core::backups::is_backup(n))
+            .collect();
+        Ok((finished.len() == 1).then(|| finished[0].clone()))
+    })
+    .unwrap();
+    assert!(backups.join("README").exists(), "{:?}", names_in(&backups));
+    assert!(ours >= *newest, "{ours} is older than {newest}");
+    for n in &all {
+        assert!(socialweb_broker_core::backups::is_backup(n), "{n}");
+    }
+    let m = socialweb_broker::backup::verify(&backups.join(ours)).unwrap();
+    assert!(
+        m.files.iter().any(|f| f.path.ends_with("broker.db")),
+        "{:?}",
+        m.files.iter().map(|f| &f.path).collect::<Vec<_>>()
+    );
+    let off = socialweb_broker::backup::verify(&offsite.join(newest)).unwrap();
+    assert!(
+        off.files
+            .iter()
+            .any(|f| f.path.to_string_lossy().contains("kept")),
+        "the copied-off backup has the cluster"
+    );
+}
+
+/// The names in `dir`, sorted.
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    v.sort();
+    v
+}

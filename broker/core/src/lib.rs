@@ -8,6 +8,7 @@
 //!   decisions, certificate records) and the store's time (`millis`).
 //! - [`scale`]: contract 7, the scale decision; [`offers`]: what it rents, and where.
 //! - [`provision`]: a provision's steps as a transition function.
+//! - [`backups`]: which scheduled backups go when a new one is finished.
 //! - [`bids`]: which bids to take, and when to stop waiting for more.
 //! - [`csr`]: which node certificate requests the broker approves.
 //! - [`disk`]: whether the state directory's filesystem has room for new work.
@@ -23,6 +24,7 @@
 //! - [`source`]: what counts as one source address for the limits per address.
 //! - [`reach`]: whether a fleet host is cut off from its users, from its peers' probes.
 
+pub mod backups;
 pub mod bids;
 pub mod csr;
 pub mod disk;

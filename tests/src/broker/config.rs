@@ -58,6 +58,8 @@ pub struct BrokerOptions {
     pub fleet_max_awake: Option<u32>,
     /// The `[disk]` section (default: the broker's).
     pub disk: Option<socialweb_broker::config::Disk>,
+    /// The `[backup]` section (default: none scheduled).
+    pub backup: Option<socialweb_broker::config::Backup>,
     /// The state directory on a tmpfs of its own of this many MiB (default: the test's
     /// temporary directory's filesystem).
     pub state_fs_mib: Option<u64>,
@@ -131,6 +133,7 @@ impl Default for BrokerOptions {
             fleet_lease_ttl: None,
             fleet_max_awake: None,
             disk: None,
+            backup: None,
             state_fs_mib: None,
             rent_from: Vec::new(),
             request_timeout: Duration::from_secs(5),
@@ -284,6 +287,9 @@ impl NodeSoftware {
         }
         if let Some(d) = &opts.disk {
             c.disk = d.clone();
+        }
+        if let Some(bk) = &opts.backup {
+            c.backup = bk.clone();
         }
         c.scale.max_nodes = opts.max_nodes;
         c.scale.pods_per_node = opts.pods_per_node;
