@@ -24,7 +24,7 @@ pub fn spawn(cfg: &Config, metrics: &crate::metrics::Metrics, stop: &Cancellatio
         return;
     }
     let metrics = metrics.backups.clone();
-    metrics.scheduled(cfg.backup.interval);
+    metrics.scheduled(cfg.backup.interval, unix_secs(SystemTime::now()));
     let (layout, settings, stop) = (
         crate::daemon::backup_layout(cfg),
         cfg.backup.clone(),

@@ -28,7 +28,7 @@ impl Backups {
         );
         r.register(
             "last_backup_timestamp_seconds",
-            "When the last scheduled backup finished (Unix seconds; 0: none since start)",
+            "When the last scheduled backup finished, or the schedule began (Unix seconds)",
             self.last.clone(),
         );
         r.register(
@@ -38,9 +38,12 @@ impl Backups {
         );
     }
 
-    pub fn scheduled(&self, every: std::time::Duration) {
+    /// The schedule began at `unix_secs`: the staleness alert counts from there until
+    /// the first backup.
+    pub fn scheduled(&self, every: std::time::Duration, unix_secs: u64) {
         self.interval
             .set(i64::try_from(every.as_secs()).unwrap_or(i64::MAX));
+        self.last.set(i64::try_from(unix_secs).unwrap_or(i64::MAX));
     }
 
     /// A backup finished at `unix_secs`.
