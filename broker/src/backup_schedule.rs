@@ -13,23 +13,25 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::backup::Layout;
-use crate::config::{Backup, Config};
+use crate::config::Backup;
 
 /// How long `backup.command` may run before it is killed and counted as failed.
 const COMMAND_WITHIN: Duration = Duration::from_secs(3600);
 
-/// Starts the schedule when `backup.interval` is set; nothing otherwise.
-pub fn spawn(cfg: &Config, metrics: &crate::metrics::Metrics, stop: &CancellationToken) {
-    if cfg.backup.interval.is_zero() {
+/// Starts the schedule of `settings` over the state `layout` describes when
+/// `backup.interval` is set; nothing otherwise.
+pub fn spawn(
+    layout: Layout,
+    settings: &Backup,
+    metrics: &crate::metrics::Metrics,
+    stop: &CancellationToken,
+) {
+    if settings.interval.is_zero() {
         return;
     }
     let metrics = metrics.backups.clone();
-    metrics.scheduled(cfg.backup.interval, unix_secs(SystemTime::now()));
-    let (layout, settings, stop) = (
-        crate::daemon::backup_layout(cfg),
-        cfg.backup.clone(),
-        stop.clone(),
-    );
+    metrics.scheduled(settings.interval, unix_secs(SystemTime::now()));
+    let (settings, stop) = (settings.clone(), stop.clone());
     info!(every = ?settings.interval, dir = %settings.dir.display(), keep = settings.keep, "scheduled backups");
     tokio::spawn(async move {
         loop {

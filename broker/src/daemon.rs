@@ -747,7 +747,7 @@ impl Daemon {
         sweep(&provisioner).await;
         services.clusters.resume().await?;
         resumed.store(true, Ordering::Relaxed);
-        crate::backup_schedule::spawn(&cfg, &metrics, &stop);
+        crate::backup_schedule::spawn(backup_layout(&cfg), &cfg.backup, &metrics, &stop);
         Ok(Arc::new(Daemon {
             services,
             store,
