@@ -4,14 +4,13 @@
 //! directory and every client's credentials are checked: root or the daemon's own user only.
 //! Its caller is always [`Caller::Operator`].
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 use tracing::warn;
 
 use crate::command::{Caller, Command, Reply, ServiceError};
@@ -39,18 +38,8 @@ impl Drop for Socket {
 
 /// Serves the operator's commands on `path`.
 pub fn serve(path: &Path, services: Services) -> Result<Socket> {
-    if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let _ = std::fs::remove_file(path);
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    let me = nix::unistd::geteuid().as_raw();
+    let listener = socialweb_proc::owner_only::unix_listener(path)
+        .with_context(|| format!("binding {}", path.display()))?;
     tokio::spawn(async move {
         loop {
             let stream = match listener.accept().await {
@@ -62,10 +51,7 @@ pub fn serve(path: &Path, services: Services) -> Result<Socket> {
                     continue;
                 }
             };
-            if !stream
-                .peer_cred()
-                .is_ok_and(|c| c.uid() == 0 || c.uid() == me)
-            {
+            if !socialweb_proc::owner_only::peer_is_owner(&stream) {
                 warn!(
                     "control socket: refused a client that is neither root nor the broker's user"
                 );

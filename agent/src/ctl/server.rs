@@ -2,13 +2,12 @@
 //! and every connection's peer credentials are checked as well (the file mode alone would not
 //! survive someone loosening the directory).
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 use tracing::{debug, warn};
 
 use super::protocol::{MAX_REQUEST, Request, Response};
@@ -32,19 +31,9 @@ impl Drop for Socket {
 
 /// Binds `path` and serves requests with `handler` until the process ends.
 pub fn serve<H: Handler>(path: &Path, handler: Arc<H>) -> Result<Socket> {
-    if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
-    }
-    // A socket file left by a killed agent would make bind fail.
-    let _ = std::fs::remove_file(path);
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    let me = nix::unistd::geteuid().as_raw();
+    // A socket file left by a killed agent is replaced.
+    let listener = socialweb_proc::owner_only::unix_listener(path)
+        .with_context(|| format!("binding {}", path.display()))?;
     tokio::spawn(async move {
         loop {
             let (stream, _) = match listener.accept().await {
@@ -54,11 +43,7 @@ pub fn serve<H: Handler>(path: &Path, handler: Arc<H>) -> Result<Socket> {
                     continue;
                 }
             };
-            let allowed = stream
-                .peer_cred()
-                .map(|c| c.uid() == 0 || c.uid() == me)
-                .unwrap_or(false);
-            if !allowed {
+            if !socialweb_proc::owner_only::peer_is_owner(&stream) {
                 warn!("control socket: refused a client that is neither root nor the agent's user");
                 continue;
             }

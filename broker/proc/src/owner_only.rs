@@ -1,7 +1,8 @@
 //! Owner-only places on disk: the broker's and the provider's state hold bootstrap-token
 //! secrets, mesh keys, CA keys and identity documents (docs/security.md), so their
 //! directories are 0700 and their record files 0600, made so and kept so (a directory an
-//! older version left 0755 is tightened at start).
+//! older version left 0755 is tightened at start); their control sockets are 0600 and check
+//! who connects.
 
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -14,6 +15,33 @@ pub fn dir(dir: &Path) -> io::Result<()> {
         .mode(0o700)
         .create(dir)?;
     tighten(dir, 0o700)
+}
+
+/// A Unix socket at `path` that only this process's user (and root) may connect to: its
+/// directory made 0700 when missing (an existing one is left as it is: it may be `/run`), a
+/// socket a killed process left removed, the new one bound and made 0600. The one way the
+/// agent's and the broker's control sockets, an apiserver's egress sockets and the embedded
+/// provider's socket are made.
+pub fn unix_listener(path: &Path) -> io::Result<tokio::net::UnixListener> {
+    if let Some(parent) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)?;
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Whether the peer of `stream` is root or this process's own user: a control socket's
+/// check beyond its file's mode (a mode loosened by hand, a descriptor passed on).
+pub fn peer_is_owner(stream: &tokio::net::UnixStream) -> bool {
+    let me = nix::unistd::geteuid().as_raw();
+    stream
+        .peer_cred()
+        .is_ok_and(|c| c.uid() == 0 || c.uid() == me)
 }
 
 /// Creates `file` empty, mode 0600, if it does not exist; tightens it to 0600 if it does.
@@ -63,6 +91,23 @@ fn tighten(path: &Path, mode: u32) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_socket_is_owner_only_and_replaces_a_stale_one() {
+        let d = std::env::temp_dir().join(format!("sw-owner-sock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let path = d.join("run/ctl.sock");
+        drop(unix_listener(&path).unwrap());
+        // A socket file left behind does not stop the next bind.
+        let l = unix_listener(&path).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+        let client = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let (server, _) = l.accept().await.unwrap();
+        assert!(peer_is_owner(&server) && peer_is_owner(&client));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     fn mode(p: &Path) -> u32 {
         std::fs::metadata(p).unwrap().permissions().mode() & 0o7777

@@ -299,15 +299,13 @@ async fn serve_unix(
     path: &std::path::Path,
     stop: CancellationToken,
 ) -> Result<String> {
-    use std::os::unix::fs::PermissionsExt;
+    // Its state's run directory, tightened if an older version left it open.
     if let Some(dir) = path.parent() {
         socialweb_proc::owner_only::dir(dir)
             .with_context(|| format!("creating {}", dir.display()))?;
     }
-    let _ = std::fs::remove_file(path);
-    let listener = tokio::net::UnixListener::bind(path)
+    let listener = socialweb_proc::owner_only::unix_listener(path)
         .with_context(|| format!("local provider: binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     tracing::info!(socket = %path.display(), "local provider serving the market protocol");
     // The socket is owner-only: its one client is the broker that embeds this provider.
     let app = app.layer(Extension(Client::local()));

@@ -332,14 +332,8 @@ where
     F: Fn(tokio::net::UnixStream) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(d) = socket.parent() {
-        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-    }
-    let _ = std::fs::remove_file(socket);
-    let listener = tokio::net::UnixListener::bind(socket)
+    let listener = socialweb_proc::owner_only::unix_listener(socket)
         .with_context(|| format!("binding {}", socket.display()))?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
     let path = socket.to_path_buf();
     info!(%cluster, socket = %path.display(), "{what} served");
     tokio::spawn(async move {
