@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::access::records::Records;
 use crate::config::Config;
-use crate::control_plane::pki::Pki;
+use crate::pki::Pki;
 use crate::front::Front;
 use crate::front::hosts::{Hosts, LinkTls};
 use crate::store::Store;

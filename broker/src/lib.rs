@@ -17,7 +17,8 @@
 //!   say),
 //!   [`approver`] (nodes' certificate requests), [`node_addresses`] (nodes' cluster
 //!   addresses, for the mesh), [`quota`] (the datastore quota on kine),
-//!   [`store`], [`relay`], [`metrics`], [`process`].
+//!   [`store`], [`relay`], [`metrics`], [`process`], [`pki`] (CAs and what they issue, for
+//!   the control planes, the front and the fleet).
 //! - [`backup`]: `backup` and `restore` of the state directory (the CLI's), and
 //!   [`backup_schedule`], the daemon's backups on a schedule (`[backup]`).
 //! - [`daemon`]: the composition root: builds each subsystem from its own [`config`]
@@ -52,6 +53,7 @@ pub mod market;
 pub mod metrics;
 pub mod node_addresses;
 pub mod notify;
+pub mod pki;
 pub mod process;
 pub mod provision;
 pub mod quota;

@@ -34,10 +34,10 @@ fn did_web_server(
     did: &str,
     key: &socialweb_broker::auth::token::SigningKey,
 ) -> (
-    socialweb_broker::control_plane::pki::Pki,
+    socialweb_broker::pki::Pki,
     std::process::Child,
 ) {
-    let web_ca = socialweb_broker::control_plane::pki::Pki::new(&dir.join("ca")).unwrap();
+    let web_ca = socialweb_broker::pki::Pki::new(&dir.join("ca")).unwrap();
     let pair = web_ca
         .server("did", &[testbed::world::USERS_DOMAIN.into()])
         .unwrap();

@@ -1298,7 +1298,7 @@ fn slow_bodies_from_many_addresses_are_cut_and_make_room_for_a_client_that_works
 fn did_documents_come_only_from_the_internet_and_only_so_big() {
     let world = World::new(0).unwrap();
     let dir = TempDir::new("didattack").unwrap();
-    let ca = socialweb_broker::control_plane::pki::Pki::new(&dir.path().join("ca")).unwrap();
+    let ca = socialweb_broker::pki::Pki::new(&dir.path().join("ca")).unwrap();
     let pair = ca
         .server(
             "users",

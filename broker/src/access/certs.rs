@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyUsagePurpose, SerialNumber};
 
-use crate::control_plane::pki::Pki;
+use crate::pki::Pki;
 
 /// The shortest lifetime a user may ask for.
 pub const MIN_LIFETIME: Duration = Duration::from_secs(60);

@@ -72,7 +72,7 @@ pub fn write_key(path: &Path, key: &SigningKey) -> Result<String> {
 
 /// Writes `contents` to `path` mode 0600 (replacing a file there, atomically).
 pub fn write_private(path: &Path, contents: &str) -> Result<()> {
-    crate::control_plane::pki::write_private(path, contents.as_bytes(), 0o600)
+    crate::pki::write_private(path, contents.as_bytes(), 0o600)
 }
 
 impl Caller {

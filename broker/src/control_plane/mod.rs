@@ -8,7 +8,6 @@
 //! no overlay, no bundled addons, and nodes joining with a token.
 
 pub mod cgroup;
-pub mod pki;
 pub mod postgres;
 pub mod runner;
 pub mod token;

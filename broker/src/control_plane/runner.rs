@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::pki::Pki;
+use crate::pki::Pki;
 use super::{Apiserver, Credentials};
 use crate::process;
 
@@ -164,9 +164,9 @@ impl Datastore {
 #[derive(Debug, Clone)]
 struct EtcdFiles {
     ca: PathBuf,
-    server: super::pki::Pair,
-    peer: super::pki::Pair,
-    apiserver: super::pki::Pair,
+    server: crate::pki::Pair,
+    peer: crate::pki::Pair,
+    apiserver: crate::pki::Pair,
 }
 
 /// The files a control plane's components and its operator use.
@@ -179,9 +179,9 @@ pub struct Files {
     pub admin_kubeconfig: PathBuf,
     pub ca_pem: String,
     /// The front's request-header client certificate (docs/api.md).
-    pub front: super::pki::Pair,
+    pub front: crate::pki::Pair,
     /// The guard's serving certificate (of the cluster CA) and where the apiserver calls it.
-    pub guard: super::pki::Pair,
+    pub guard: crate::pki::Pair,
     pub guard_addr: std::net::SocketAddr,
     /// The apiserver's PodSecurity admission configuration (used on namespace nodes).
     admission_config: PathBuf,

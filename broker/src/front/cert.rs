@@ -140,7 +140,7 @@ mod tests {
 
     /// A certificate and key for `name`, from a CA of its own, as PEM files in `dir`.
     fn pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-        let pki = crate::control_plane::pki::Pki::open_or_create(&dir.join(name), name).unwrap();
+        let pki = crate::pki::Pki::open_or_create(&dir.join(name), name).unwrap();
         let p = pki.server("front", &["127.0.0.1".to_string()]).unwrap();
         (p.cert, p.key)
     }

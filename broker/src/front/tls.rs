@@ -15,7 +15,7 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
 use super::cert::ServingCert;
-use crate::control_plane::pki::Pki;
+use crate::pki::Pki;
 
 /// Accepts any client certificate whose key signs the handshake; none is fine too.
 #[derive(Debug)]

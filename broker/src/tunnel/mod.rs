@@ -100,7 +100,7 @@ fn secret_key(path: &Path) -> Result<SecretKey> {
     }
     let key: [u8; 32] = rand::random();
     let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-    crate::control_plane::pki::write_private(path, format!("{hex}\n").as_bytes(), 0o600)?;
+    crate::pki::write_private(path, format!("{hex}\n").as_bytes(), 0o600)?;
     Ok(SecretKey::from_bytes(&key))
 }
 

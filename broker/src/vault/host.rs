@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use socialweb_broker_core::millis;
 
 use super::Vault;
-use crate::control_plane::pki::Pki;
+use crate::pki::Pki;
 
 /// The store's name for the front's CA (no cluster can be named so: names start with a
 /// letter).

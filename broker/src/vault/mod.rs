@@ -202,7 +202,7 @@ fn write(path: &Path, bytes: &[u8]) -> Result<()> {
     } else {
         0o644
     };
-    crate::control_plane::pki::write_private(path, bytes, mode)
+    crate::pki::write_private(path, bytes, mode)
 }
 
 /// Removes what an authority in `dir` signed (its certificates, their keys, kubeconfigs
@@ -265,7 +265,7 @@ pub(crate) mod tests {
     /// (`access::certs`'s tests check that `kept` names every file the real makers make).
     fn made(cluster: &str, dir: PathBuf) {
         spec(cluster, dir.clone()).ensure_authorities().unwrap();
-        crate::control_plane::pki::Pki::open_or_create(&dir.join("users"), "users").unwrap();
+        crate::pki::Pki::open_or_create(&dir.join("users"), "users").unwrap();
     }
 
     async fn store(dir: &Path) -> Store {
@@ -325,7 +325,7 @@ pub(crate) mod tests {
         vault.sync("c1", &dir.join("a")).await.unwrap();
         // Host b made its own CA and signed with it before it synced (a lost race).
         made("c1", dir.join("b"));
-        let own = crate::control_plane::pki::Pki::open_or_create(&dir.join("b/pki"), "x").unwrap();
+        let own = crate::pki::Pki::open_or_create(&dir.join("b/pki"), "x").unwrap();
         own.server("apiserver", &["127.0.0.1".into()]).unwrap();
         let synced = vault.sync("c1", &dir.join("b")).await.unwrap();
         assert!(synced.sealed.is_empty(), "{synced:?}");
@@ -347,7 +347,7 @@ pub(crate) mod tests {
         let dir = scratch("row");
         let store = store(&dir).await;
         let vault = Vault::new(store.clone(), key());
-        crate::control_plane::pki::Pki::open_or_create(&dir.join("a/users"), "users").unwrap();
+        crate::pki::Pki::open_or_create(&dir.join("a/users"), "users").unwrap();
         let sealed = vault.seal_users_ca("c1", &dir.join("a")).unwrap();
         let new = crate::store::NewCluster {
             name: "c1",
@@ -372,7 +372,7 @@ pub(crate) mod tests {
                 "{rel}"
             );
         }
-        crate::control_plane::pki::Pki::open_or_create(&dir.join("c/users"), "users").unwrap();
+        crate::pki::Pki::open_or_create(&dir.join("c/users"), "users").unwrap();
         let other = vault.seal_users_ca("c1", &dir.join("c")).unwrap();
         let e = store
             .create_cluster_sealed(&new, now, &as_rows(&other))

@@ -45,7 +45,7 @@ struct Beat {
     stop: AtomicBool,
 }
 
-fn client(pki: &socialweb_broker::control_plane::pki::Pki) -> Result<reqwest::Client> {
+fn client(pki: &socialweb_broker::pki::Pki) -> Result<reqwest::Client> {
     let pair = pki.client("bench-failover", "bench-failover", &["system:masters"])?;
     let mut ident = std::fs::read(&pair.cert)?;
     ident.extend(std::fs::read(&pair.key)?);
@@ -117,7 +117,7 @@ fn main() -> Result<()> {
         .context("the apiserver's URL")?
         .to_string();
     hosts[0].kubectl("ha", &["create", "configmap", "beat", "--from-literal=n=0"])?;
-    let pki = socialweb_broker::control_plane::pki::Pki::open_or_create(
+    let pki = socialweb_broker::pki::Pki::open_or_create(
         &hosts[0].cluster_dir("ha").join("pki"),
         "unused",
     )?;

@@ -105,7 +105,7 @@ fn target(
         bail!("cluster {cluster}: {c}\n{}", b.diagnostics());
     }
     let pki_dir = b.cluster_dir(&cluster).join("pki");
-    let pki = socialweb_broker::control_plane::pki::Pki::open_or_create(&pki_dir, &cluster)?;
+    let pki = socialweb_broker::pki::Pki::open_or_create(&pki_dir, &cluster)?;
     let pair = pki.client("bench-fleet", "bench-fleet", &["system:masters"])?;
     let (ca, cert, key) = (
         std::fs::read(pki.ca_cert())?,

@@ -185,7 +185,7 @@ fn main() -> Result<()> {
     };
     // The same user and group, straight to the apiserver with a cluster-CA certificate.
     let pki_dir = b.cluster_dir("bench").join("pki");
-    let pki = socialweb_broker::control_plane::pki::Pki::open_or_create(&pki_dir, "bench")?;
+    let pki = socialweb_broker::pki::Pki::open_or_create(&pki_dir, "bench")?;
     let pair = pki.client(
         "bench-direct",
         &did,

@@ -7,7 +7,7 @@ mod control_plane;
 mod helpers;
 mod node;
 /// The cluster PKI is the broker's own.
-pub use socialweb_broker::control_plane::pki;
+pub use socialweb_broker::pki;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
