@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use socialweb_broker_core::provision::Limits;
-use socialweb_broker_core::reconcile::{Fix, reconcile};
 use socialweb_broker_core::scale::Knobs;
 use socialweb_provider::{Listen, Provider, ProviderConfig};
 use tokio_util::sync::CancellationToken;
@@ -882,26 +881,10 @@ fn spawn_sweeps(g: Arc<Gateway>, stop: CancellationToken) {
 }
 
 /// At start, before any cluster runs: the core's reconcile over every lease this broker has
-/// at the provider, releasing the orphans (leases of clusters deleted while the broker was
-/// down, or of a crash mid-delete). Each cluster's driver reconciles the rest.
+/// at the provider, releasing the orphans. Each cluster's driver reconciles the rest.
 async fn sweep(p: &Provisioner) {
-    let Ok(listed) = p.market().leases("broker", p.broker_id()).await else {
+    if p.reconcile(crate::provision::Scope::Broker, None).await.is_none() {
         warn!("could not list the providers' leases at start; the clusters' own reconcile will");
-        return;
-    };
-    let leases: Vec<_> = listed.iter().map(|(_, l)| l.clone()).collect();
-    let provisions = p.store().provisions(None).await.unwrap_or_default();
-    for fix in reconcile(p.broker_id(), &leases, &provisions) {
-        if let Fix::Release { lease, why } = fix {
-            warn!(lease = %lease, "{why}; releasing it");
-            p.metrics().orphan();
-            let provider = listed
-                .iter()
-                .find(|(_, l)| l.id == lease)
-                .map(|(n, _)| n.as_str())
-                .unwrap_or_default();
-            let _ = p.release_lease(provider, &lease, &why).await;
-        }
     }
 }
 

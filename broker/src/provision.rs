@@ -27,6 +27,9 @@ use socialweb_wire::{BootstrapToken, CaTrust, MeshSecretKey, NodeIdentity};
 use tracing::{info, warn};
 
 use crate::market::{Market, MarketError};
+
+mod reconcile;
+pub use reconcile::Scope;
 use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::tenant;

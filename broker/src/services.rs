@@ -81,10 +81,9 @@ impl Services {
             Command::ListClusters => Ok(Reply::Clusters(c.list(None).await?)),
             Command::ShowCluster { name } => Ok(Reply::Detail(Box::new(c.show(&name).await?))),
             Command::Leases => {
-                let p = &self.provisioner;
-                let leases = p
-                    .market()
-                    .leases("broker", p.broker_id())
+                let leases = self
+                    .provisioner
+                    .leases(crate::provision::Scope::Broker)
                     .await
                     .map_err(|e| ServiceError::internal(anyhow::anyhow!(e)))?;
                 // The provider each lease is at, as this broker names it.

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use kube::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use socialweb_broker_core::provision::{plan_backoff, recent_failures};
-use socialweb_broker_core::reconcile::{Fix, reconcile};
+use socialweb_broker_core::reconcile::Fix;
 use socialweb_broker_core::{DecisionRow, Provision, from_millis, millis};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -305,31 +305,18 @@ impl Driver {
         }
     }
 
-    /// Carries out the core's reconcile of the provider's view with the store's.
+    /// Carries out the core's reconcile of the provider's view with the store's: the
+    /// Provisioner releases the orphans; failing a provision and lifting a cordon are this
+    /// driver's (it runs their tasks).
     async fn reconcile(&mut self, provisions: &[Provision]) {
         let (p, c) = (&self.p, &self.c);
-        let listed = match p.market().leases("cluster", &c.name).await {
-            Ok(l) => l,
-            Err(e) => {
-                warn!(cluster = %c.name, "reconcile: listing leases: {e}");
-                return;
-            }
+        let scope = crate::provision::Scope::Cluster(&c.name);
+        let Some(fixes) = p.reconcile(scope, Some(provisions)).await else {
+            return;
         };
-        let leases: Vec<_> = listed.iter().map(|(_, l)| l.clone()).collect();
-        for fix in reconcile(p.broker_id(), &leases, provisions) {
+        for fix in fixes {
             match fix {
-                Fix::Release { lease, why } => {
-                    warn!(cluster = %c.name, lease = %lease, "reconcile: {why}; releasing it");
-                    p.metrics().orphan();
-                    let provider = listed
-                        .iter()
-                        .find(|(_, l)| l.id == lease)
-                        .map(|(n, _)| n.as_str())
-                        .unwrap_or_default();
-                    if let Err(e) = p.release_lease(provider, &lease, &why).await {
-                        warn!(cluster = %c.name, "reconcile: releasing {lease}: {e}");
-                    }
-                }
+                Fix::Release { .. } => {}
                 Fix::Fail { provision, why } => {
                     if let Some(h) = self.tasks.remove(&provision) {
                         h.abort();
