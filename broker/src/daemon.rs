@@ -554,13 +554,7 @@ fn provision_settings(
         image: rfp_image(cfg)?,
         relay_url,
         relay_ca,
-        tunnel: socialweb_wire::BrokerEndpoint {
-            endpoint: *tunnels.id().as_bytes(),
-            addrs: std::iter::once(IpAddr::V4(cfg.advertised_addr()))
-                .chain(cfg.advertised_addr_v6().map(IpAddr::V6))
-                .map(|a| SocketAddr::new(a, cfg.tunnel.port))
-                .collect(),
-        },
+        tunnel: broker_endpoint(cfg, tunnels),
         upstream_resolvers: cfg
             .clusters
             .upstream_resolvers
@@ -568,9 +562,30 @@ fn provision_settings(
             .filter_map(|r| socialweb_wire::identity::parse_resolver(r))
             .collect(),
         expendable_cutoff: cfg.scale.expendable_priority_cutoff,
-        schedulers: cfg.scale.schedulers.clone(),
         isolation: cfg.market.isolation,
     })
+}
+
+/// This host's tunnel endpoint, as nodes' identities name it.
+fn broker_endpoint(cfg: &Config, tunnels: &Tunnels) -> socialweb_wire::BrokerEndpoint {
+    socialweb_wire::BrokerEndpoint {
+        endpoint: *tunnels.id().as_bytes(),
+        addrs: std::iter::once(IpAddr::V4(cfg.advertised_addr()))
+            .chain(cfg.advertised_addr_v6().map(IpAddr::V6))
+            .map(|a| SocketAddr::new(a, cfg.tunnel.port))
+            .collect(),
+    }
+}
+
+/// What the way in is built from: the daemon's parts made before it.
+struct Parts<'a> {
+    store: &'a Store,
+    id: &'a str,
+    metrics: &'a Metrics,
+    provisioner: Arc<Provisioner>,
+    tunnels: Tunnels,
+    tls: FrontTls,
+    relay_url: url::Url,
 }
 
 /// What `backup`, `restore` and the scheduled backups read: where the daemon keeps its
@@ -626,10 +641,13 @@ fn cluster_settings(
     cfg: &Config,
     host: &str,
     disk: Arc<crate::disk::DiskGuard>,
+    metrics: &Metrics,
 ) -> Result<ClusterSettings> {
     Ok(ClusterSettings {
         host: host.to_string(),
         disk,
+        metrics: metrics.clone(),
+        schedulers: cfg.scale.schedulers.clone().into(),
         dir: clusters_dir(cfg),
         kube: cfg.kube_dir.join("kube"),
         port_base: cfg.clusters.port_base,
@@ -734,7 +752,7 @@ impl Daemon {
         .await?;
         crate::fleet_host::follow_relay_clients(&cfg, &store, allow.clone(), tunnels.id(), &stop);
         let provisioner = Arc::new(Provisioner::new(
-            provision_settings(&cfg, relay_url, tls.ca_pem.clone(), &tunnels)?,
+            provision_settings(&cfg, relay_url.clone(), tls.ca_pem.clone(), &tunnels)?,
             store.clone(),
             observed(market, &metrics),
             renter,
@@ -742,7 +760,16 @@ impl Daemon {
             on_change(&store, &metrics, allow, tunnels.clone()),
         ));
         let services =
-            Self::way_in(&cfg, &store, &id, provisioner.clone(), tunnels, tls, &stop).await?;
+            Self::way_in(&cfg, Parts {
+                store: &store,
+                id: &id,
+                metrics: &metrics,
+                provisioner: provisioner.clone(),
+                tunnels,
+                tls,
+                relay_url,
+            }, &stop)
+            .await?;
         sweep(&provisioner).await;
         services.clusters.resume().await?;
         resumed.store(true, Ordering::Relaxed);
@@ -758,24 +785,25 @@ impl Daemon {
 
     /// The way in: the certificate records, the front's TLS, the access and cluster services,
     /// the gateway API on the front.
-    async fn way_in(
-        cfg: &Config,
-        store: &Store,
-        id: &str,
-        provisioner: Arc<Provisioner>,
-        tunnels: Tunnels,
-        tls: FrontTls,
-        stop: &CancellationToken,
-    ) -> Result<Services> {
+    async fn way_in(cfg: &Config, parts: Parts<'_>, stop: &CancellationToken) -> Result<Services> {
+        let Parts {
+            store,
+            id,
+            metrics,
+            provisioner,
+            tunnels,
+            tls,
+            relay_url,
+        } = parts;
         let records = Arc::new(Records::new(store.certificates().await?));
         tls.serving.watch(stop.clone());
         let server_tls = crate::front::tls::server_config(tls.serving.clone())?;
-        let disk = disk_guard(cfg, provisioner.metrics(), stop);
+        let disk = disk_guard(cfg, metrics, stop);
         let front = Arc::new(
             Front::new(
                 records.clone(),
                 cfg.front_url(),
-                provisioner.metrics().clone(),
+                metrics.clone(),
             )
             .with_max_streams_per_certificate(cfg.front.max_streams_per_certificate)
             .with_disk_guard(disk.clone()),
@@ -789,8 +817,9 @@ impl Daemon {
             },
         ));
         let fleet_tunnels = tunnels.clone();
+        let endpoint = broker_endpoint(cfg, &tunnels);
         let clusters = Arc::new(Clusters::new(
-            cluster_settings(cfg, id, disk)?,
+            cluster_settings(cfg, id, disk, metrics)?,
             store.clone(),
             provisioner.clone(),
             front.clone(),
@@ -808,8 +837,7 @@ impl Daemon {
         if let Err(e) = policy.serving() {
             warn!("the gateway API refuses users: {e}");
         }
-        let metrics = provisioner.metrics().clone();
-        let services = Services::new(clusters, access, policy, provisioner.clone());
+        let services = Services::new(clusters, access, policy, provisioner);
         let gateway = gateway(cfg, store, services.clone(), metrics.clone())?;
         spawn_sweeps(gateway.clone(), stop.clone());
         let api = crate::api::router(gateway);
@@ -822,14 +850,14 @@ impl Daemon {
             stop.clone(),
         )
         .await?;
-        front_check(&metrics, bound);
+        front_check(metrics, bound);
         let joining = crate::fleet_host::Joining {
             id,
             front: &front,
             records,
             tunnels: fleet_tunnels,
-            tunnel: &provisioner.settings().tunnel,
-            relay: &provisioner.settings().relay_url,
+            tunnel: &endpoint,
+            relay: &relay_url,
             limits: front_limits(cfg),
         };
         crate::fleet_host::join(cfg, store, joining, stop).await?;

@@ -80,8 +80,6 @@ pub struct Settings {
     pub upstream_resolvers: Vec<SocketAddr>,
     /// Pods at or below this priority do not keep a node from being released.
     pub expendable_cutoff: i32,
-    /// The schedulers whose Pods rent nodes (`scale.schedulers`).
-    pub schedulers: Vec<String>,
     /// The least isolation RFPs ask for (`market.isolation`).
     pub isolation: socialweb_market::Isolation,
 }
@@ -268,26 +266,6 @@ impl Provisioner {
                   "a node gives less than its shape was counted at: planning with what it gives");
         }
         *e = (e.0.min(allocatable.0), e.1.min(allocatable.1));
-    }
-
-    pub fn market(&self) -> &Market {
-        &self.market
-    }
-
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    pub fn store(&self) -> &Store {
-        &self.store
-    }
-
-    pub fn broker_id(&self) -> &str {
-        &self.broker_id
-    }
-
-    pub fn settings(&self) -> &Settings {
-        &self.settings
     }
 
     /// Plans a new node of `what`'s shape and topology for `cluster`: names, ids, token and

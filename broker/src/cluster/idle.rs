@@ -109,7 +109,7 @@ impl Clusters {
                     .pods
                     .state()
                     .iter()
-                    .map(|p| crate::tenant::pod_view(p, &self.provisioner.settings().schedulers))
+                    .map(|p| crate::tenant::pod_view(p, &self.settings.schedulers))
                     .collect(),
                 unfinished_jobs: Vec::new(),
                 cron_jobs: Vec::new(),

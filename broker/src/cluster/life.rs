@@ -149,7 +149,7 @@ impl Clusters {
         match self.owned(spec, life, stop, woke).await {
             Err(e) if woke.is_some() => {
                 warn!(cluster = %name, "waking: {e:#}");
-                self.provisioner.metrics().wake_failed();
+                &self.settings.metrics.wake_failed();
                 life.on_even_unrecorded(Event::WakeFailed {
                     at: now_millis(),
                     why: format!("{e:#}"),
@@ -187,7 +187,7 @@ impl Clusters {
     /// Sleeps until a wake is asked for (when, `Some`) or `stop` (`None`). The store says
     /// the cluster is awake before anything starts: a crash from there on brings it up.
     async fn sleep(&self, name: &str, life: &Writer, stop: &CancellationToken) -> Result<Slept> {
-        let metrics = self.provisioner.metrics();
+        let metrics = &self.settings.metrics;
         metrics.asleep(true);
         let signal = self.front.wake_signal(name);
         let asked = tokio::select! {
@@ -267,7 +267,7 @@ impl Clusters {
         };
         life.now(Event::Claimed);
         life.fenced_by(Some(lease.fence()));
-        if let Err(e) = fence_out_datastore(spec, &self.provisioner.metrics().fleet).await {
+        if let Err(e) = fence_out_datastore(spec, &self.settings.metrics.fleet).await {
             life.fenced_by(None);
             lease.release().await;
             return Err(e);

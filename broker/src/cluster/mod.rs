@@ -88,6 +88,10 @@ pub struct ClusterSettings {
     pub webhook_egress_allow: Vec<ipnet::IpNet>,
     /// `[disk]`: no create and no wake while the state directory's filesystem is low.
     pub disk: Arc<crate::disk::DiskGuard>,
+    /// What the clusters' lives count (hibernations, wakes, a fleet's leases).
+    pub metrics: crate::metrics::Metrics,
+    /// `scale.schedulers`: the schedulers whose Pods rent nodes (and keep a cluster awake).
+    pub schedulers: Arc<[String]>,
 }
 
 /// A cluster to create.
@@ -484,7 +488,7 @@ impl Clusters {
             timing,
             max_awake: self.settings.max_awake,
             claiming: self.claiming.clone(),
-            metrics: self.provisioner.metrics().fleet.clone(),
+            metrics: self.settings.metrics.fleet.clone(),
             view: self.view.subscribe(),
             renewer: self.renewer.clone(),
         })
@@ -551,7 +555,7 @@ impl Clusters {
             gogc: self.settings.gogc,
             budget: self.settings.budget,
             datastore_quota: self.settings.datastore_quota,
-            metrics: self.provisioner.metrics().clone(),
+            metrics: self.settings.metrics.clone(),
             tied: self.settings.fleet.is_some(),
         }
     }

@@ -170,7 +170,7 @@ impl Clusters {
         let progress = Starting {
             life,
             cluster: name,
-            wake: woke.map(|t| (t, self.provisioner.metrics())),
+            wake: woke.map(|t| (t, &self.settings.metrics)),
             lease,
         };
         let Some(up) = bring_up(spec.clone(), &extra, &progress, &period).await? else {
@@ -192,6 +192,11 @@ impl Clusters {
         info!(cluster = %name, url = %files.url, kubeconfig = %files.admin_kubeconfig.display(), "cluster ready");
         let driver = tokio::spawn(crate::scale::driver::run(
             self.provisioner.clone(),
+            crate::scale::driver::Handles {
+                store: self.store.clone(),
+                metrics: self.settings.metrics.clone(),
+                schedulers: self.settings.schedulers.clone(),
+            },
             ctx,
             self.settings.knobs,
             watches.clone(),
@@ -306,7 +311,7 @@ impl Clusters {
     /// Records and tells that the cluster hibernates, its control plane stopped.
     async fn hibernated(&self, name: &str, life: &Writer) -> Result<Ended> {
         life.on(Event::Stopped { at: now_millis() }).await?;
-        self.provisioner.metrics().hibernated();
+        &self.settings.metrics.hibernated();
         info!(cluster = %name, "hibernating: its control plane is stopped, its ports kept");
         Ok(Ended::Hibernated)
     }

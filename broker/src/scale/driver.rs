@@ -85,8 +85,18 @@ where
 type DecisionKey = (&'static str, u32, u32, u32);
 
 /// One cluster's driver and what it remembers between passes.
+/// What the driver reads and counts with, beside the Provisioner it hands provisions to.
+#[derive(Debug, Clone)]
+pub struct Handles {
+    pub store: crate::store::Store,
+    pub metrics: crate::metrics::Metrics,
+    /// `scale.schedulers`: the schedulers whose Pods rent nodes.
+    pub schedulers: Arc<[String]>,
+}
+
 struct Driver {
     p: Arc<Provisioner>,
+    h: Handles,
     c: ClusterCtx,
     knobs: Knobs,
     pods: reflector::Store<Pod>,
@@ -185,6 +195,7 @@ impl Watches {
 /// Runs the loop until `stop`; returns when stopped.
 pub async fn run(
     p: Arc<Provisioner>,
+    h: Handles,
     c: ClusterCtx,
     knobs: Knobs,
     w: Watches,
@@ -209,6 +220,7 @@ pub async fn run(
     info!(cluster = %c.name, "scale driver watching Pods and Nodes");
     let mut d = Driver {
         p,
+        h,
         c,
         knobs,
         pods,
@@ -296,7 +308,7 @@ impl Driver {
     }
 
     async fn provisions(&self) -> Option<Vec<Provision>> {
-        match self.p.store().provisions(Some(&self.c.name)).await {
+        match self.h.store.provisions(Some(&self.c.name)).await {
             Ok(v) => Some(v),
             Err(e) => {
                 warn!(cluster = %self.c.name, "reading provisions: {e:#}");
@@ -371,8 +383,8 @@ impl Driver {
     /// restart.
     async fn decide(&mut self, provisions: &[Provision], pool: &Pool, knobs: &Knobs) -> Decision {
         let last_intent = self
-            .p
-            .store()
+            .h
+            .store
             .cluster(&self.c.name)
             .await
             .ok()
@@ -383,7 +395,7 @@ impl Driver {
             .pods
             .state()
             .iter()
-            .map(|x| tenant::pod_view(x, &self.p.settings().schedulers))
+            .map(|x| tenant::pod_view(x, &self.h.schedulers))
             .collect();
         self.take_refusals(&mut views);
         self.check_claims(&mut views);
@@ -416,10 +428,10 @@ impl Driver {
         let now = SystemTime::now();
         let t = Instant::now();
         let d = decide(&views, &leases, &offers, pool, knobs, now, last_intent);
-        self.p.metrics().decided(t.elapsed().as_secs_f64());
+        self.h.metrics.decided(t.elapsed().as_secs_f64());
         self.note_refusals(&d, &views, now);
         if d.intent > 0
-            && let Err(e) = self.p.store().set_last_intent(&self.c.name, now).await
+            && let Err(e) = self.h.store.set_last_intent(&self.c.name, now).await
         {
             warn!(cluster = %self.c.name, "recording intent: {e:#}");
         }
@@ -605,10 +617,10 @@ impl Driver {
         };
         info!(cluster = %c.name, action = d.action.as_str(), target = d.target, nodes = d.nodes,
               intent = d.intent, "{} nodes={}", d.reason, d.target);
-        if let Err(e) = self.p.store().record_decision(&row).await {
+        if let Err(e) = self.h.store.record_decision(&row).await {
             warn!(cluster = %c.name, "recording the decision: {e:#}");
         }
-        self.p.metrics().decision(d.action.as_str());
+        self.h.metrics.decision(d.action.as_str());
         self.recorded = Some(key);
     }
 
@@ -707,7 +719,7 @@ impl Driver {
                 d.nodes.saturating_sub(d.empty.len() as u32)
             );
             info!(cluster = %self.c.name, node = %node, "{why}");
-            self.p.metrics().decision("Release");
+            self.h.metrics.decision("Release");
             self.spawn_release(prov, why);
             self.released.insert(prov.id.clone());
         }
