@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::Clusters;
-use super::ownership::Acquired;
+use super::ownership::{Acquired, elsewhere, fence_out_datastore};
 use super::writer::{Writer, now_millis};
 use crate::control_plane::runner::{Spec, stop_leftovers};
 use crate::front::Mount;
@@ -290,27 +290,4 @@ impl Clusters {
         }
         ended
     }
-}
-
-/// Says that host `host` runs the cluster (none: no host yet, and this one takes no more),
-/// once per change.
-fn elsewhere(name: &str, life: &Writer, host: Option<&str>) {
-    if life.now(Event::OwnedElsewhere {
-        host: host.map(str::to_string),
-    }) {
-        info!(cluster = %name, host = host.unwrap_or("none yet"), "another host runs the cluster");
-    }
-}
-
-/// Closes whatever still connects to the cluster's database before this host's kine does
-/// (`Server::fence_out`): a former owner that did not die is cut off at the storage.
-async fn fence_out_datastore(spec: &Spec, metrics: &crate::metrics::Fleet) -> Result<()> {
-    if let Some((Some(server), db)) = spec.datastore.postgres() {
-        let closed = server.fence_out(db).await?;
-        metrics.fenced(closed);
-        if closed > 0 {
-            warn!(cluster = %spec.cluster, closed, "closed connections to the cluster's database that were not this host's: a former owner's");
-        }
-    }
-    Ok(())
 }

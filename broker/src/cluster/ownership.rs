@@ -5,7 +5,8 @@
 //! times are `socialweb_broker_core::ownership`'s; the lease is a row of the store, its
 //! expiry the store's clock (no host's). The owner's own deadline is its monotonic clock,
 //! written for the watchdog ([`crate::watchdog`]) too, which kills the control plane when
-//! the broker itself is frozen past it.
+//! the broker itself is frozen past it. What a life shows while it waits for a lease, and
+//! the storage fence at each start under one, are here too.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,12 +14,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
 use socialweb_broker_core::ClusterPhase;
+use socialweb_broker_core::life::Event;
 use socialweb_broker_core::ownership::{Claim, Timing};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::renewer::Renewal;
+use super::writer::Writer;
+use crate::control_plane::runner::Spec;
 use crate::store::Store;
 
 /// This host's part in a fleet.
@@ -268,4 +272,27 @@ impl Drop for Lease {
     fn drop(&mut self) {
         self.own.metrics.ended(self.lost());
     }
+}
+
+/// Says that host `host` runs the cluster (none: no host yet, and this one takes no more),
+/// once per change.
+pub(super) fn elsewhere(name: &str, life: &Writer, host: Option<&str>) {
+    if life.now(Event::OwnedElsewhere {
+        host: host.map(str::to_string),
+    }) {
+        info!(cluster = %name, host = host.unwrap_or("none yet"), "another host runs the cluster");
+    }
+}
+
+/// Closes whatever still connects to the cluster's database before this host's kine does
+/// (`Server::fence_out`): a former owner that did not die is cut off at the storage.
+pub(super) async fn fence_out_datastore(spec: &Spec, metrics: &crate::metrics::Fleet) -> Result<()> {
+    if let Some((Some(server), db)) = spec.datastore.postgres() {
+        let closed = server.fence_out(db).await?;
+        metrics.fenced(closed);
+        if closed > 0 {
+            warn!(cluster = %spec.cluster, closed, "closed connections to the cluster's database that were not this host's: a former owner's");
+        }
+    }
+    Ok(())
 }
