@@ -24,6 +24,7 @@ use crate::api::Gateway;
 use crate::auth::did::Resolver;
 use crate::cluster::{ClusterSettings, Clusters};
 use crate::config::Config;
+use crate::fleet_host::FleetHost;
 use crate::front::Front;
 use crate::market::{Market, MarketClient, Transport};
 use crate::metrics::{Metrics, check};
@@ -566,6 +567,67 @@ fn provision_settings(
     })
 }
 
+/// The host ready for the daemon: its state directory owner-only, the Kubernetes we ship
+/// there, the service addresses on `lo`.
+fn host_ready(cfg: &Config) -> Result<()> {
+    socialweb_proc::owner_only::dir(&cfg.state_dir).with_context(|| {
+        format!(
+            "creating the state directory {} (owner-only)",
+            cfg.state_dir.display()
+        )
+    })?;
+    check_kube_dir(cfg)?;
+    crate::host::ensure_service_addr(cfg.service_addr)
+        .with_context(|| format!("putting the service address {} on lo", cfg.service_addr))?;
+    if let Some(v6) = cfg.service_addr_v6 {
+        crate::host::ensure_service_addr_v6(v6)
+            .with_context(|| format!("putting service_addr_v6 {v6} on lo"))?;
+    }
+    Ok(())
+}
+
+/// The id the leases this broker rents are tagged with: its own `id`, or in a fleet the
+/// fleet's, once the fleet's key towards providers is shared (any host of a fleet
+/// reconciles and releases the leases another rented).
+async fn renter(cfg: &Config, id: &str, fleet: Option<&FleetHost>) -> Result<String> {
+    let Some(f) = fleet else {
+        return Ok(id.to_string());
+    };
+    let (cert, key) = socialweb_market_tls::Identity::files(&market_tls_dir(cfg));
+    f.share_market_key(
+        &cert,
+        &key,
+        || market_identity(cfg).map(|_| ()),
+        || market_identity(cfg),
+    )
+    .await
+}
+
+/// The nodes' way to their control planes: the tunnel endpoint on the service addresses,
+/// with the local relay beside it.
+async fn tunnels(
+    cfg: &Config,
+    tls: &FrontTls,
+    relay_url: url::Url,
+    store: &Store,
+    stop: &CancellationToken,
+) -> Result<Tunnels> {
+    Tunnels::start(
+        &TunnelSettings {
+            bind: SocketAddr::new(IpAddr::V4(cfg.service_addr), cfg.tunnel.port),
+            bind_v6: cfg
+                .service_addr_v6
+                .map(|a| SocketAddr::new(IpAddr::V6(a), cfg.tunnel.port)),
+            relay_url,
+            relay_ca: tls.ca_der()?,
+            key_file: cfg.state_dir.join("tunnel.key"),
+        },
+        store.clone(),
+        stop.clone(),
+    )
+    .await
+}
+
 /// This host's tunnel endpoint, as nodes' identities name it.
 fn broker_endpoint(cfg: &Config, tunnels: &Tunnels) -> socialweb_wire::BrokerEndpoint {
     socialweb_wire::BrokerEndpoint {
@@ -586,6 +648,7 @@ struct Parts<'a> {
     tunnels: Tunnels,
     tls: FrontTls,
     relay_url: url::Url,
+    fleet: Option<FleetHost>,
 }
 
 /// What `backup`, `restore` and the scheduled backups read: where the daemon keeps its
@@ -695,62 +758,33 @@ impl Daemon {
     /// Starts everything but the control socket.
     pub async fn start(cfg: Config) -> Result<Arc<Daemon>> {
         crate::crypto_provider();
-        socialweb_proc::owner_only::dir(&cfg.state_dir).with_context(|| {
-            format!(
-                "creating the state directory {} (owner-only)",
-                cfg.state_dir.display()
-            )
-        })?;
-        check_kube_dir(&cfg)?;
+        host_ready(&cfg)?;
         let store = Store::open(&cfg.store_url()).await?;
         info!(backend = store.backend(), "store open");
         let id = broker_id(&cfg.state_dir)?;
+        let fleet = FleetHost::of(&cfg, &store)?;
         // Before any control plane runs under a lease: it watches their deadlines.
-        let watchdog = cfg
-            .fleet
-            .enabled
+        let watchdog = fleet
+            .is_some()
             .then(|| crate::watchdog::spawn(&clusters_dir(&cfg)))
             .transpose()?;
         let stop = CancellationToken::new();
-        crate::host::ensure_service_addr(cfg.service_addr)
-            .with_context(|| format!("putting the service address {} on lo", cfg.service_addr))?;
-        if let Some(v6) = cfg.service_addr_v6 {
-            crate::host::ensure_service_addr_v6(v6)
-                .with_context(|| format!("putting service_addr_v6 {v6} on lo"))?;
-        }
-        let (market_cert, market_key) =
-            socialweb_market_tls::Identity::files(&market_tls_dir(&cfg));
-        crate::fleet_host::share_market_key(&cfg, &store, &market_cert, &market_key, || {
-            market_identity(&cfg).map(|_| ())
-        })
-        .await?;
-        // The leases a fleet's hosts rent are the fleet's: any host reconciles and
-        // releases them.
-        let renter = crate::fleet_host::renter(&cfg, &id, || market_identity(&cfg))?;
+        let renter = renter(&cfg, &id, fleet.as_ref()).await?;
         let (market, provider) = market(&cfg, &stop).await?;
         let metrics = Metrics::default();
         let metrics_addr = metrics.serve(cfg.metrics.listen, stop.clone()).await?;
         info!(%metrics_addr, broker = %id, "metrics at /metrics, /healthz, /readyz");
         let resumed = Arc::new(AtomicBool::new(false));
         health_checks(&metrics, &store, provider.as_ref(), resumed.clone());
-        crate::fleet_host::share_front_ca(&cfg, &store, &front_dir(&cfg)).await?;
+        if let Some(f) = &fleet {
+            f.share_front_ca(&front_dir(&cfg)).await?;
+        }
         let tls = FrontTls::load(&cfg)?;
         let (relay_url, local_relay_url, allow) = relay(&cfg, &tls, &metrics, &stop).await?;
-        let tunnels = Tunnels::start(
-            &TunnelSettings {
-                bind: SocketAddr::new(IpAddr::V4(cfg.service_addr), cfg.tunnel.port),
-                bind_v6: cfg
-                    .service_addr_v6
-                    .map(|a| SocketAddr::new(IpAddr::V6(a), cfg.tunnel.port)),
-                relay_url: local_relay_url,
-                relay_ca: tls.ca_der()?,
-                key_file: cfg.state_dir.join("tunnel.key"),
-            },
-            store.clone(),
-            stop.clone(),
-        )
-        .await?;
-        crate::fleet_host::follow_relay_clients(&cfg, &store, allow.clone(), tunnels.id(), &stop);
+        let tunnels = tunnels(&cfg, &tls, local_relay_url, &store, &stop).await?;
+        if let Some(f) = &fleet {
+            f.follow_relay_clients(allow.clone(), tunnels.id(), &stop);
+        }
         let provisioner = Arc::new(Provisioner::new(
             provision_settings(&cfg, relay_url.clone(), tls.ca_pem.clone(), &tunnels)?,
             store.clone(),
@@ -759,8 +793,9 @@ impl Daemon {
             metrics.clone(),
             on_change(&store, &metrics, allow, tunnels.clone()),
         ));
-        let services =
-            Self::way_in(&cfg, Parts {
+        let services = Self::way_in(
+            &cfg,
+            Parts {
                 store: &store,
                 id: &id,
                 metrics: &metrics,
@@ -768,8 +803,11 @@ impl Daemon {
                 tunnels,
                 tls,
                 relay_url,
-            }, &stop)
-            .await?;
+                fleet,
+            },
+            &stop,
+        )
+        .await?;
         sweep(&provisioner).await;
         services.clusters.resume().await?;
         resumed.store(true, Ordering::Relaxed);
@@ -794,19 +832,16 @@ impl Daemon {
             tunnels,
             tls,
             relay_url,
+            fleet,
         } = parts;
         let records = Arc::new(Records::new(store.certificates().await?));
         tls.serving.watch(stop.clone());
         let server_tls = crate::front::tls::server_config(tls.serving.clone())?;
         let disk = disk_guard(cfg, metrics, stop);
         let front = Arc::new(
-            Front::new(
-                records.clone(),
-                cfg.front_url(),
-                metrics.clone(),
-            )
-            .with_max_streams_per_certificate(cfg.front.max_streams_per_certificate)
-            .with_disk_guard(disk.clone()),
+            Front::new(records.clone(), cfg.front_url(), metrics.clone())
+                .with_max_streams_per_certificate(cfg.front.max_streams_per_certificate)
+                .with_disk_guard(disk.clone()),
         );
         let access = Arc::new(Access::new(
             store.clone(),
@@ -860,7 +895,9 @@ impl Daemon {
             relay: &relay_url,
             limits: front_limits(cfg),
         };
-        crate::fleet_host::join(cfg, store, joining, stop).await?;
+        if let Some(f) = &fleet {
+            f.join(joining, stop).await?;
+        }
         Ok(services)
     }
 
@@ -911,7 +948,10 @@ fn spawn_sweeps(g: Arc<Gateway>, stop: CancellationToken) {
 /// At start, before any cluster runs: the core's reconcile over every lease this broker has
 /// at the provider, releasing the orphans. Each cluster's driver reconciles the rest.
 async fn sweep(p: &Provisioner) {
-    if p.reconcile(crate::provision::Scope::Broker, None).await.is_none() {
+    if p.reconcile(crate::provision::Scope::Broker, None)
+        .await
+        .is_none()
+    {
         warn!("could not list the providers' leases at start; the clusters' own reconcile will");
     }
 }

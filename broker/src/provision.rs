@@ -29,10 +29,10 @@ use tracing::{info, warn};
 use crate::market::{Market, MarketError};
 
 mod reconcile;
-pub use reconcile::Scope;
 use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::tenant;
+pub use reconcile::Scope;
 
 /// What a provision needs of its cluster.
 #[derive(Clone)]

@@ -33,10 +33,7 @@ fn did_web_server(
     dir: &Path,
     did: &str,
     key: &socialweb_broker::auth::token::SigningKey,
-) -> (
-    socialweb_broker::pki::Pki,
-    std::process::Child,
-) {
+) -> (socialweb_broker::pki::Pki, std::process::Child) {
     let web_ca = socialweb_broker::pki::Pki::new(&dir.join("ca")).unwrap();
     let pair = web_ca
         .server("did", &[testbed::world::USERS_DOMAIN.into()])

@@ -726,9 +726,7 @@ fn streams_and_proxies(b: &Broker<'_>, u: &User) {
 /// A validating admission webhook served by a Pod behind a Service: one ConfigMap admitted,
 /// another refused with the webhook's message.
 fn webhook(b: &Broker<'_>, u: &User, dir: &Path) {
-    let pki =
-        socialweb_broker::pki::Pki::open_or_create(&dir.join("hook"), "hook CA")
-            .unwrap();
+    let pki = socialweb_broker::pki::Pki::open_or_create(&dir.join("hook"), "hook CA").unwrap();
     let pair = pki
         .server("hook", &["probe-hook.default.svc".to_string()])
         .unwrap();

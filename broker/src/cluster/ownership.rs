@@ -286,7 +286,10 @@ pub(super) fn elsewhere(name: &str, life: &Writer, host: Option<&str>) {
 
 /// Closes whatever still connects to the cluster's database before this host's kine does
 /// (`Server::fence_out`): a former owner that did not die is cut off at the storage.
-pub(super) async fn fence_out_datastore(spec: &Spec, metrics: &crate::metrics::Fleet) -> Result<()> {
+pub(super) async fn fence_out_datastore(
+    spec: &Spec,
+    metrics: &crate::metrics::Fleet,
+) -> Result<()> {
     if let Some((Some(server), db)) = spec.datastore.postgres() {
         let closed = server.fence_out(db).await?;
         metrics.fenced(closed);

@@ -17,8 +17,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::pki::Pki;
 use super::{Apiserver, Credentials};
+use crate::pki::Pki;
 use crate::process;
 
 /// The ports a control plane uses, leased from the store.
