@@ -678,7 +678,7 @@ impl Provisioner {
             let Ok(serde_json::Value::Object(mut v)) = serde_json::from_str(t) else {
                 continue;
             };
-            // Recorded beside the endpoint (`fleet_host::join`); not a field of one.
+            // Recorded beside the endpoint (`FleetHost::join`); not a field of one.
             let relay = v.remove("relay_url");
             let Ok(b) = socialweb_wire::BrokerEndpoint::from_json(&v.into()) else {
                 continue;
