@@ -28,12 +28,14 @@ pub mod quickstart;
 pub mod release;
 pub mod resolver;
 pub mod root;
+pub mod runs;
 pub mod scale_trace;
 pub mod stats;
 pub mod ticker;
 pub mod tmp;
 pub mod topology;
 pub mod user;
+pub mod wait;
 pub mod world;
 
 pub use netns::Netns;

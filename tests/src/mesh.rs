@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use crate::cni::{Call, result_ip, workspace_bin};
-use crate::k8s::wait_for;
+use crate::wait::wait_for;
 use crate::netns::Netns;
 use crate::process::Spawned;
 use crate::tmp::TempDir;
@@ -230,7 +230,7 @@ impl<'t> MeshCluster<'t> {
         let dir = TempDir::new("mesh")?;
         let mut keys = Vec::new();
         for _ in &spots {
-            keys.push(crate::k8s::mesh_keygen()?);
+            keys.push(mesh_keygen()?);
         }
         let peers_file = dir.path().join("peers.json");
         let nodes: Vec<Value> = spots
@@ -453,18 +453,18 @@ impl<'t> MeshCluster<'t> {
             out.push_str(&format!(
                 "--- {} ---\n{}\n",
                 a.name,
-                crate::k8s::tail_of(&a.log, 15)
+                crate::wait::tail_of(&a.log, 15)
             ));
         }
         out.push_str(&format!(
             "--- relay ---\n{}\n",
-            crate::k8s::tail_of(&self.relay.log, 10)
+            crate::wait::tail_of(&self.relay.log, 10)
         ));
         for (i, (_, r)) in self.more_relays.iter().enumerate() {
             out.push_str(&format!(
                 "--- relay {} ---\n{}\n",
                 i + 1,
-                crate::k8s::tail_of(&r.log, 10)
+                crate::wait::tail_of(&r.log, 10)
             ));
         }
         out
@@ -549,4 +549,16 @@ impl<'t> MeshCluster<'t> {
         let s: Value = serde_json::from_str(&self.cli(node, &["status", "--json"])?)?;
         Ok(s["ready"] == true)
     }
+}
+
+/// A fresh mesh key pair `(secret hex, endpoint id)`, from `socialweb-agent keygen`.
+pub fn mesh_keygen() -> Result<(String, String)> {
+    let out = std::process::Command::new(crate::cni::workspace_bin("socialweb-agent"))
+        .args(["keygen", "--json"])
+        .output()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("keygen output")?;
+    Ok((
+        v["secret_key"].as_str().unwrap_or_default().into(),
+        v["endpoint"].as_str().unwrap_or_default().into(),
+    ))
 }

@@ -20,8 +20,7 @@ use nix::sched::{CloneFlags, setns};
 use crate::process::{Spawned, run_checked};
 use crate::root::require_root;
 
-/// Every namespace the harness creates starts with this; nothing else does.
-pub const PREFIX: &str = "swt-";
+pub use crate::runs::{PREFIX, owner_pid};
 
 /// Where `ip netns` keeps its bind mounts.
 pub const NETNS_DIR: &str = "/run/netns";
@@ -40,7 +39,7 @@ pub fn unique_name(role: &str) -> String {
             eprintln!("testbed: sweeping leftovers failed: {e:#}");
         }
         crate::tmp::sweep();
-        crate::k8s::sweep_cgroups();
+        crate::runs::sweep_cgroups();
     });
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
     let role: String = role
@@ -263,11 +262,6 @@ pub fn list() -> Vec<String> {
         .collect();
     names.sort();
     names
-}
-
-/// The process id a harness namespace name was created by.
-pub fn owner_pid(name: &str) -> Option<i32> {
-    name.strip_prefix(PREFIX)?.split('-').next()?.parse().ok()
 }
 
 /// Removes harness namespaces whose creating process is gone (a run that was killed before its

@@ -53,9 +53,7 @@ pub fn sweep() {
     };
     for entry in dir.filter_map(|e| e.ok()) {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some(pid) = crate::netns::owner_pid(&name)
-            && !Path::new(&format!("/proc/{pid}")).exists()
-        {
+        if crate::runs::of_a_dead_run(&name) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }

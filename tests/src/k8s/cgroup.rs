@@ -2,8 +2,6 @@
 //! killed and removed when the node goes. The same cgroup roots the local provider gives its
 //! machines (`socialweb_provider::machine`), from the same code.
 
-use std::path::Path;
-
 use anyhow::Result;
 use socialweb_provider::machine;
 
@@ -24,16 +22,5 @@ impl CgroupRoot {
     /// Kills every process in the tree and removes the tree, deepest first.
     pub fn destroy(&self) {
         machine::destroy_cgroup(&self.name);
-    }
-}
-
-/// Removes cgroup roots left by dead runs (`swt-<pid>-...` whose pid is gone).
-pub fn sweep() {
-    for name in machine::cgroups_with_prefix("swt-") {
-        if let Some(pid) = crate::netns::owner_pid(&name)
-            && !Path::new(&format!("/proc/{pid}")).exists()
-        {
-            machine::destroy_cgroup(&name);
-        }
     }
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use super::node::{CaMode, mesh_keygen};
+use super::node::CaMode;
+use crate::mesh::mesh_keygen;
 use super::{ControlPlane, KubeNode, NodeOptions, wait_for};
 use crate::cni::workspace_bin;
 use crate::mesh::{Relay, relay_url};

@@ -16,16 +16,15 @@ use anyhow::{Context, Result, bail};
 
 pub use control_plane::ControlPlane;
 pub use helpers::{Cluster, cni_bin_dir, node_options, run_pod, wait_node_ready};
-pub use node::{CaMode, KubeNode, NodeOptions, mesh_keygen, test_kubelet_patch};
+pub use node::{CaMode, KubeNode, NodeOptions, test_kubelet_patch};
+/// Where the harness's waits and its log tails are (re-exported: every test waits).
+pub use crate::mesh::mesh_keygen;
+pub use crate::wait::{tail_of, wait_for};
+pub(crate) use crate::wait::tail;
 
 /// Environment variable naming a directory with a prebuilt `kube` multicall binary and `pause`
 /// (what `image-builder/kubernetes/build.sh` prints); without it the harness runs build.sh.
 pub const KUBE_DIR_ENV: &str = "SOCIALWEB_KUBE_DIR";
-
-/// Removes cgroup roots of nodes from runs that were killed.
-pub fn sweep_cgroups() {
-    cgroup::sweep();
-}
 
 /// Where the pinned Kubernetes build lives.
 #[derive(Debug, Clone)]
@@ -101,30 +100,6 @@ pub fn kine() -> Result<PathBuf> {
     Ok(kine)
 }
 
-/// Polls `f` every 100 ms until it returns `Ok(Some(v))` or `timeout` passes; the error says
-/// what was awaited and the last thing `f` said.
-pub fn wait_for<T>(
-    what: &str,
-    timeout: std::time::Duration,
-    mut f: impl FnMut() -> Result<Option<T>>,
-) -> Result<T> {
-    let deadline = std::time::Instant::now() + timeout;
-    let mut last = String::from("nothing yet");
-    loop {
-        match f() {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last = format!("{e:#}"),
-        }
-        if std::time::Instant::now() > deadline {
-            return Err(anyhow::anyhow!(
-                "timed out after {timeout:?} waiting for {what}; last: {last}"
-            ));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-}
-
 /// `kubectl apply -f -` with `manifest` on stdin, in `ns`, as the user of `kubeconfig`;
 /// returns what kubectl printed.
 pub fn kubectl_apply(
@@ -166,18 +141,3 @@ pub fn node_is_ready(node: &serde_json::Value) -> bool {
         .any(|c| c["type"] == "Ready" && c["status"] == "True")
 }
 
-/// The last `lines` lines of a log file (for failure messages).
-pub fn tail_of(path: &Path, lines: usize) -> String {
-    tail(path, lines)
-}
-
-/// Reads a file of a component's log for an error message.
-pub(crate) fn tail(path: &Path, lines: usize) -> String {
-    std::fs::read_to_string(path)
-        .map(|s| {
-            let v: Vec<&str> = s.lines().collect();
-            v[v.len().saturating_sub(lines)..].join("\n")
-        })
-        .with_context(|| format!("reading {}", path.display()))
-        .unwrap_or_else(|e| format!("{e:#}"))
-}

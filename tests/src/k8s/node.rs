@@ -90,18 +90,6 @@ pub fn test_kubelet_patch() -> Value {
     })
 }
 
-/// A fresh mesh key pair `(secret hex, endpoint id)`, from `socialweb-agent keygen`.
-pub fn mesh_keygen() -> Result<(String, String)> {
-    let out = Command::new(workspace_bin("socialweb-agent"))
-        .args(["keygen", "--json"])
-        .output()?;
-    let v: Value = serde_json::from_slice(&out.stdout).context("keygen output")?;
-    Ok((
-        v["secret_key"].as_str().unwrap_or_default().into(),
-        v["endpoint"].as_str().unwrap_or_default().into(),
-    ))
-}
-
 impl KubeNode {
     /// Builds the machine in `ns`, writes the identity (with a new bootstrap token from `cp`)
     /// and the seed images, and starts `socialweb-agent run`. Returns at once: the node joins
@@ -174,7 +162,7 @@ impl KubeNode {
         // What the broker writes: the identity.
         let (secret, endpoint) = match &opts.mesh_key {
             Some(k) => k.clone(),
-            None => mesh_keygen()?,
+            None => crate::mesh::mesh_keygen()?,
         };
         let token = cp.new_token(&opts.name, Some(opts.node_ip.into()))?;
         let mut identity = json!({
