@@ -11,11 +11,11 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use crate::cni::{Call, result_ip, workspace_bin};
-use crate::wait::wait_for;
 use crate::netns::Netns;
 use crate::process::Spawned;
 use crate::tmp::TempDir;
 use crate::topology::{CLUSTER_CIDR, HOST_SERVICE_ADDR, Topology};
+use crate::wait::wait_for;
 
 /// The relay's port on the host's service address.
 pub const RELAY_PORT: u16 = 3340;

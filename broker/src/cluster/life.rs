@@ -149,7 +149,7 @@ impl Clusters {
         match self.owned(spec, life, stop, woke).await {
             Err(e) if woke.is_some() => {
                 warn!(cluster = %name, "waking: {e:#}");
-                &self.settings.metrics.wake_failed();
+                self.settings.metrics.wake_failed();
                 life.on_even_unrecorded(Event::WakeFailed {
                     at: now_millis(),
                     why: format!("{e:#}"),

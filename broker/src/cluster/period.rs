@@ -311,7 +311,7 @@ impl Clusters {
     /// Records and tells that the cluster hibernates, its control plane stopped.
     async fn hibernated(&self, name: &str, life: &Writer) -> Result<Ended> {
         life.on(Event::Stopped { at: now_millis() }).await?;
-        &self.settings.metrics.hibernated();
+        self.settings.metrics.hibernated();
         info!(cluster = %name, "hibernating: its control plane is stopped, its ports kept");
         Ok(Ended::Hibernated)
     }

@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::node::CaMode;
-use crate::mesh::mesh_keygen;
 use super::{ControlPlane, KubeNode, NodeOptions, wait_for};
 use crate::cni::workspace_bin;
+use crate::mesh::mesh_keygen;
 use crate::mesh::{Relay, relay_url};
 use crate::tmp::TempDir;
 use crate::topology::{HOST_SERVICE_ADDR, Topology};

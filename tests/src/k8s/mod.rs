@@ -12,15 +12,15 @@ pub use socialweb_broker::pki;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
+/// Where the harness's waits and its log tails are (re-exported: every test waits).
+pub use crate::mesh::mesh_keygen;
+pub(crate) use crate::wait::tail;
+pub use crate::wait::{tail_of, wait_for};
 pub use control_plane::ControlPlane;
 pub use helpers::{Cluster, cni_bin_dir, node_options, run_pod, wait_node_ready};
 pub use node::{CaMode, KubeNode, NodeOptions, test_kubelet_patch};
-/// Where the harness's waits and its log tails are (re-exported: every test waits).
-pub use crate::mesh::mesh_keygen;
-pub use crate::wait::{tail_of, wait_for};
-pub(crate) use crate::wait::tail;
 
 /// Environment variable naming a directory with a prebuilt `kube` multicall binary and `pause`
 /// (what `image-builder/kubernetes/build.sh` prints); without it the harness runs build.sh.
@@ -140,4 +140,3 @@ pub fn node_is_ready(node: &serde_json::Value) -> bool {
         .flatten()
         .any(|c| c["type"] == "Ready" && c["status"] == "True")
 }
-
