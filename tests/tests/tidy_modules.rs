@@ -123,7 +123,7 @@ const NOT_GROWN: &[(&str, usize)] = &[
         "tests/tests/anywhere.rs::nodes_of_two_providers_behind_nat_join_and_serve_through_the_brokers_endpoints_alone",
         163,
     ),
-    ("tests/tests/anywhere.rs::webhook", 103),
+    ("tests/tests/anywhere.rs::webhook", 101),
     (
         "tests/tests/backup.rs::a_backup_taken_while_serving_brings_the_cluster_back_into_an_empty_state_directory",
         121,
