@@ -146,7 +146,7 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     ),
 ];
 
-/// Dependencies that no source file names, kept on purpose. (None today.)
+/// Dependencies that no source file names, kept on purpose, and why.
 const USED_WITHOUT_A_NAME: &[(&str, &str, &str)] = &[
     (
         "socialweb-tests",
