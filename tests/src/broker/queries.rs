@@ -107,6 +107,20 @@ impl Broker<'_> {
             .unwrap_or(Value::Null)
     }
 
+    /// A series' value at the broker's metrics address (one without labels; `None`: not
+    /// served, or the broker did not answer).
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let text = self
+            .host
+            .exec(
+                "curl",
+                &["-sf", "--max-time", "10", "http://127.0.0.1:9464/metrics"],
+            )
+            .ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
     /// Waits until cluster `name` is listed in `state`, and returns it as listed; panics
     /// with the diagnostics past `within`.
     pub fn wait_state(&self, name: &str, state: &str, within: Duration) -> Value {

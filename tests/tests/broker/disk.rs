@@ -20,20 +20,6 @@ fn free_bytes(dir: &Path) -> u64 {
     s.blocks_available() * s.fragment_size()
 }
 
-/// A series' value at the broker's metrics address (one without labels; 0 when absent).
-fn metric(b: &Broker<'_>, name: &str) -> f64 {
-    let text = b
-        .host
-        .exec(
-            "curl",
-            &["-sf", "--max-time", "10", "http://127.0.0.1:9464/metrics"],
-        )
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// Every SQLite database under `dir` (the broker's store, each kine datastore) passes
 /// SQLite's own integrity check.
 fn sqlite_intact(dir: &Path) -> usize {
@@ -196,9 +182,20 @@ fn under_the_floor(b: &Broker<'_>, u: &User, dir: &Path) {
         &["create", "configmap", "two", "--from-literal=k=2"],
     )
     .unwrap();
-    assert_eq!(metric(b, "socialweb_broker_state_disk_low"), 1.0);
-    assert!(metric(b, "socialweb_broker_disk_refusals_total") >= 3.0);
-    assert!(metric(b, "socialweb_broker_state_disk_free_bytes") < (96 * MIB) as f64);
+    assert_eq!(
+        b.metric("socialweb_broker_state_disk_low").unwrap_or(0.0),
+        1.0
+    );
+    assert!(
+        b.metric("socialweb_broker_disk_refusals_total")
+            .unwrap_or(0.0)
+            >= 3.0
+    );
+    assert!(
+        b.metric("socialweb_broker_state_disk_free_bytes")
+            .unwrap_or(0.0)
+            < (96 * MIB) as f64
+    );
 }
 
 /// Full to the last byte for a while: writes fail where they must; the broker still
@@ -255,7 +252,7 @@ fn freed(b: &Broker<'_>, u: &User) {
     )
     .unwrap();
     testbed::k8s::wait_for("the disk no longer low", Duration::from_secs(30), || {
-        Ok((metric(b, "socialweb_broker_state_disk_low") == 0.0).then_some(()))
+        Ok((b.metric("socialweb_broker_state_disk_low").unwrap_or(0.0) == 0.0).then_some(()))
     })
     .unwrap();
     let checked = sqlite_intact(state);

@@ -7,6 +7,12 @@ use std::time::{Duration, Instant};
 
 use testbed::broker::{Broker, BrokerOptions};
 
+/// A series' value at host `b` (one without labels), which must be served.
+fn metric(b: &Broker<'_>, name: &str) -> f64 {
+    b.metric(name)
+        .unwrap_or_else(|| panic!("no {name} at {}", b.diagnostics()))
+}
+
 use super::{alive, broker_id, fleet_host, fleet_of, light, owner, pid_of, step};
 
 /// The components a fleet's cluster runs (its datastore is the fleet's PostgreSQL, through
@@ -125,20 +131,6 @@ fn a_frozen_owner_is_down_before_another_host_takes_its_cluster_and_nothing_acts
     }
     assert_eq!(metric(&b, "socialweb_broker_fleet_takeovers_total"), 1.0);
     assert_eq!(metric(&a, "socialweb_broker_fleet_leases_lost_total"), 1.0);
-}
-
-/// A series' value at host `b`'s metrics address (one without labels).
-fn metric(b: &Broker<'_>, name: &str) -> f64 {
-    let text = b
-        .host
-        .exec(
-            "curl",
-            &["-sf", "--max-time", "10", "http://127.0.0.1:9464/metrics"],
-        )
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
 }
 
 /// Watches the frozen host's components until host `id_b` claims the cluster (within

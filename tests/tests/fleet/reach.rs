@@ -29,22 +29,6 @@ fn cut_all_but_the_store(b: &Broker<'_>) {
         .unwrap();
 }
 
-/// `fleet_cut_off` at host `b` (read on its loopback, which the cut leaves).
-fn cut_off_metric(b: &Broker<'_>) -> Option<f64> {
-    let text = b
-        .host
-        .exec(
-            "curl",
-            &["-sf", "--max-time", "5", "http://127.0.0.1:9464/metrics"],
-        )
-        .ok()?;
-    text.lines().find_map(|l| {
-        l.strip_prefix("socialweb_broker_fleet_cut_off ")?
-            .parse()
-            .ok()
-    })
-}
-
 /// Watches host 1's apiserver (`apiserver`) until another host of `ids` claims the cluster,
 /// within `within` of now: the apiserver must have stopped first. When it stopped, when the
 /// claim came, and the index of the claiming host.
@@ -102,7 +86,12 @@ fn a_host_cut_off_from_its_users_but_not_the_store_gives_its_clusters_to_another
         .unwrap();
     // The fleet has probed itself long enough for a verdict.
     std::thread::sleep(ttl);
-    assert_eq!(cut_off_metric(a), Some(0.0), "{}", a.diagnostics());
+    assert_eq!(
+        a.metric("socialweb_broker_fleet_cut_off"),
+        Some(0.0),
+        "{}",
+        a.diagnostics()
+    );
     let apiserver = pid_of(&a.cluster_dir("cut").join("run/apiserver.pid"));
     step(t, "three hosts; host 1 runs the cluster");
 
@@ -131,7 +120,7 @@ fn a_host_cut_off_from_its_users_but_not_the_store_gives_its_clusters_to_another
         "1",
         "the new owner serves what host 1 wrote"
     );
-    assert_eq!(cut_off_metric(a), Some(1.0));
+    assert_eq!(a.metric("socialweb_broker_fleet_cut_off"), Some(1.0));
     let log = std::fs::read_to_string(a.log("broker")).unwrap();
     assert!(log.contains("this host is cut off from its users"), "{log}");
 
@@ -143,7 +132,7 @@ fn a_host_cut_off_from_its_users_but_not_the_store_gives_its_clusters_to_another
         .exec("nft", &["delete", "table", "inet", "cut"])
         .unwrap();
     testbed::k8s::wait_for("host 1 reached again", ttl * 3, || {
-        Ok((cut_off_metric(a) == Some(0.0)).then_some(()))
+        Ok((a.metric("socialweb_broker_fleet_cut_off") == Some(0.0)).then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", a.diagnostics()));
     let seen = a.wait_state("cut", "elsewhere", Duration::from_secs(30));
