@@ -22,6 +22,7 @@ pub mod reference;
 mod access;
 mod addresses;
 mod backup;
+mod certificates;
 mod clusters;
 mod disk;
 mod durations;
@@ -39,6 +40,7 @@ mod tunnel;
 
 pub use access::{Access, Registration};
 pub use backup::Backup;
+pub use certificates::Certificates;
 pub use clusters::{ClusterDefaults, DatastoreKind, MIN_DATASTORE_QUOTA_MIB, hibernate_after_ok};
 pub use disk::Disk;
 pub use fleet::Fleet;
@@ -138,6 +140,10 @@ pub struct Config {
     /// restore").
     #[serde(skip_serializing_if = "Backup::is_default")]
     pub backup: Backup,
+    /// How long certificates live, and when they are issued again (docs/operations.md,
+    /// "Certificates").
+    #[serde(skip_serializing_if = "Certificates::is_default")]
+    pub certificates: Certificates,
 }
 
 impl Default for Config {
@@ -164,6 +170,7 @@ impl Default for Config {
             fleet: Fleet::default(),
             disk: Disk::default(),
             backup: Backup::default(),
+            certificates: Certificates::default(),
         }
     }
 }
@@ -319,6 +326,7 @@ impl Config {
         self.front.check()?;
         self.relay.check()?;
         self.backup.check(&self.state_dir, &o)?;
+        self.certificates.check(&o)?;
         self.access.check()
     }
 

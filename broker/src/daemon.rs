@@ -268,6 +268,7 @@ impl FrontTls {
             cfg.front.tls_key.as_deref(),
             &front_dir(cfg),
             &front_names(cfg),
+            cfg.certificates.lifetimes(),
         )?;
         Ok(FrontTls { serving, ca_pem })
     }
@@ -711,6 +712,7 @@ fn cluster_settings(
         disk,
         metrics: metrics.clone(),
         schedulers: cfg.scale.schedulers.clone().into(),
+        certificates: cfg.certificates.lifetimes(),
         dir: clusters_dir(cfg),
         kube: cfg.kube_dir.join("kube"),
         port_base: cfg.clusters.port_base,
@@ -836,6 +838,15 @@ impl Daemon {
         } = parts;
         let records = Arc::new(Records::new(store.certificates().await?));
         tls.serving.watch(stop.clone());
+        if tls.ca_pem.is_some() {
+            crate::front::tls::keep_own_renewed(
+                front_dir(cfg),
+                front_names(cfg),
+                cfg.certificates.lifetimes(),
+                metrics.certificates.clone(),
+                stop.clone(),
+            );
+        }
         let server_tls = crate::front::tls::server_config(tls.serving.clone())?;
         let disk = disk_guard(cfg, metrics, stop);
         let front = Arc::new(

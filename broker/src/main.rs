@@ -689,7 +689,13 @@ async fn relay(a: RelayArgs) -> Result<()> {
             } else {
                 a.tls_names.clone()
             };
-            let (serving, _) = socialweb_broker::front::tls::serving(None, None, dir, &names)?;
+            let (serving, _) = socialweb_broker::front::tls::serving(
+                None,
+                None,
+                dir,
+                &names,
+                socialweb_broker::pki::Lifetimes::default(),
+            )?;
             let config = socialweb_broker::front::tls::relay_config(serving)?;
             let quic = (a.quic_port != 0).then(|| SocketAddr::new(a.listen.ip(), a.quic_port));
             let server =

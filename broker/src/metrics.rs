@@ -11,11 +11,13 @@
 //! fixed lists. A request for a path no mounted cluster answers is counted without a cluster.
 
 mod backups;
+mod certificates;
 mod disk;
 mod fleet;
 mod health;
 
 pub use backups::Backups;
+pub use certificates::Certificates;
 pub use disk::Disk;
 pub use fleet::Fleet;
 pub use health::{Check, Health, check};
@@ -303,6 +305,8 @@ pub struct Metrics {
     pub disk: Disk,
     /// Scheduled backups.
     pub backups: Backups,
+    /// When the certificates end.
+    pub certificates: Certificates,
 }
 
 impl Default for Metrics {
@@ -330,6 +334,7 @@ impl Default for Metrics {
             fleet: Fleet::default(),
             disk: Disk::default(),
             backups: Backups::default(),
+            certificates: Certificates::default(),
         };
         r.register(
             "decisions",
@@ -373,6 +378,7 @@ impl Default for Metrics {
         m.fleet.register(&mut r);
         m.disk.register(&mut r);
         m.backups.register(&mut r);
+        m.certificates.register(&mut r);
         *m.registry.lock().expect("lock") = r;
         m
     }
@@ -544,6 +550,7 @@ impl Metrics {
 
     /// A deleted cluster's series go (its label stays bounded by the clusters that exist).
     pub fn forget_cluster(&self, cluster: &str) {
+        self.certificates.forget(cluster);
         let t = &self.traffic;
         for class in ["1xx", "2xx", "3xx", "4xx", "5xx"] {
             t.cluster_requests.remove(&ClusterClass {
@@ -737,6 +744,7 @@ mod tests {
         m.disk.refused();
         m.backups.taken(1);
         m.backups.failed();
+        m.certificates.seen("front", crate::pki::Expiry::default());
         m
     }
 

@@ -2,9 +2,15 @@
 //! certificates, keys and kubeconfigs. Keys are written owner-only (0600, in a 0700
 //! directory). A cluster's CA is created once and loaded on every later start, so a broker
 //! restart keeps every credential it issued valid.
+//!
+//! Lifetimes are kubeadm's unless the operator says otherwise ([`Lifetimes`]): a CA ten
+//! years, what it signs one year, and a leaf with less than 90 days left (k3s's margin) is
+//! issued again the next time it is asked for -- at a control plane's start, or when its
+//! awake period renews them (docs/operations.md, "Certificates").
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use rcgen::{
@@ -12,12 +18,41 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
+/// How long what a [`Pki`] makes lives, and how long before its end a leaf is issued again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lifetimes {
+    pub ca: Duration,
+    pub leaf: Duration,
+    pub renew_before: Duration,
+}
+
+impl Lifetimes {
+    /// kubeadm's: CAs ten years, leaves one; renewed with 90 days left, as k3s does.
+    pub const KUBEADM: Lifetimes = Lifetimes {
+        ca: Duration::from_secs(3650 * 24 * 3600),
+        leaf: Duration::from_secs(365 * 24 * 3600),
+        renew_before: Duration::from_secs(90 * 24 * 3600),
+    };
+}
+
+impl Default for Lifetimes {
+    fn default() -> Lifetimes {
+        Lifetimes::KUBEADM
+    }
+}
+
+/// Clocks a little behind ours accept what is issued now.
+const SKEW: Duration = Duration::from_secs(300);
+
 /// A CA and the directory its files are written to.
 #[derive(Debug)]
 pub struct Pki {
     dir: PathBuf,
     ca: Issuer<'static, KeyPair>,
     ca_pem: String,
+    /// When the CA's certificate ends: no leaf outlives it.
+    ca_not_after: SystemTime,
+    life: Lifetimes,
 }
 
 /// A certificate and key written to disk.
@@ -41,7 +76,17 @@ fn private_dir(dir: &Path) -> Result<()> {
         .with_context(|| format!("creating {}", dir.display()))
 }
 
-fn ca_params(common_name: &str) -> Result<CertificateParams> {
+fn offset(t: SystemTime) -> Result<time::OffsetDateTime> {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .context("a time before 1970")?
+        .as_secs();
+    Ok(time::OffsetDateTime::from_unix_timestamp(
+        i64::try_from(secs).context("a time past 2262")?,
+    )?)
+}
+
+fn ca_params(common_name: &str, life: &Lifetimes) -> Result<CertificateParams> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params
@@ -52,21 +97,22 @@ fn ca_params(common_name: &str) -> Result<CertificateParams> {
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    // rcgen's default validity (1975 to 4096): a cluster's CA lives as long as the cluster;
-    // rotating it means a new cluster.
+    let now = SystemTime::now();
+    params.not_before = offset(now - SKEW)?;
+    params.not_after = offset(now + life.ca)?;
     Ok(params)
 }
 
 impl Pki {
     /// Creates a fresh CA named `common_name` in `dir` (`ca.crt`, `ca.key`), replacing any.
     pub fn new(dir: &Path) -> Result<Pki> {
-        Self::create(dir, "socialweb-test-ca")
+        Self::create(dir, "socialweb-test-ca", Lifetimes::default())
     }
 
-    fn create(dir: &Path, common_name: &str) -> Result<Pki> {
+    fn create(dir: &Path, common_name: &str, life: Lifetimes) -> Result<Pki> {
         private_dir(dir)?;
         let key = KeyPair::generate()?;
-        let params = ca_params(common_name)?;
+        let params = ca_params(common_name, &life)?;
         let cert = params.self_signed(&key)?;
         let ca_pem = cert.pem();
         write_private(&dir.join("ca.key"), key.serialize_pem().as_bytes(), 0o600)?;
@@ -74,7 +120,9 @@ impl Pki {
         Ok(Pki {
             dir: dir.to_path_buf(),
             ca: Issuer::new(params, key),
+            ca_not_after: not_after_pem(ca_pem.as_bytes())?,
             ca_pem,
+            life,
         })
     }
 
@@ -83,11 +131,18 @@ impl Pki {
         dir.join("ca.crt")
     }
 
-    /// Loads the CA in `dir`, or creates one named `common_name` if there is none.
+    /// Loads the CA in `dir`, or creates one named `common_name` if there is none; kubeadm's
+    /// lifetimes.
     pub fn open_or_create(dir: &Path, common_name: &str) -> Result<Pki> {
+        Self::open_with(dir, common_name, Lifetimes::default())
+    }
+
+    /// As [`Pki::open_or_create`], with `life` for what it makes from now on (a CA loaded
+    /// keeps the validity it was made with).
+    pub fn open_with(dir: &Path, common_name: &str, life: Lifetimes) -> Result<Pki> {
         let (crt, key) = (Pki::ca_cert_path(dir), dir.join("ca.key"));
         if !(crt.exists() && key.exists()) {
-            return Self::create(dir, common_name);
+            return Self::create(dir, common_name, life);
         }
         let ca_pem =
             std::fs::read_to_string(&crt).with_context(|| format!("reading {}", crt.display()))?;
@@ -99,7 +154,9 @@ impl Pki {
         Ok(Pki {
             dir: dir.to_path_buf(),
             ca,
+            ca_not_after: not_after(&crt)?,
             ca_pem,
+            life,
         })
     }
 
@@ -127,7 +184,15 @@ impl Pki {
         Ok((cert.pem(), key.serialize_pem()))
     }
 
-    fn issue(&self, name: &str, params: CertificateParams) -> Result<Pair> {
+    /// When the CA's certificate ends.
+    pub fn ca_not_after(&self) -> SystemTime {
+        self.ca_not_after
+    }
+
+    fn issue(&self, name: &str, mut params: CertificateParams) -> Result<Pair> {
+        let now = SystemTime::now();
+        params.not_before = offset(now - SKEW)?;
+        params.not_after = offset((now + self.life.leaf).min(self.ca_not_after))?;
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.ca)?;
         let pair = Pair {
@@ -139,14 +204,22 @@ impl Pki {
         Ok(pair)
     }
 
-    /// The pair `name`, issued by `make` unless both files exist already.
+    /// The pair `name`, issued by `make` unless both files exist already and the
+    /// certificate has more than `renew_before` left.
     fn ensure(&self, name: &str, make: impl FnOnce() -> Result<CertificateParams>) -> Result<Pair> {
         let pair = Pair {
             cert: self.dir.join(format!("{name}.crt")),
             key: self.dir.join(format!("{name}.key")),
         };
         if pair.cert.exists() && pair.key.exists() {
-            return Ok(pair);
+            match renewal_due(&pair.cert, self.life.renew_before, SystemTime::now()) {
+                Ok(false) => return Ok(pair),
+                Ok(true) => {
+                    tracing::info!(cert = %pair.cert.display(), "issued again: it ends within {}",
+                                   humantime::format_duration(self.life.renew_before));
+                }
+                Err(e) => tracing::warn!("issued again: {e:#}"),
+            }
         }
         self.issue(name, make()?)
     }
@@ -256,6 +329,79 @@ fn serving(
     Ok(p)
 }
 
+/// When the certificate in PEM `pem` ends.
+pub fn not_after_pem(pem: &[u8]) -> Result<SystemTime> {
+    let (_, pem) =
+        x509_parser::pem::parse_x509_pem(pem).map_err(|e| anyhow::anyhow!("not PEM: {e}"))?;
+    let parsed = pem
+        .parse_x509()
+        .map_err(|e| anyhow::anyhow!("not a certificate: {e}"))?;
+    let secs = parsed.validity().not_after.timestamp();
+    Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).unwrap_or(0)))
+}
+
+/// When the certificate in file `cert` ends.
+pub fn not_after(cert: &Path) -> Result<SystemTime> {
+    let pem = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+    not_after_pem(&pem).with_context(|| cert.display().to_string())
+}
+
+/// Whether the certificate in `cert` ends within `renew_before` of `now`.
+pub fn renewal_due(cert: &Path, renew_before: Duration, now: SystemTime) -> Result<bool> {
+    Ok(not_after(cert)? <= now + renew_before)
+}
+
+/// The earliest ends of the certificates in `dirs` (each directory's `*.crt`, not below):
+/// its CAs' (`ca.crt`) and its leaves'. A file that does not parse is skipped and logged.
+pub fn earliest(dirs: &[PathBuf]) -> Expiry {
+    let mut e = Expiry::default();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for path in entries.flatten().map(|d| d.path()) {
+            if path.extension().is_none_or(|x| x != "crt") {
+                continue;
+            }
+            let end = match not_after(&path) {
+                Ok(t) => t,
+                Err(err) => {
+                    tracing::warn!("{err:#}");
+                    continue;
+                }
+            };
+            let slot = if path.file_name().is_some_and(|n| n == "ca.crt") {
+                &mut e.ca
+            } else {
+                &mut e.leaf
+            };
+            *slot = Some(slot.map_or(end, |t: SystemTime| t.min(end)));
+        }
+    }
+    e
+}
+
+/// The earliest ends among some certificates, CAs and leaves apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Expiry {
+    pub ca: Option<SystemTime>,
+    pub leaf: Option<SystemTime>,
+}
+
+impl Expiry {
+    /// The earlier of each.
+    pub fn min(self, other: Expiry) -> Expiry {
+        let m = |a: Option<SystemTime>, b: Option<SystemTime>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Expiry {
+            ca: m(self.ca, other.ca),
+            leaf: m(self.leaf, other.leaf),
+        }
+    }
+}
+
 /// The names and addresses of `sans` the certificate in `cert` does not carry.
 fn uncovered(cert: &Path, sans: &[String]) -> Result<Vec<String>> {
     use x509_parser::extensions::GeneralName;
@@ -321,6 +467,67 @@ mod tests {
         let fresh = b.server("x", &["localhost".into()]).unwrap();
         let certs = socialweb_wire::ca::certificates(&std::fs::read(fresh.cert).unwrap()).unwrap();
         assert_eq!(certs.len(), 1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// `t` within a minute of `want`.
+    fn near(t: SystemTime, want: SystemTime) -> bool {
+        let d = t
+            .duration_since(want)
+            .or_else(|_| want.duration_since(t))
+            .unwrap();
+        d < Duration::from_secs(60)
+    }
+
+    #[test]
+    fn lifetimes_are_kept_and_a_leaf_near_its_end_is_issued_again() {
+        let dir = std::env::temp_dir().join(format!("sw-pki-life-{}", std::process::id()));
+        let day = Duration::from_secs(24 * 3600);
+        let life = Lifetimes {
+            ca: 10 * day,
+            leaf: 2 * day,
+            renew_before: day,
+        };
+        let now = SystemTime::now();
+        let pki = Pki::open_with(&dir, "c", life).unwrap();
+        assert!(near(pki.ca_not_after(), now + 10 * day));
+        let a = pki.client("a", "a", &[]).unwrap();
+        assert!(near(not_after(&a.cert).unwrap(), now + 2 * day));
+        let first = std::fs::read(&a.cert).unwrap();
+        // More than a day left: kept, by this Pki and by one loaded after.
+        let again = Pki::open_with(&dir, "c", life).unwrap();
+        assert_eq!(again.ca_pem(), pki.ca_pem());
+        again.client("a", "a", &[]).unwrap();
+        assert_eq!(std::fs::read(&a.cert).unwrap(), first, "kept");
+        // Three days' margin: the leaf's two are within it, so it is issued again.
+        let eager = Pki::open_with(
+            &dir,
+            "c",
+            Lifetimes {
+                renew_before: 3 * day,
+                ..life
+            },
+        )
+        .unwrap();
+        eager.client("a", "a", &[]).unwrap();
+        assert_ne!(std::fs::read(&a.cert).unwrap(), first, "issued again");
+        // No leaf outlives its CA.
+        let long = Pki::open_with(
+            &dir,
+            "c",
+            Lifetimes {
+                leaf: 100 * day,
+                ..life
+            },
+        )
+        .unwrap();
+        let b = long.server("b", &["localhost".into()]).unwrap();
+        assert_eq!(not_after(&b.cert).unwrap(), long.ca_not_after());
+        let e = earliest(std::slice::from_ref(&dir));
+        assert_eq!(e.ca, Some(pki.ca_not_after()));
+        assert!(near(e.leaf.unwrap(), now + 2 * day), "{e:?}");
+        assert!(!renewal_due(&b.cert, day, now).unwrap());
+        assert!(renewal_due(&b.cert, day, now + 9 * day + Duration::from_secs(3600)).unwrap());
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -11,6 +11,8 @@ use testbed::broker::{Broker, BrokerOptions};
 use testbed::k8s::wait_for;
 use testbed::world::World;
 
+#[path = "broker/certs.rs"]
+mod certs;
 #[path = "broker/disk.rs"]
 mod disk;
 #[path = "broker/verdict.rs"]

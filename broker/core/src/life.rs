@@ -86,6 +86,9 @@ pub enum Event {
     Claimed,
     /// The lease was lost, or this host drained, while the control plane ran.
     Leaving(Handover),
+    /// Its leaf certificates are due: the control plane restarts with new ones, the front
+    /// holding requests until the apiserver answers again. It stays awake.
+    Renew,
     /// The life failed (`retry_secs`: a fleet host tries again then).
     Failed {
         error: String,
@@ -204,6 +207,8 @@ fn period(phase: &Phase, event: Event) -> Result<Next, Unexpected> {
         (P::Starting { .. }, E::Up) => to(P::Ready),
         (P::Ready, E::Idle) => to(P::Holding),
         (P::Holding, E::Busy) => to(P::Ready),
+        // Idle or not, the period ends for new certificates and the next one begins at once.
+        (P::Ready | P::Holding, E::Renew) => to(starting("renewing its certificates")),
         (P::Holding, E::Stopped { at }) => recorded(
             P::Hibernating {
                 since: at,
@@ -320,6 +325,33 @@ mod tests {
             "awake is recorded before anything starts"
         );
         assert_eq!(go(&p, Event::Up).phase, Phase::Ready);
+    }
+
+    #[test]
+    fn a_renewal_holds_requests_and_keeps_it_awake() {
+        for from in [Phase::Ready, Phase::Holding] {
+            let n = go(&from, Event::Renew);
+            assert_eq!(n.phase, starting("renewing its certificates"));
+            assert_eq!(n.record, None, "it stays awake: nothing to record");
+        }
+        let (p, r) = walk(
+            Phase::Ready,
+            vec![
+                Event::Renew,
+                Event::Claimed,
+                Event::ApiserverAnswers,
+                Event::Up,
+            ],
+        );
+        assert_eq!((p, r), (Phase::Ready, vec![]));
+        assert!(
+            next(&starting("x"), Event::Renew).is_err(),
+            "not mid bring-up"
+        );
+        assert!(
+            next(&hib(1), Event::Renew).is_err(),
+            "nothing runs to renew"
+        );
     }
 
     #[test]
@@ -528,6 +560,7 @@ mod tests {
             Event::FoundHibernating { since: 9 },
             Event::Claimed,
             Event::Leaving(Handover::LeaseLost),
+            Event::Renew,
             Event::Failed {
                 error: "e".into(),
                 retry_secs: None,

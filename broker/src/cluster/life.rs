@@ -52,6 +52,46 @@ pub(super) enum Ended {
     Lost,
     /// This host was drained: its control plane was stopped, for another host to take.
     Moved,
+    /// Its leaf certificates were due: its control plane was stopped to start again at once
+    /// with new ones (the lease, a fleet's, kept).
+    Renewed,
+}
+
+/// How an awake period begins.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Start {
+    /// Created, the broker starting, or claimed from another host.
+    Plain,
+    /// A request at this host's front woke it, at that time.
+    Woken(Instant),
+    /// The previous period ended to renew its certificates.
+    Renewal,
+}
+
+impl Start {
+    pub(super) fn woke(self) -> Option<Instant> {
+        match self {
+            Start::Woken(t0) => Some(t0),
+            _ => None,
+        }
+    }
+
+    /// Asked for by a request or a period that ran: its lease is taken whether or not the
+    /// store says it is awake, and a store out of reach is waited out with requests held.
+    pub(super) fn wanted(self) -> bool {
+        !matches!(self, Start::Plain)
+    }
+}
+
+/// What a turn of the life begins with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    /// Asleep until woken (here or elsewhere).
+    Sleep,
+    /// An awake period.
+    Run,
+    /// An awake period after one that ended for new certificates.
+    Renew,
 }
 
 /// How a hibernation ended.
@@ -90,7 +130,7 @@ impl Clusters {
             users_ca: self.access.users_ca_der(&self.dir_of(&record))?,
             state: life.mount_state(),
         });
-        let mut asleep = record.state == ClusterPhase::Hibernating;
+        let asleep = record.state == ClusterPhase::Hibernating;
         if asleep || self.ownership().is_some() {
             // A hibernating cluster runs nothing, whatever a crash left; nor does a fleet's
             // cluster before this host holds its lease (another host may have taken it over
@@ -103,11 +143,13 @@ impl Clusters {
             });
         }
         let mut failures = 0;
+        let mut then = if asleep { Then::Sleep } else { Then::Run };
         loop {
-            match self.turn(&spec, life, &stop, asleep).await {
+            match self.turn(&spec, life, &stop, then).await {
                 Ok(Ended::Stopped) => return Ok(()),
-                Ok(Ended::Hibernated) => asleep = true,
-                Ok(Ended::Lost | Ended::Moved) => asleep = false,
+                Ok(Ended::Hibernated) => then = Then::Sleep,
+                Ok(Ended::Lost | Ended::Moved) => then = Then::Run,
+                Ok(Ended::Renewed) => then = Then::Renew,
                 // A fleet's host tries again: the store may be out of reach for a while (its
                 // lease lapses meanwhile, for another host), and ending here would leave the
                 // cluster to the other hosts until this broker restarts -- or, after an outage
@@ -118,7 +160,7 @@ impl Clusters {
                         return Ok(());
                     }
                     // Whether it hibernates meanwhile, the lease's claim reads in the store.
-                    asleep = false;
+                    then = Then::Run;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -127,27 +169,28 @@ impl Clusters {
         }
     }
 
-    /// One turn of the cluster's life: asleep (when `asleep`) until woken here or elsewhere,
-    /// then an awake period. A failed wake leaves it hibernating; the next request tries
-    /// again.
+    /// One turn of the cluster's life: asleep (`Then::Sleep`) until woken here or
+    /// elsewhere, then an awake period. A failed wake leaves it hibernating; the next
+    /// request tries again.
     async fn turn(
         self: &Arc<Self>,
         spec: &Spec,
         life: &Writer,
         stop: &CancellationToken,
-        asleep: bool,
+        then: Then,
     ) -> Result<Ended> {
         let name = spec.cluster.as_str();
-        let mut woke = None;
-        if asleep {
-            match self.sleep(name, life, stop).await? {
-                Slept::Woken(t0) => woke = Some(t0),
-                Slept::Elsewhere => {}
+        let start = match then {
+            Then::Run => Start::Plain,
+            Then::Renew => Start::Renewal,
+            Then::Sleep => match self.sleep(name, life, stop).await? {
+                Slept::Woken(t0) => Start::Woken(t0),
+                Slept::Elsewhere => Start::Plain,
                 Slept::Stopped => return Ok(Ended::Stopped),
-            }
-        }
-        match self.owned(spec, life, stop, woke).await {
-            Err(e) if woke.is_some() => {
+            },
+        };
+        match self.owned(spec, life, stop, start).await {
+            Err(e) if start.woke().is_some() => {
                 warn!(cluster = %name, "waking: {e:#}");
                 self.settings.metrics.wake_failed();
                 life.on_even_unrecorded(Event::WakeFailed {
@@ -217,20 +260,20 @@ impl Clusters {
         spec: &Spec,
         life: &Writer,
         stop: &CancellationToken,
-        woke: Option<Instant>,
+        start: Start,
     ) -> Result<Ended> {
         let Some(own) = self.ownership() else {
-            return self.awake(spec, life, stop, woke, None).await;
+            return self.awake(spec, life, stop, start, None).await;
         };
         let name = spec.cluster.as_str();
         let waiting = |host: Option<&str>| elsewhere(name, life, host);
         let drained = self.drained();
         let mut failures = 0;
         let acquired = loop {
-            let looked = match woke.map(|_| wake_lease_fail_point()) {
+            let looked = match start.woke().map(|_| wake_lease_fail_point()) {
                 Some(Err(e)) => Err(e),
                 _ => {
-                    own.acquire(name, woke.is_some(), &drained, waiting, stop)
+                    own.acquire(name, start.wanted(), &drained, waiting, stop)
                         .await
                 }
             };
@@ -240,7 +283,7 @@ impl Clusters {
                 // record the cluster as hibernating while another host may run it, and if
                 // that host died then, no host would take the cluster over (a hibernating
                 // cluster waits for a request). The front holds the request meanwhile.
-                Err(e) if woke.is_some() => {
+                Err(e) if start.wanted() => {
                     failures += 1;
                     let delay = retry_delay(failures);
                     warn!(cluster = %name, "waking: looking at its lease: {e:#}; this host tries again in {delay:?}");
@@ -272,7 +315,7 @@ impl Clusters {
             lease.release().await;
             return Err(e);
         }
-        let ended = self.awake(spec, life, stop, woke, Some(&lease)).await;
+        let ended = self.awake(spec, life, stop, start, Some(&lease)).await;
         life.fenced_by(None);
         // Its control plane is down: nothing left for the watchdog to kill.
         crate::watchdog::clear(&spec.dir.join(crate::watchdog::DEADLINE_FILE));

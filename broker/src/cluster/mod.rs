@@ -92,6 +92,8 @@ pub struct ClusterSettings {
     pub metrics: crate::metrics::Metrics,
     /// `scale.schedulers`: the schedulers whose Pods rent nodes (and keep a cluster awake).
     pub schedulers: Arc<[String]>,
+    /// `[certificates]`: what the clusters' authorities make, and when leaves are renewed.
+    pub certificates: crate::pki::Lifetimes,
 }
 
 /// A cluster to create.
@@ -557,6 +559,7 @@ impl Clusters {
             datastore_quota: self.settings.datastore_quota,
             metrics: self.settings.metrics.clone(),
             tied: self.settings.fleet.is_some(),
+            certificates: self.settings.certificates,
         }
     }
 

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::Clusters;
-use super::life::Ended;
+use super::life::{Ended, Start};
 use super::ownership::Lease;
 use super::writer::{Writer, now_millis};
 use crate::control_plane::runner::{Files, Spec};
@@ -30,6 +30,9 @@ struct Starting<'a> {
     cluster: &'a str,
     /// When a wake began (`None`: not a wake).
     wake: Option<(Instant, &'a crate::metrics::Metrics)>,
+    /// The front passes requests as soon as the apiserver answers (a wake, a renewal:
+    /// what the cluster gets is in its datastore already).
+    early: bool,
     /// The lease this host runs it under (a fleet's).
     lease: Option<&'a Lease>,
 }
@@ -44,11 +47,12 @@ impl Progress for Starting<'_> {
     }
 
     fn apiserver_ready(&self, files: &Files) {
-        // Only a wake opens the front this early: its cluster's RBAC and manifests are in its
-        // datastore already. A new cluster's users wait until they are applied.
-        let Some((t0, metrics)) = self.wake else {
+        // Only a wake or a renewal opens the front this early: its cluster's RBAC and
+        // manifests are in its datastore already. A new cluster's users wait until they are
+        // applied.
+        if !self.early {
             return;
-        };
+        }
         crash_point("broker::wake_apiserver_ready");
         match upstream(files) {
             Ok(up) => {
@@ -57,6 +61,10 @@ impl Progress for Starting<'_> {
             }
             Err(e) => warn!(cluster = %self.cluster, "the front's upstream: {e:#}"),
         }
+        let Some((t0, metrics)) = self.wake else {
+            info!(cluster = %self.cluster, "renewed: the apiserver answers with its new certificates");
+            return;
+        };
         let s = t0.elapsed().as_secs_f64();
         metrics.woke(s);
         info!(cluster = %self.cluster, seconds = s, "woken: the apiserver answers");
@@ -149,7 +157,7 @@ impl Clusters {
         spec: &Spec,
         life: &Writer,
         stop: &CancellationToken,
-        woke: Option<Instant>,
+        start: Start,
         lease: Option<&Lease>,
     ) -> Result<Ended> {
         let name = spec.cluster.as_str();
@@ -163,14 +171,15 @@ impl Clusters {
                 spec.dir.join(crate::watchdog::DEADLINE_FILE),
             );
         }
-        if woke.is_some() {
+        if start.woke().is_some() {
             wake_fail_point()?;
         }
         let (extra, to_cluster) = self.guarded(spec, &period).await?;
         let progress = Starting {
             life,
             cluster: name,
-            wake: woke.map(|t| (t, &self.settings.metrics)),
+            wake: start.woke().map(|t| (t, &self.settings.metrics)),
+            early: start.wanted(),
             lease,
         };
         let Some(up) = bring_up(spec.clone(), &extra, &progress, &period).await? else {
@@ -203,10 +212,12 @@ impl Clusters {
             period.clone(),
         ));
         let mut drained = self.drained();
+        self.settings.metrics.certificates.seen(name, spec.expiry());
         let why = tokio::select! {
             _ = period.cancelled() => Ended::Stopped,
             _ = drained.wait_for(|d| *d), if lease.is_some() => Ended::Moved,
             () = self.until_idle(name, life, &up.client, &watches) => Ended::Hibernated,
+            () = renewal(spec) => Ended::Renewed,
         };
         period.cancel();
         self.end_period(name, life, why, lease, up.running, driver)
@@ -291,10 +302,17 @@ impl Clusters {
             let _ = driver.await;
             return Ok(Ended::Lost);
         }
-        if matches!(why, Ended::Moved) {
+        match why {
             // Requests arriving now wait for the next owner instead of meeting an
             // apiserver that is going; those in flight finish.
-            life.now(Event::Leaving(Handover::Drained));
+            Ended::Moved => {
+                life.now(Event::Leaving(Handover::Drained));
+            }
+            // They wait for the next period's apiserver, which starts at once.
+            Ended::Renewed => {
+                life.now(Event::Renew);
+            }
+            _ => {}
         }
         let _ = driver.await;
         running.stop().await;
@@ -303,6 +321,10 @@ impl Clusters {
             Ended::Moved => {
                 info!(cluster = %name, "this host is drained or cut off: the cluster goes to another host");
                 Ok(Ended::Moved)
+            }
+            Ended::Renewed => {
+                info!(cluster = %name, "certificates due: its control plane restarts with new ones");
+                Ok(Ended::Renewed)
             }
             other => Ok(other),
         }
@@ -314,5 +336,31 @@ impl Clusters {
         self.settings.metrics.hibernated();
         info!(cluster = %name, "hibernating: its control plane is stopped, its ports kept");
         Ok(Ended::Hibernated)
+    }
+}
+
+/// Resolves once the earliest of the cluster's leaf certificates is due to be issued again
+/// (`certificates.renew_before` ahead of its end), looking again at least hourly (a clock
+/// set forward). A leaf already due when the period began was not one its start renews (a
+/// file left in its `pki` directory): it is said once and does not end period after period.
+async fn renewal(spec: &Spec) {
+    use std::time::{Duration, SystemTime};
+    const LOOK_EVERY: Duration = Duration::from_secs(3600);
+    let began = SystemTime::now();
+    loop {
+        let now = SystemTime::now();
+        let wait = match spec.renewal_due_at() {
+            Some(due) if due <= began => {
+                warn!(cluster = %spec.cluster, "a certificate in {} is due and its start did not renew it", spec.dir.join("pki").display());
+                std::future::pending::<()>().await;
+                return;
+            }
+            Some(due) => due.duration_since(now).unwrap_or_default(),
+            None => LOOK_EVERY,
+        };
+        if wait.is_zero() {
+            return;
+        }
+        tokio::time::sleep(wait.min(LOOK_EVERY)).await;
     }
 }

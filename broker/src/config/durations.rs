@@ -36,3 +36,26 @@ pub(super) mod humantime_serde_compat {
         humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?}: {e}")))
     }
 }
+
+/// Long durations, written in whole days where they are (`3650d`, not humantime's
+/// `9years 11months 30days 3h 36m`); read as any other duration.
+pub(super) mod days_compat {
+    use std::time::Duration;
+
+    use serde::{Deserializer, Serializer};
+
+    const DAY: u64 = 24 * 3600;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        let secs = d.as_secs();
+        if secs >= DAY && secs.is_multiple_of(DAY) && d.subsec_nanos() == 0 {
+            s.serialize_str(&format!("{}d", secs / DAY))
+        } else {
+            super::humantime_serde_compat::serialize(d, s)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        super::humantime_serde_compat::deserialize(d)
+    }
+}

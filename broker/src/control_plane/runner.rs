@@ -100,6 +100,8 @@ pub struct Spec {
     /// Its components die with the broker (a fleet's: a broker that crashed renews no
     /// lease, and another host may start the cluster; nothing of it may run on here).
     pub tied: bool,
+    /// `[certificates]`: its authorities' and leaves' lifetimes, and when a leaf is renewed.
+    pub certificates: crate::pki::Lifetimes,
 }
 
 /// The most connections one cluster's kine opens to its PostgreSQL database. kine v0.17.5
@@ -224,6 +226,33 @@ impl Spec {
         self.dir.join("pki")
     }
 
+    /// One of the cluster's authorities: its own (`sub` empty), `front-proxy` or `etcd`,
+    /// named `socialweb <cluster> <what>`, with the configured lifetimes.
+    fn authority(&self, sub: &str, what: &str) -> Result<Pki> {
+        let dir = match sub {
+            "" => self.pki_dir(),
+            sub => self.pki_dir().join(sub),
+        };
+        Pki::open_with(
+            &dir,
+            &format!("socialweb {} {what}", self.cluster),
+            self.certificates,
+        )
+    }
+
+    /// The earliest ends of its certificates (its CAs', its leaves'), as kept on disk.
+    pub fn expiry(&self) -> crate::pki::Expiry {
+        let pki = self.pki_dir();
+        crate::pki::earliest(&[pki.join("front-proxy"), pki.join("etcd"), pki])
+    }
+
+    /// When its earliest leaf is due to be issued again (`renew_before` ahead of its end).
+    pub fn renewal_due_at(&self) -> Option<std::time::SystemTime> {
+        self.expiry()
+            .leaf
+            .map(|end| end - self.certificates.renew_before)
+    }
+
     fn log(&self, component: &str) -> PathBuf {
         self.dir.join("logs").join(format!("{component}.log"))
     }
@@ -246,22 +275,16 @@ impl Spec {
     /// key, the front-proxy CA, etcd's CA): what `vault` keeps, made before the first start
     /// so that they can be sealed before anything is signed with them.
     pub fn ensure_authorities(&self) -> Result<()> {
-        let pki = Pki::open_or_create(&self.pki_dir(), &format!("socialweb {} CA", self.cluster))?;
+        let pki = self.authority("", "CA")?;
         pki.key("sa")?;
-        Pki::open_or_create(
-            &self.pki_dir().join("front-proxy"),
-            &format!("socialweb {} front-proxy CA", self.cluster),
-        )?;
-        Pki::open_or_create(
-            &self.pki_dir().join("etcd"),
-            &format!("socialweb {} etcd CA", self.cluster),
-        )?;
+        self.authority("front-proxy", "front-proxy CA")?;
+        self.authority("etcd", "etcd CA")?;
         Ok(())
     }
 
     /// Creates (or loads) the cluster's PKI and kubeconfigs.
     pub fn prepare(&self) -> Result<Files> {
-        let pki = Pki::open_or_create(&self.pki_dir(), &format!("socialweb {} CA", self.cluster))?;
+        let pki = self.authority("", "CA")?;
         let url = self.url();
         let serving = pki.server(
             "apiserver",
@@ -283,10 +306,7 @@ impl Spec {
         let admin = pki.client("admin", "socialweb:broker", &["system:masters"])?;
         let kcm = pki.client("kcm", "system:kube-controller-manager", &[])?;
         let sched = pki.client("scheduler", "system:kube-scheduler", &[])?;
-        let front_proxy = Pki::open_or_create(
-            &self.pki_dir().join("front-proxy"),
-            &format!("socialweb {} front-proxy CA", self.cluster),
-        )?;
+        let front_proxy = self.authority("front-proxy", "front-proxy CA")?;
         let front = front_proxy.client("front", super::FRONT_PROXY_NAME, &[])?;
         let aggregator = front_proxy.client("aggregator", super::AGGREGATOR_NAME, &[])?;
         let etcd = self.etcd_pki()?;
@@ -339,8 +359,7 @@ impl Spec {
 
     /// etcd's own CA and certificates (`pki/etcd`).
     fn etcd_pki(&self) -> Result<EtcdFiles> {
-        let dir = self.pki_dir().join("etcd");
-        let ca = Pki::open_or_create(&dir, &format!("socialweb {} etcd CA", self.cluster))?;
+        let ca = self.authority("etcd", "etcd CA")?;
         let names = ["127.0.0.1".to_string(), "localhost".to_string()];
         Ok(EtcdFiles {
             // Server and client: etcd's own HTTP gateway calls its gRPC port with it.

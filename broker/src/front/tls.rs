@@ -15,7 +15,8 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
 use super::cert::ServingCert;
-use crate::pki::Pki;
+use crate::pki::{Lifetimes, Pki};
+use tokio_util::sync::CancellationToken;
 
 /// Accepts any client certificate whose key signs the handshake; none is fine too.
 #[derive(Debug)]
@@ -95,18 +96,54 @@ pub fn serving(
     key: Option<&Path>,
     dir: &Path,
     names: &[String],
+    life: Lifetimes,
 ) -> Result<(Arc<ServingCert>, Option<String>)> {
     let (cert_path, key_path, ca) = match (cert, key) {
         (Some(c), Some(k)) => (c.to_path_buf(), k.to_path_buf(), None),
         _ => {
-            let pki = Pki::open_or_create(dir, "socialweb front CA")?;
-            // Issued again when a name was added since (`front.names`, `advertise_addr`).
-            let pair = pki.server_covering("front", names)?;
+            let (pki, pair) = own_serving(dir, names, life)?;
             (pair.cert, pair.key, Some(pki.ca_pem().to_string()))
         }
     };
     let serving = ServingCert::from_files(&cert_path, &key_path)?;
     Ok((Arc::new(serving), ca))
+}
+
+/// The front's own CA in `dir` and its serving certificate, issued again when a name was
+/// added since (`front.names`, `advertise_addr`) or when it is due (`life.renew_before`).
+fn own_serving(dir: &Path, names: &[String], life: Lifetimes) -> Result<(Pki, crate::pki::Pair)> {
+    let pki = Pki::open_with(dir, "socialweb front CA", life)?;
+    let pair = pki.server_covering("front", names)?;
+    Ok((pki, pair))
+}
+
+/// Keeps the front's own serving certificate renewed while the broker runs: a look every
+/// quarter of `renew_before` (at most hourly) issues it again when due -- the serving
+/// certificate's watch serves the new files from the next handshake -- and tells `metrics`
+/// when the front's certificates end.
+pub fn keep_own_renewed(
+    dir: std::path::PathBuf,
+    names: Vec<String>,
+    life: Lifetimes,
+    metrics: crate::metrics::Certificates,
+    stop: CancellationToken,
+) {
+    let every = (life.renew_before / 4).clamp(
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(3600),
+    );
+    tokio::spawn(async move {
+        loop {
+            match own_serving(&dir, &names, life) {
+                Ok(_) => metrics.seen("front", crate::pki::earliest(std::slice::from_ref(&dir))),
+                Err(e) => tracing::warn!("renewing the front's certificate: {e:#}"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    });
 }
 
 /// A certificate chain and its key from PEM files; errors name the key they come from.

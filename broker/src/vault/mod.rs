@@ -258,6 +258,7 @@ pub(crate) mod tests {
             datastore_quota: None,
             metrics: Default::default(),
             tied: false,
+            certificates: Default::default(),
         }
     }
 

@@ -60,6 +60,8 @@ pub struct BrokerOptions {
     pub disk: Option<socialweb_broker::config::Disk>,
     /// The `[backup]` section (default: none scheduled).
     pub backup: Option<socialweb_broker::config::Backup>,
+    /// The `[certificates]` section (default: kubeadm's lifetimes).
+    pub certificates: Option<socialweb_broker::config::Certificates>,
     /// The state directory on a tmpfs of its own of this many MiB (default: the test's
     /// temporary directory's filesystem).
     pub state_fs_mib: Option<u64>,
@@ -134,6 +136,7 @@ impl Default for BrokerOptions {
             fleet_max_awake: None,
             disk: None,
             backup: None,
+            certificates: None,
             state_fs_mib: None,
             rent_from: Vec::new(),
             request_timeout: Duration::from_secs(5),
@@ -290,6 +293,9 @@ impl NodeSoftware {
         }
         if let Some(bk) = &opts.backup {
             c.backup = bk.clone();
+        }
+        if let Some(certs) = &opts.certificates {
+            c.certificates = certs.clone();
         }
         c.scale.max_nodes = opts.max_nodes;
         c.scale.pods_per_node = opts.pods_per_node;
