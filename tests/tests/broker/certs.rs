@@ -106,21 +106,25 @@ fn leaves_renewed_before_they_end_leave_pods_nodes_and_users_untouched() {
     let first_served = served_until(&b, "certs");
     step("cluster ready; its leaves end within 150 s");
 
-    u.ok(
-        &b,
-        &[
-            "run",
-            "job",
-            "--image=socialweb.local/busybox:1",
-            "--image-pull-policy=Never",
-            "--restart=Never",
-            "--requests=cpu=100m,memory=64Mi",
-            "--command",
-            "--",
-            "sleep",
-            "3600",
-        ],
-    );
+    let manifest = dir.path().join("job.yaml");
+    std::fs::write(
+        &manifest,
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: job, namespace: default}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: job
+    image: socialweb.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sleep", "3600"]
+    resources: {requests: {cpu: 100m, memory: 64Mi}}
+"#,
+    )
+    .unwrap();
+    u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
     let (uid, node_name) = wait_for("the pod to run", Duration::from_secs(180), || {
         let o = b
             .kubectl_as(&u.kubeconfig, &[], &["get", "pod", "job", "-o", "json"])
