@@ -39,6 +39,8 @@ pub struct FleetHost {
     link_url: String,
     /// The operator gives the front's certificate: no CA of the fleet's for it.
     own_front_cert: bool,
+    /// `[certificates]`: its link certificate's lifetime.
+    certificates: crate::pki::Lifetimes,
 }
 
 impl FleetHost {
@@ -68,6 +70,7 @@ impl FleetHost {
             link_bind: cfg.link_bind(),
             link_url: cfg.link_url(),
             own_front_cert: cfg.front.tls_cert.is_some(),
+            certificates: cfg.certificates.lifetimes(),
         }))
     }
 
@@ -116,7 +119,7 @@ impl FleetHost {
         self.vault
             .authority(host::FLEET, &self.dir, "socialweb fleet CA")
             .await?;
-        let pki = Pki::open_or_create(&self.dir, "socialweb fleet CA")?;
+        let pki = Pki::open_with(&self.dir, "socialweb fleet CA", self.certificates)?;
         let pair = pki.peer("link", &self.sans)?;
         let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
         Ok(LinkTls {

@@ -75,7 +75,7 @@ pub struct Reference {
 impl Reference {
     pub fn new() -> Reference {
         Reference {
-            broker: tables(&schema(false), &defaults(&Config::default())),
+            broker: tables(&schema(false), &broker_defaults()),
             provider: tables(&schema(true), &defaults(&ProviderFile::default())),
         }
     }
@@ -123,6 +123,25 @@ pub fn schema(provider: bool) -> Value {
     } else {
         schemars::schema_for!(Config).to_value()
     }
+}
+
+/// The broker's defaults, with the sections a written configuration leaves out while they
+/// are at their defaults (so that an older broker reads it) put back: their keys have
+/// defaults all the same.
+fn broker_defaults() -> Value {
+    let mut all = defaults(&Config::default());
+    let left_out = [
+        ("fleet", defaults(&super::Fleet::default())),
+        ("disk", defaults(&super::Disk::default())),
+        ("backup", defaults(&super::Backup::default())),
+        ("certificates", defaults(&super::Certificates::default())),
+    ];
+    if let Value::Object(m) = &mut all {
+        for (name, section) in left_out {
+            m.entry(name).or_insert(section);
+        }
+    }
+    all
 }
 
 /// A configuration's values as TOML writes them (what `check-config` prints), as JSON.
