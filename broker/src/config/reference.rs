@@ -439,6 +439,11 @@ mod tests {
         c.front.service_did = Some("did:web:b".into());
         c.front.tls_cert = Some("/c".into());
         c.front.tls_key = Some("/k".into());
+        // The sections written only when not at their defaults.
+        c.fleet.enabled = true;
+        c.disk.min_free_mib = 1;
+        c.backup.keep = 1;
+        c.certificates.renew_before = std::time::Duration::from_secs(60);
         c
     }
 
