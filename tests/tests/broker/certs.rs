@@ -142,35 +142,7 @@ spec:
     step(&format!("the pod runs on {node_name}"));
 
     // The user reads the pod through the front every second while the leaves are renewed.
-    let done = Arc::new(AtomicBool::new(false));
-    let (reads, failed) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
-    let reader = {
-        let (kubeconfig, done, reads, failed) = (
-            u.kubeconfig.clone(),
-            done.clone(),
-            reads.clone(),
-            failed.clone(),
-        );
-        let cmd = b.kubectl_as(&kubeconfig, &[], &["get", "pod", "job", "-o", "name"]);
-        let (program, args): (std::ffi::OsString, Vec<std::ffi::OsString>) = (
-            cmd.get_program().to_owned(),
-            cmd.get_args().map(|a| a.to_owned()).collect(),
-        );
-        std::thread::spawn(move || {
-            let mut slowest = Duration::ZERO;
-            while !done.load(Ordering::SeqCst) {
-                let t0 = Instant::now();
-                let o = std::process::Command::new(&program).args(&args).output();
-                slowest = slowest.max(t0.elapsed());
-                reads.fetch_add(1, Ordering::SeqCst);
-                if !o.is_ok_and(|o| o.status.success()) {
-                    failed.fetch_add(1, Ordering::SeqCst);
-                }
-                std::thread::sleep(Duration::from_secs(1));
-            }
-            slowest
-        })
-    };
+    let reader = Reader::start(&b, &u);
 
     // Past the end of every certificate the cluster started with, and renewed twice.
     let renewals = || {
@@ -190,30 +162,13 @@ spec:
         renewals()
     ));
     b.wait_state("certs", "ready", Duration::from_secs(120));
-    done.store(true, Ordering::SeqCst);
-    let slowest = reader.join().unwrap();
-    let (reads, failed) = (reads.load(Ordering::SeqCst), failed.load(Ordering::SeqCst));
+    let (reads, failed, slowest) = reader.stop();
     step(&format!(
         "the user's reads through the front: {reads}, {failed} failed, the slowest {:.1} s",
         slowest.as_secs_f64()
     ));
 
-    let (now_uid, phase, on, restarts) = pod(&b, &u);
-    assert_eq!(
-        (now_uid.as_str(), phase.as_str(), on.as_str(), restarts),
-        (uid.as_str(), "Running", node_name.as_str(), 0),
-        "the pod untouched"
-    );
-    let (now_node_uid, ready) = wait_for("the node Ready", Duration::from_secs(60), || {
-        let n = node(&b, &u, &node_name);
-        Ok(n.1.then_some(n))
-    })
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
-    assert!(ready);
-    assert_eq!(
-        now_node_uid, node_uid,
-        "the same node, not one that joined again"
-    );
+    untouched(&b, &u, (&uid, &node_name, &node_uid));
     let served = served_until(&b, "certs");
     assert!(
         served > first_served,
@@ -231,4 +186,74 @@ spec:
     // The admin's kubeconfig names the renewed files.
     b.kubectl("certs", &["get", "--raw", "/readyz"]).unwrap();
     step("pod, node and kubeconfigs untouched; new certificates served");
+}
+
+/// The pod runs on as it was (its uid, its node, no restart), and its node is Ready, the
+/// same Node object.
+fn untouched(b: &Broker<'_>, u: &User, (uid, node_name, node_uid): (&str, &str, &str)) {
+    let (now_uid, phase, on, restarts) = pod(b, u);
+    assert_eq!(
+        (now_uid.as_str(), phase.as_str(), on.as_str(), restarts),
+        (uid, "Running", node_name, 0),
+        "the pod untouched"
+    );
+    let now_node_uid = wait_for("the node Ready", Duration::from_secs(60), || {
+        let n = node(b, u, node_name);
+        Ok(n.1.then_some(n.0))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    assert_eq!(
+        now_node_uid, node_uid,
+        "the same node, not one that joined again"
+    );
+}
+
+/// A user reading the pod through the front every second, on a thread of its own.
+struct Reader {
+    done: Arc<AtomicBool>,
+    reads: Arc<AtomicU32>,
+    failed: Arc<AtomicU32>,
+    thread: std::thread::JoinHandle<Duration>,
+}
+
+impl Reader {
+    fn start(b: &Broker<'_>, u: &User) -> Reader {
+        let done = Arc::new(AtomicBool::new(false));
+        let (reads, failed) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let cmd = b.kubectl_as(&u.kubeconfig, &[], &["get", "pod", "job", "-o", "name"]);
+        let program = cmd.get_program().to_owned();
+        let args: Vec<std::ffi::OsString> = cmd.get_args().map(|a| a.to_owned()).collect();
+        let (d, r, f) = (done.clone(), reads.clone(), failed.clone());
+        let thread = std::thread::spawn(move || {
+            let mut slowest = Duration::ZERO;
+            while !d.load(Ordering::SeqCst) {
+                let t0 = Instant::now();
+                let o = std::process::Command::new(&program).args(&args).output();
+                slowest = slowest.max(t0.elapsed());
+                r.fetch_add(1, Ordering::SeqCst);
+                if !o.is_ok_and(|o| o.status.success()) {
+                    f.fetch_add(1, Ordering::SeqCst);
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            slowest
+        });
+        Reader {
+            done,
+            reads,
+            failed,
+            thread,
+        }
+    }
+
+    /// The reads, the failed ones, and the slowest.
+    fn stop(self) -> (u32, u32, Duration) {
+        self.done.store(true, Ordering::SeqCst);
+        let slowest = self.thread.join().unwrap();
+        (
+            self.reads.load(Ordering::SeqCst),
+            self.failed.load(Ordering::SeqCst),
+            slowest,
+        )
+    }
 }
