@@ -18,7 +18,7 @@ use crate::front::Front;
 use crate::front::hosts::{Hosts, LinkTls};
 use crate::pki::Pki;
 use crate::store::Store;
-use crate::vault::{SealKey, Vault, host};
+use crate::vault::{Vault, host};
 
 /// How often the certificate records other hosts made or revoked are read: the longest a
 /// revocation made at another host takes to cut a connection here.
@@ -49,10 +49,9 @@ impl FleetHost {
         if !cfg.fleet.enabled {
             return Ok(None);
         }
-        let file = cfg
+        let key = cfg
             .store
-            .key_file
-            .as_deref()
+            .seal_key()?
             .context("fleet.enabled needs store.key_file")?;
         let mut sans = vec![
             cfg.advertised_addr().to_string(),
@@ -61,10 +60,7 @@ impl FleetHost {
         sans.dedup();
         Ok(Some(FleetHost {
             store: store.clone(),
-            vault: Vault::new(
-                store.clone(),
-                SealKey::load(file).context("store.key_file")?,
-            ),
+            vault: Vault::new(store.clone(), key),
             dir: cfg.state_dir.join("fleet"),
             sans,
             link_bind: cfg.link_bind(),

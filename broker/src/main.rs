@@ -141,6 +141,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Seal every CA key the store keeps under store.key_file's key, opening what was sealed
+    /// under one of store.previous_key_files: the last step of rotating the key. Safe while
+    /// brokers run, once every host has both files (docs/operations.md, "Rotating
+    /// store.key_file"); a row under a key not given fails it before anything is written.
+    StoreRekey {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Print JSON ({"key_id": ..., "resealed": {old key id: rows}, "current": rows}).
+        #[arg(long)]
+        json: bool,
+    },
     /// Copy what this broker needs from its state directory into --to (empty or absent),
     /// while it serves: the store (an SQLite snapshot), every kine cluster's datastore (a
     /// snapshot), every cluster's PKI and kubeconfigs, the front's CA, the tunnel key, the
@@ -513,6 +524,7 @@ async fn dispatch(command: Command) -> Result<()> {
         Command::Config { command } => config_command(command),
         Command::Paths { config, json } => print_paths(&load(&config)?, json),
         Command::StoreKey { file, json } => store_key(&file, json),
+        Command::StoreRekey { config, json } => store_rekey(&load(&config)?, json).await,
         Command::Backup { config, to, json } => backup(&load(&config)?, &to, json).await,
         Command::Restore { config, from, json } => restore(&load(&config)?, &from, json),
         Command::Relay(a) => relay(a).await,
@@ -540,6 +552,27 @@ fn check_config(cfg: &Config, a: &ConfigArgs, provider: bool) -> Result<()> {
     let errors = found.iter().filter(|f| f.level == Level::Error).count();
     if errors > 0 {
         anyhow::bail!("check-config: {errors} error(s) above, each naming what would fail");
+    }
+    Ok(())
+}
+
+/// `store-rekey`: everything in the store sealed under the current key.
+async fn store_rekey(cfg: &socialweb_broker::config::Config, json: bool) -> Result<()> {
+    let key = cfg
+        .store
+        .seal_key()?
+        .context("store.key_file is not set: nothing is sealed")?;
+    let store = socialweb_broker::store::Store::open(&cfg.store_url()).await?;
+    let done = socialweb_broker::vault::rekey::rekey(&store, &key).await?;
+    if json {
+        println!("{}", serde_json::to_string(&done)?);
+    } else {
+        let n: usize = done.resealed.values().sum();
+        println!(
+            "{n} row(s) sealed again under key {} ({} already were); store.previous_key_files \
+             can go once every host has key {}",
+            done.key_id, done.current, done.key_id
+        );
     }
     Ok(())
 }

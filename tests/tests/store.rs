@@ -209,6 +209,7 @@ async fn exercise(url: &str) {
         Some(("k1".into(), "v1:first".into())),
         "the first sealing of a file stays"
     );
+    resealing(&s).await;
     // A bootstrap token is used once: its first CSR claims it, a repeat of that CSR (a
     // crash before its approval) finds its own claim, any other CSR is told which one won.
     assert_eq!(
@@ -258,6 +259,42 @@ async fn exercise(url: &str) {
 /// store's own clock (no host's): a claim wins only over a lease expired more than the grace
 /// or its own, bumps the fence, and a renewal, release or record by a host that lost the
 /// lease changes nothing.
+/// A key's rotation: the rows under other keys listed, each sealed again only if it is
+/// still as read.
+async fn resealing(s: &Store) {
+    let before = s.sealed_count().await.unwrap();
+    let others = s.sealed_not_under("k2").await.unwrap();
+    assert!(
+        others
+            .iter()
+            .any(|r| r[..3] == ["demo", "pki/ca.key", "k1"]),
+        "{others:?}"
+    );
+    assert!(
+        !s.reseal("demo", "pki/ca.key", ("k1", "v1:stale"), ("k2", "v1:x"))
+            .await
+            .unwrap(),
+        "a row changed since it was read is left"
+    );
+    assert!(
+        s.reseal("demo", "pki/ca.key", ("k1", "v1:first"), ("k2", "v1:again"))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        s.sealed_file("demo", "pki/ca.key").await.unwrap(),
+        Some(("k2".into(), "v1:again".into()))
+    );
+    assert!(
+        s.sealed_not_under("k2")
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| r[1] != "pki/ca.key" || r[0] != "demo")
+    );
+    assert_eq!(s.sealed_count().await.unwrap(), before, "nothing added");
+}
+
 async fn leases(s: &Store) {
     let a = s.claim_owner("demo", "a", 60_000, 0).await.unwrap();
     assert_eq!((a.host.as_str(), a.fence), ("a", 1));
@@ -879,19 +916,102 @@ fn a_host_that_lost_its_disk_serves_its_clusters_from_postgresql_with_the_same_c
         "a ServiceAccount token issued before the loss is still valid: {reviewed}"
     );
 
+    let rotated = rotate_the_key(&mut b, ns, &key_file, &first_key, &ca, &kubectl);
+
     // Another key: the rows do not open, nothing is made in their place.
     b.stop_broker().unwrap();
     std::fs::remove_dir_all(&b.paths.clusters).unwrap();
     std::fs::remove_file(&key_file).unwrap();
-    let second_key = store_key(&key_file);
+    let other_key = store_key(&key_file);
     b.start_broker().unwrap();
     let failed = b.wait_state("kept", "failed", Duration::from_secs(60));
     let error = failed["error"].as_str().unwrap_or_default();
     assert!(
-        error.contains("store.key_file")
-            && error.contains(&first_key)
-            && error.contains(&second_key),
+        error.contains("store.key_file") && error.contains(&rotated) && error.contains(&other_key),
         "{failed}"
     );
     assert!(!b.cluster_dir("kept").join("pki/ca.key").exists());
+}
+
+/// Rotates `store.key_file` (docs/operations.md, "Rotating store.key_file"): the new key in
+/// `key_file`, the old one in `previous_key_files`, the broker serving with both;
+/// `store-rekey` while it runs seals every row under the new key; the old key gone, a host
+/// that lost its disk serves the cluster with the same CA. The new key's id.
+fn rotate_the_key(
+    b: &mut Broker<'_>,
+    ns: &testbed::netns::Netns,
+    key_file: &std::path::Path,
+    old_key: &str,
+    ca: &[u8],
+    kubectl: &dyn Fn(&Broker<'_>, &[&str]) -> String,
+) -> String {
+    let dir = key_file.parent().unwrap();
+    let (old_file, new_file) = (dir.join("old.key"), dir.join("new.key"));
+    std::fs::copy(key_file, &old_file).unwrap();
+    let new_key = store_key(&new_file);
+    b.stop_broker().unwrap();
+    b.edit_config(|c| {
+        c.store.key_file = Some(new_file.clone());
+        c.store.previous_key_files = vec![old_file.clone()];
+    })
+    .unwrap();
+    b.start_broker().unwrap();
+    b.wait_state("kept", "ready", Duration::from_secs(120));
+    let under = |key: &str| {
+        testbed::postgres::query(
+            ns,
+            "broker",
+            &format!("select count(*) from sealed_files where key_id = '{key}'"),
+        )
+        .unwrap()
+    };
+    let kept = socialweb_broker::vault::kept().len().to_string();
+    assert_eq!(under(old_key), kept, "nothing sealed again by itself");
+
+    // While the broker serves.
+    let out = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))
+        .args(["store-rekey", "--json", "--config"])
+        .arg(&b.config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let said: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(said["key_id"], new_key.as_str(), "{said}");
+    assert_eq!(said["resealed"][old_key].to_string(), kept, "{said}");
+    assert_eq!((under(old_key), under(&new_key)), ("0".to_string(), kept));
+    let again = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))
+        .args(["store-rekey", "--json", "--config"])
+        .arg(&b.config)
+        .output()
+        .unwrap();
+    let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(
+        again["resealed"],
+        serde_json::json!({}),
+        "once is enough: {again}"
+    );
+    kubectl(b, &["get", "configmap", "kept"]);
+
+    // The old key gone: a host with an empty disk serves the same CA from the new rows.
+    b.stop_broker().unwrap();
+    b.edit_config(|c| c.store.previous_key_files.clear())
+        .unwrap();
+    std::fs::remove_dir_all(&b.paths.clusters).unwrap();
+    std::fs::remove_file(&old_file).unwrap();
+    b.start_broker().unwrap();
+    b.wait_state("kept", "ready", Duration::from_secs(120));
+    assert_eq!(
+        std::fs::read(b.cluster_dir("kept").join("pki/ca.crt")).unwrap(),
+        ca,
+        "the same CA, opened under the new key"
+    );
+    assert_eq!(
+        kubectl(b, &["get", "configmap", "kept", "-o", "jsonpath={.data.k}"]),
+        "v"
+    );
+    // Back in its usual place, for the next start.
+    std::fs::copy(&new_file, key_file).unwrap();
+    b.edit_config(|c| c.store.key_file = Some(key_file.to_path_buf()))
+        .unwrap();
+    new_key
 }

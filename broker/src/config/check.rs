@@ -169,6 +169,14 @@ fn broker(cfg: &Config, f: &mut Findings) {
     {
         f.error("store.key_file", format!("{e}: {START}"));
     }
+    for (i, p) in cfg.store.previous_key_files.iter().enumerate() {
+        if let Err(e) = crate::vault::SealKey::load(p) {
+            f.error(
+                &format!("store.previous_key_files[{i}]"),
+                format!("{e}: {START}"),
+            );
+        }
+    }
     let front = &cfg.front;
     for (key, file) in [
         ("front.tls_cert", &front.tls_cert),

@@ -439,6 +439,7 @@ mod tests {
         c.front.service_did = Some("did:web:b".into());
         c.front.tls_cert = Some("/c".into());
         c.front.tls_key = Some("/k".into());
+        c.store.previous_key_files = vec!["/old.key".into()];
         // The sections written only when not at their defaults.
         c.fleet.enabled = true;
         c.disk.min_free_mib = 1;

@@ -1,5 +1,6 @@
 //! The store's part of the vault (`crate::vault`): sealed files, written once per cluster
-//! and path, never updated (a CA is not replaced; the first host to seal one wins).
+//! and path, never replaced (a CA is not replaced; the first host to seal one wins) -- only
+//! sealed again, the same bytes under a new key, when the operator rotates it.
 //! Files that only work together (a certificate and its key) are sealed as one group, all or
 //! none, so that two hosts sealing at once cannot leave one's certificate beside the other's
 //! key.
@@ -79,6 +80,63 @@ impl Store {
         }
         tx.commit().await?;
         Ok(true)
+    }
+
+    /// Every sealed row not sealed under key `key_id`: (cluster, path, key id, sealed text).
+    pub async fn sealed_not_under(&self, key_id: &str) -> Result<Vec<[String; 4]>> {
+        let rows = sqlx::query(
+            "SELECT cluster, path, key_id, sealed FROM sealed_files WHERE key_id <> $1 \
+             ORDER BY cluster, path",
+        )
+        .bind(key_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok([
+                    r.try_get("cluster")?,
+                    r.try_get("path")?,
+                    r.try_get("key_id")?,
+                    r.try_get("sealed")?,
+                ])
+            })
+            .collect()
+    }
+
+    /// Replaces the sealed text of cluster `cluster`'s file `path` with `new` (the same
+    /// bytes sealed under key `new_key_id`), unless the row changed since it read `was`
+    /// (key id, sealed text): whether it did. The one update of a sealed row, for a key's
+    /// rotation.
+    pub async fn reseal(
+        &self,
+        cluster: &str,
+        path: &str,
+        was: (&str, &str),
+        new: (&str, &str),
+    ) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE sealed_files SET key_id = $1, sealed = $2 \
+             WHERE cluster = $3 AND path = $4 AND key_id = $5 AND sealed = $6",
+        )
+        .bind(new.0)
+        .bind(new.1)
+        .bind(cluster)
+        .bind(path)
+        .bind(was.0)
+        .bind(was.1)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(done == 1)
+    }
+
+    /// How many sealed rows the store has, of every cluster and the fleet's.
+    pub async fn sealed_count(&self) -> Result<usize> {
+        let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM sealed_files")
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("n")?;
+        Ok(usize::try_from(n)?)
     }
 
     /// How many files cluster `cluster` has sealed in the store.

@@ -17,6 +17,7 @@ use socialweb_broker_core::millis;
 use crate::store::Store;
 
 pub mod host;
+pub mod rekey;
 pub mod seal;
 
 pub use seal::SealKey;
@@ -255,6 +256,7 @@ pub(crate) mod tests {
             datastore: Datastore::Etcd,
             gogc: 100,
             budget: Default::default(),
+            cgroup_parent: Default::default(),
             datastore_quota: None,
             metrics: Default::default(),
             tied: false,

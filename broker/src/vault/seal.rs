@@ -38,23 +38,33 @@ pub enum KeyError {
 pub enum OpenError {
     #[error("not sealed text of this version (it should start with {PREFIX:?})")]
     Format,
-    #[error("sealed under key {sealed_with}, and this host's key is {ours}")]
+    #[error(
+        "sealed under key {sealed_with}, and this host's key is {ours} (a previous key goes in \
+         store.previous_key_files until `socialweb-broker store-rekey` has re-sealed everything)"
+    )]
     OtherKey { sealed_with: String, ours: String },
     #[error("does not open under key {0}: altered, or sealed for another place")]
     Altered(String),
 }
 
-/// The key sealing clusters' CA material in the store (`store.key_file`).
+/// The key sealing clusters' CA material in the store (`store.key_file`), and the keys it
+/// replaces (`store.previous_key_files`): what they sealed still opens, and nothing new is
+/// sealed under them.
 #[derive(Clone)]
 pub struct SealKey {
     cipher: Aes256Gcm,
     id: String,
+    previous: Vec<(String, Aes256Gcm)>,
 }
 
 impl std::fmt::Debug for SealKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SealKey")
             .field("id", &self.id)
+            .field(
+                "previous",
+                &self.previous.iter().map(|(id, _)| id).collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -81,7 +91,26 @@ impl SealKey {
             .map(|b| format!("{b:02x}"))
             .collect();
         let cipher = Aes256Gcm::new_from_slice(&bytes).expect("32 bytes");
-        Ok(SealKey { cipher, id })
+        Ok(SealKey {
+            cipher,
+            id,
+            previous: Vec::new(),
+        })
+    }
+
+    /// This key, still opening what `previous` sealed (a rotation under way).
+    pub fn with_previous(mut self, previous: impl IntoIterator<Item = SealKey>) -> SealKey {
+        for p in previous {
+            if p.id != self.id && !self.previous.iter().any(|(id, _)| *id == p.id) {
+                self.previous.push((p.id, p.cipher));
+            }
+        }
+        self
+    }
+
+    /// The ids of the previous keys it still opens with.
+    pub fn previous_ids(&self) -> impl Iterator<Item = &str> {
+        self.previous.iter().map(|(id, _)| id.as_str())
     }
 
     /// Reads the key file at `path`, which must be owner-only.
@@ -133,19 +162,23 @@ impl SealKey {
 
     /// Opens `text` sealed for `place` under the key named `sealed_with`.
     pub fn open(&self, place: &str, sealed_with: &str, text: &str) -> Result<Vec<u8>, OpenError> {
-        if sealed_with != self.id {
+        let cipher = if sealed_with == self.id {
+            &self.cipher
+        } else if let Some((_, c)) = self.previous.iter().find(|(id, _)| id == sealed_with) {
+            c
+        } else {
             return Err(OpenError::OtherKey {
                 sealed_with: sealed_with.to_string(),
                 ours: self.id.clone(),
             });
-        }
+        };
         let raw = text
             .strip_prefix(PREFIX)
             .and_then(|b| STANDARD.decode(b).ok())
             .filter(|r| r.len() >= NONCE_LEN)
             .ok_or(OpenError::Format)?;
         let (nonce, sealed) = raw.split_at(NONCE_LEN);
-        self.cipher
+        cipher
             .decrypt(
                 Nonce::from_slice(nonce),
                 Payload {
@@ -153,7 +186,7 @@ impl SealKey {
                     aad: place.as_bytes(),
                 },
             )
-            .map_err(|_| OpenError::Altered(self.id.clone()))
+            .map_err(|_| OpenError::Altered(sealed_with.to_string()))
     }
 }
 
@@ -195,6 +228,35 @@ mod tests {
             b.open("p", b.id(), &text),
             Err(OpenError::Altered(b.id().to_string()))
         );
+    }
+
+    #[test]
+    fn a_previous_key_still_opens_and_never_seals() {
+        let (old, new, stranger) = (key(), key(), key());
+        let by_old = old.seal("c/pki/ca.key", b"ca");
+        let ring = new.clone().with_previous([old.clone(), new.clone()]);
+        assert_eq!(
+            ring.previous_ids().collect::<Vec<_>>(),
+            [old.id()],
+            "itself and twice: once"
+        );
+        assert_eq!(ring.open("c/pki/ca.key", old.id(), &by_old).unwrap(), b"ca");
+        let by_ring = ring.seal("c/pki/ca.key", b"ca");
+        assert_eq!(
+            new.open("c/pki/ca.key", new.id(), &by_ring).unwrap(),
+            b"ca",
+            "sealed under the new key"
+        );
+        assert!(old.open("c/pki/ca.key", new.id(), &by_ring).is_err());
+        // Altered under a previous key names that key.
+        assert_eq!(
+            ring.open("c/pki/other", old.id(), &by_old),
+            Err(OpenError::Altered(old.id().to_string()))
+        );
+        let e = ring
+            .open("p", stranger.id(), &stranger.seal("p", b"x"))
+            .unwrap_err();
+        assert!(e.to_string().contains("store.previous_key_files"), "{e}");
     }
 
     #[test]
