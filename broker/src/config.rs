@@ -41,7 +41,9 @@ mod tunnel;
 pub use access::{Access, Registration};
 pub use backup::Backup;
 pub use certificates::Certificates;
-pub use clusters::{ClusterDefaults, DatastoreKind, MIN_DATASTORE_QUOTA_MIB, hibernate_after_ok};
+pub use clusters::{
+    CgroupParent, ClusterDefaults, DatastoreKind, MIN_DATASTORE_QUOTA_MIB, hibernate_after_ok,
+};
 pub use disk::Disk;
 pub use fleet::Fleet;
 pub use front::{DEFAULT_MAX_STREAMS_PER_CERTIFICATE, Front};
@@ -205,6 +207,7 @@ pub const ENV: &[(&str, &str)] = &[
     ),
     ("SOCIALWEB_BROKER_DATASTORE", "clusters.datastore"),
     ("SOCIALWEB_BROKER_KINE_BINARY", "clusters.kine_binary"),
+    ("SOCIALWEB_BROKER_CGROUP_PARENT", "clusters.cgroup_parent"),
 ];
 
 fn parse_num<T: std::str::FromStr>(var: &str, v: &str) -> Result<T, ConfigError>
@@ -293,6 +296,10 @@ impl Config {
                         DatastoreKind::parse(v.trim()).map_err(|e| err(var, e))?
                 }
                 "SOCIALWEB_BROKER_KINE_BINARY" => c.clusters.kine_binary = v.into(),
+                "SOCIALWEB_BROKER_CGROUP_PARENT" => {
+                    c.clusters.cgroup_parent =
+                        CgroupParent::parse(v.trim()).map_err(|e| err(var, e))?
+                }
                 _ => {}
             }
         }

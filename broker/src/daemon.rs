@@ -273,6 +273,19 @@ impl FrontTls {
         Ok(FrontTls { serving, ca_pem })
     }
 
+    /// The front's own certificate (not the operator's) issued again while the broker runs.
+    fn keep_renewed(&self, cfg: &Config, metrics: &Metrics, stop: &CancellationToken) {
+        if self.ca_pem.is_some() {
+            crate::front::tls::keep_own_renewed(
+                front_dir(cfg),
+                front_names(cfg),
+                cfg.certificates.lifetimes(),
+                metrics.certificates.clone(),
+                stop.clone(),
+            );
+        }
+    }
+
     fn ca_der(&self) -> Result<Option<Vec<u8>>> {
         self.ca_pem
             .as_deref()
@@ -728,13 +741,7 @@ fn cluster_settings(
             .clusters_postgres_url()
             .map(|u| crate::control_plane::postgres::Server::new(&u))
             .transpose()?,
-        seal_key: cfg
-            .store
-            .key_file
-            .as_deref()
-            .map(crate::vault::SealKey::load)
-            .transpose()
-            .context("store.key_file")?,
+        seal_key: cfg.store.seal_key()?,
         fleet: cfg
             .fleet
             .enabled
@@ -743,6 +750,7 @@ fn cluster_settings(
         max_awake: cfg.fleet.max_awake,
         gogc: cfg.clusters.gogc,
         budget: cfg.clusters.budget(),
+        cgroup_parent: cfg.clusters.cgroup_parent.parent(),
         datastore_quota: cfg.clusters.datastore_quota(),
         webhook_egress_allow: cfg.clusters.webhook_egress_allow(),
         knobs: Knobs {
@@ -838,15 +846,7 @@ impl Daemon {
         } = parts;
         let records = Arc::new(Records::new(store.certificates().await?));
         tls.serving.watch(stop.clone());
-        if tls.ca_pem.is_some() {
-            crate::front::tls::keep_own_renewed(
-                front_dir(cfg),
-                front_names(cfg),
-                cfg.certificates.lifetimes(),
-                metrics.certificates.clone(),
-                stop.clone(),
-            );
-        }
+        tls.keep_renewed(cfg, metrics, stop);
         let server_tls = crate::front::tls::server_config(tls.serving.clone())?;
         let disk = disk_guard(cfg, metrics, stop);
         let front = Arc::new(

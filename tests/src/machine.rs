@@ -75,12 +75,30 @@ exec chroot "$r" /usr/bin/perl -e 'while (1) { sleep 1 if wait() == -1 }'
 pub const SYSTEMCTL: &str = r#"#!/bin/bash
 # The test machines' stand-in for systemctl: systemd is not PID 1 on the machine the tests
 # run on (tests/src/machine.rs). It runs a unit's ExecStart with its Environment, makes its
-# StateDirectory and RuntimeDirectory; output to /var/log/<unit>.log.
+# StateDirectory and RuntimeDirectory, and with Delegate=yes starts it in a cgroup of its own
+# (as systemd's system.slice/<unit>.service, under /sys/fs/cgroup/.../systemctl-standin-*);
+# output to /var/log/<unit>.log.
 set -euo pipefail
 unit() { local u="${1%.service}"; for d in /etc/systemd/system /lib/systemd/system /usr/lib/systemd/system; do
   [ -f "$d/$u.service" ] && { echo "$d/$u.service"; return; }; done
   echo "Unit $u.service not found." >&2; exit 5; }
 pidfile() { echo "/run/systemctl-standin/${1%.service}.pid"; }
+cgroups() { if [ -f /sys/fs/cgroup/cgroup.controllers ]; then echo /sys/fs/cgroup; else
+  echo /sys/fs/cgroup/memory /sys/fs/cgroup/pids /sys/fs/cgroup/cpu; fi; }
+delegate() {
+  local u="$1" tag="systemctl-standin-$RANDOM$RANDOM" h
+  : > "/run/systemctl-standin/$u.cgroups"
+  for h in $(cgroups); do
+    mkdir -p "$h/$tag/$u.service"; echo "$BASHPID" > "$h/$tag/$u.service/cgroup.procs"
+    echo "$h/$tag" >> "/run/systemctl-standin/$u.cgroups"
+  done
+}
+undelegate() {
+  local f="/run/systemctl-standin/$1.cgroups" d
+  [ -f "$f" ] || return 0
+  while read -r d; do find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true; done < "$f"
+  rm -f "$f"
+}
 running() { local p; p="$(pidfile "$1")"; [ -f "$p" ] && kill -0 "$(cat "$p")" 2>/dev/null; }
 start() {
   local f u; f="$(unit "$1")"; u="${1%.service}"
@@ -90,6 +108,7 @@ start() {
   ( while IFS= read -r e; do export "$e"; done < <(sed -n 's/^Environment=//p' "$f")
     for s in $(sed -n 's/^StateDirectory=//p' "$f"); do mkdir -p -m 0700 "/var/lib/$s"; done
     for s in $(sed -n 's/^RuntimeDirectory=//p' "$f"); do mkdir -p -m 0700 "/run/$s"; done
+    if grep -qx 'Delegate=yes' "$f"; then delegate "$u"; fi
     cd /
     setsid bash -c "exec $exec_start" >>"/var/log/$u.log" 2>&1 </dev/null &
     echo $! > "$(pidfile "$u")" )
@@ -98,8 +117,8 @@ stop() {
   local u="${1%.service}" p; p="$(pidfile "$u")"
   running "$u" || return 0
   local pid; pid="$(cat "$p")"; kill -TERM "$pid"
-  for _ in $(seq 900); do kill -0 "$pid" 2>/dev/null || { rm -f "$p"; return 0; }; sleep 0.1; done
-  kill -KILL "$pid"; rm -f "$p"
+  for _ in $(seq 900); do kill -0 "$pid" 2>/dev/null || { rm -f "$p"; undelegate "$u"; return 0; }; sleep 0.1; done
+  kill -KILL "$pid"; rm -f "$p"; undelegate "$u"
 }
 cmd="${1:-}"; shift || true
 case "$cmd" in

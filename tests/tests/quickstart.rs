@@ -286,4 +286,64 @@ fn the_quickstart_installs_a_broker_and_two_providers_and_a_users_job_runs_on_a_
         t,
         &format!("the user's Job ran on a VM node (kernel {said})"),
     );
+    let (unit, apiserver) = control_plane_under_the_unit(&broker);
+    step(
+        t,
+        &format!("the packaged unit's delegated cgroup {unit} holds the apiserver's {apiserver}"),
+    );
+}
+
+/// The memory cgroup of the machine's process `pid`, as its `/proc/<pid>/cgroup` says (v2:
+/// its one cgroup); `None`: no such process.
+fn memory_cgroup(m: &Machine, pid: &str) -> Option<String> {
+    let out = m
+        .command("cat")
+        .arg(format!("/proc/{pid}/cgroup"))
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    Some(
+        text.lines()
+            .find_map(|l| {
+                let (_, rest) = l.split_once(':')?;
+                let (controllers, path) = rest.split_once(':')?;
+                (controllers.is_empty() || controllers.split(',').any(|c| c == "memory"))
+                    .then(|| path.to_string())
+            })
+            .unwrap_or_else(|| panic!("no memory cgroup in /proc/{pid}/cgroup: {text}")),
+    )
+}
+
+/// The packaged unit runs with `Delegate=yes` and `clusters.cgroup_parent = own`: the awake
+/// cluster's apiserver is in a cgroup under the broker's own (the unit's), not at the root.
+fn control_plane_under_the_unit(broker: &Machine) -> (String, String) {
+    let pid = broker.read("/run/systemctl-standin/socialweb-broker.pid");
+    let unit = memory_cgroup(broker, pid.trim()).expect("the broker runs");
+    assert!(
+        unit.ends_with("/socialweb-broker.service") || unit.ends_with("/supervisor"),
+        "the broker runs in its unit's cgroup: {unit}"
+    );
+    let unit = unit.trim_end_matches("/supervisor").to_string();
+    let clusters = broker.path("/var/lib/socialweb-broker/clusters");
+    let apiservers: Vec<String> = std::fs::read_dir(&clusters)
+        .unwrap()
+        .flatten()
+        .filter_map(|d| std::fs::read_to_string(d.path().join("run/apiserver.pid")).ok())
+        .filter_map(|p| p.split_whitespace().next().map(str::to_string))
+        .filter_map(|p| memory_cgroup(broker, &p))
+        .collect();
+    assert!(
+        !apiservers.is_empty(),
+        "an awake cluster's apiserver under {}",
+        clusters.display()
+    );
+    let apiserver = apiservers[0].clone();
+    assert!(
+        apiserver.starts_with(&format!("{unit}/socialweb-cluster-")),
+        "the apiserver's cgroup {apiserver} is under the unit's {unit}"
+    );
+    (unit, apiserver)
 }

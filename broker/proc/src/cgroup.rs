@@ -73,6 +73,86 @@ pub fn limits(v: Version, b: &Budget) -> Vec<(&'static str, &'static str, String
 /// The v1 hierarchies a budget needs.
 const V1_HIERARCHIES: [&str; 3] = ["memory", "pids", "cpu"];
 
+/// Where a budget's cgroup is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Parent {
+    /// Under the hierarchy's root (a daemon started by hand, or by a unit without
+    /// `Delegate=yes`).
+    #[default]
+    Root,
+    /// Under the cgroup this process was started in: the subtree systemd delegates to a unit
+    /// with `Delegate=yes`, so that the unit's limits, accounting and `systemctl stop` reach
+    /// what it starts. On v2 this process first moves to a leaf of its own (`supervisor`):
+    /// a cgroup whose children have controllers holds no process itself.
+    Own,
+}
+
+/// The leaf this process moves to under its own cgroup on v2 ([`Parent::Own`]).
+const SUPERVISOR_LEAF: &str = "supervisor";
+
+/// This process's cgroup in `hierarchy` (v1: `memory`, `pids`, `cpu`; v2: any), as
+/// `/proc/self/cgroup` says it (`text`): `/` for the root. v1 lines name their controllers
+/// (`4:memory:/system.slice/x.service`, `1:cpu,cpuacct:/...`), v2's one line none (`0::/...`).
+pub fn own_path(v: Version, text: &str, hierarchy: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let ours = match v {
+            Version::V2 => controllers.is_empty(),
+            Version::V1 => controllers.split(',').any(|c| c == hierarchy),
+        };
+        ours.then(|| path.to_string())
+    })
+}
+
+/// The directories a budget's cgroups are made in, one per hierarchy (v1) or one (v2), for
+/// `parent`; on v2 under [`Parent::Own`], this process moved to its leaf once, first.
+fn bases(v: Version, parent: Parent) -> Result<Vec<PathBuf>> {
+    let root = Path::new(CGROUP_FS);
+    if parent == Parent::Root {
+        return Ok(match v {
+            Version::V2 => vec![root.to_path_buf()],
+            Version::V1 => V1_HIERARCHIES.iter().map(|h| root.join(h)).collect(),
+        });
+    }
+    static OWN: std::sync::OnceLock<std::result::Result<Vec<PathBuf>, String>> =
+        std::sync::OnceLock::new();
+    OWN.get_or_init(|| own_bases(v).map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+/// [`bases`] under [`Parent::Own`], read once: what the process was started in.
+fn own_bases(v: Version) -> Result<Vec<PathBuf>> {
+    let root = Path::new(CGROUP_FS);
+    let text = std::fs::read_to_string("/proc/self/cgroup").context("reading /proc/self/cgroup")?;
+    let under = |h: &str, rel: &str| root.join(h).join(rel.trim_start_matches('/'));
+    match v {
+        Version::V1 => V1_HIERARCHIES
+            .iter()
+            .map(|h| {
+                own_path(v, &text, h)
+                    .map(|p| under(h, &p))
+                    .with_context(|| format!("no {h} cgroup in /proc/self/cgroup"))
+            })
+            .collect(),
+        Version::V2 => {
+            let own = under(
+                "",
+                &own_path(v, &text, "").context("no v2 line in /proc/self/cgroup")?,
+            );
+            if own != root {
+                let leaf = own.join(SUPERVISOR_LEAF);
+                std::fs::create_dir_all(&leaf)
+                    .with_context(|| format!("creating cgroup {}", leaf.display()))?;
+                std::fs::write(leaf.join("cgroup.procs"), std::process::id().to_string())
+                    .with_context(|| format!("moving this process into {}", leaf.display()))?;
+            }
+            Ok(vec![own])
+        }
+    }
+}
+
 /// A budget's cgroup: one directory on v2, one per hierarchy on v1.
 #[derive(Debug, Clone)]
 pub struct Cgroup {
@@ -89,30 +169,40 @@ impl Cgroup {
         }
     }
 
-    /// Creates (or reuses) cgroup `name` and writes `budget` into it.
+    /// Creates (or reuses) cgroup `name` under the hierarchies' roots and writes `budget`
+    /// into it.
     pub fn create(name: &str, budget: &Budget) -> Result<Cgroup> {
-        let root = Path::new(CGROUP_FS);
+        Self::create_under(Parent::Root, name, budget)
+    }
+
+    /// Creates (or reuses) cgroup `name` under `parent` and writes `budget` into it.
+    pub fn create_under(parent: Parent, name: &str, budget: &Budget) -> Result<Cgroup> {
         let v = Self::version();
-        let dirs: Vec<PathBuf> = match v {
-            Version::V2 => {
-                // The controllers must be on for the root's children.
-                let _ = std::fs::write(root.join("cgroup.subtree_control"), "+memory +pids +cpu");
-                vec![root.join(name)]
-            }
-            Version::V1 => V1_HIERARCHIES
-                .iter()
-                .map(|h| root.join(h).join(name))
-                .collect(),
-        };
+        let bases = bases(v, parent)?;
+        if v == Version::V2 {
+            // The controllers must be on for the parent's children.
+            let _ = std::fs::write(
+                bases[0].join("cgroup.subtree_control"),
+                "+memory +pids +cpu",
+            );
+        }
+        let dirs: Vec<PathBuf> = bases.iter().map(|b| b.join(name)).collect();
         for d in &dirs {
             std::fs::create_dir_all(d)
                 .with_context(|| format!("creating cgroup {}", d.display()))?;
         }
         for (hierarchy, file, value) in limits(v, budget) {
-            let path = match v {
-                Version::V2 => root.join(name).join(file),
-                Version::V1 => root.join(hierarchy).join(name).join(file),
+            let dir = match v {
+                Version::V2 => &dirs[0],
+                Version::V1 => {
+                    let i = V1_HIERARCHIES
+                        .iter()
+                        .position(|h| *h == hierarchy)
+                        .expect("a v1 limit names a hierarchy a budget has");
+                    &dirs[i]
+                }
             };
+            let path = dir.join(file);
             std::fs::write(&path, &value)
                 .with_context(|| format!("writing {value} to {}", path.display()))?;
         }
@@ -146,6 +236,43 @@ impl Cgroup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn its_own_cgroup_is_read_from_each_hierarchys_line() {
+        let v1 = "12:pids:/system.slice/socialweb-broker.service\n\
+                  4:memory:/system.slice/socialweb-broker.service\n\
+                  2:cpu,cpuacct:/system.slice/socialweb-broker.service\n\
+                  1:name=systemd:/system.slice/socialweb-broker.service\n\
+                  0::/system.slice/socialweb-broker.service\n";
+        for h in V1_HIERARCHIES {
+            assert_eq!(
+                own_path(Version::V1, v1, h).as_deref(),
+                Some("/system.slice/socialweb-broker.service"),
+                "{h}"
+            );
+        }
+        assert_eq!(
+            own_path(Version::V1, v1, "cpuacct").as_deref(),
+            Some("/system.slice/socialweb-broker.service")
+        );
+        assert_eq!(own_path(Version::V1, "4:memory:/\n", "pids"), None);
+        assert_eq!(
+            own_path(
+                Version::V2,
+                "0::/system.slice/socialweb-broker.service\n",
+                ""
+            )
+            .as_deref(),
+            Some("/system.slice/socialweb-broker.service")
+        );
+        assert_eq!(own_path(Version::V2, "0::/\n", "").as_deref(), Some("/"));
+        // A path with a colon stays whole.
+        assert_eq!(
+            own_path(Version::V2, "0::/a:b\n", "").as_deref(),
+            Some("/a:b")
+        );
+        assert_eq!(own_path(Version::V2, "", ""), None);
+    }
 
     #[test]
     fn a_budget_is_written_in_each_interfaces_own_words() {

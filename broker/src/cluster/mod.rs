@@ -82,6 +82,8 @@ pub struct ClusterSettings {
     pub gogc: u32,
     /// `clusters.memory_max_mib`, `pids_max`, `cpu_max`: each control plane's budget.
     pub budget: crate::control_plane::cgroup::Budget,
+    /// `clusters.cgroup_parent`: where each control plane's cgroup is made.
+    pub cgroup_parent: socialweb_proc::cgroup::Parent,
     /// `clusters.datastore_quota_mib`, in bytes.
     pub datastore_quota: Option<u64>,
     /// `clusters.webhook_egress_allow`: the public networks URL webhooks may reach.
@@ -556,6 +558,7 @@ impl Clusters {
             },
             gogc: self.settings.gogc,
             budget: self.settings.budget,
+            cgroup_parent: self.settings.cgroup_parent,
             datastore_quota: self.settings.datastore_quota,
             metrics: self.settings.metrics.clone(),
             tied: self.settings.fleet.is_some(),

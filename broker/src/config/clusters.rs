@@ -54,6 +54,13 @@ pub struct ClusterDefaults {
     pub pids_max: u64,
     /// The CPUs each control plane may use (1.5: one and a half); 0: no limit.
     pub cpu_max: f64,
+    /// Where each control plane's cgroup is made: `root`, under each hierarchy's root, or
+    /// `own`, under the cgroup the broker was started in -- what systemd delegates to a
+    /// unit with `Delegate=yes`, so that `systemctl stop`, the unit's limits and its
+    /// accounting reach the control planes (the packaged unit sets `own`;
+    /// docs/operations.md, "Under systemd").
+    #[serde(skip_serializing_if = "CgroupParent::is_root")]
+    pub cgroup_parent: CgroupParent,
     /// How much each kine cluster's datastore may hold, in MiB, etcd's semantics: past it,
     /// writes are refused and reads and deletes still served (docs/security.md, "Budgets").
     /// etcd clusters keep etcd's own 2048. 0: no quota.
@@ -172,6 +179,38 @@ impl ClusterDefaults {
     }
 }
 
+/// `clusters.cgroup_parent`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CgroupParent {
+    #[default]
+    Root,
+    Own,
+}
+
+impl CgroupParent {
+    /// The default: what need not be written (an older broker knows no such key).
+    pub fn is_root(&self) -> bool {
+        *self == CgroupParent::Root
+    }
+
+    pub fn parse(s: &str) -> Result<CgroupParent, String> {
+        match s {
+            "root" => Ok(CgroupParent::Root),
+            "own" => Ok(CgroupParent::Own),
+            other => Err(format!("{other:?} is neither root nor own")),
+        }
+    }
+
+    /// As the cgroup module takes it.
+    pub fn parent(self) -> socialweb_proc::cgroup::Parent {
+        match self {
+            CgroupParent::Root => socialweb_proc::cgroup::Parent::Root,
+            CgroupParent::Own => socialweb_proc::cgroup::Parent::Own,
+        }
+    }
+}
+
 /// `clusters.datastore`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -223,6 +262,7 @@ impl Default for ClusterDefaults {
             memory_max_mib: 2048,
             pids_max: 8192,
             cpu_max: 2.0,
+            cgroup_parent: CgroupParent::Root,
             datastore_quota_mib: 2048,
             webhook_egress_allow: Vec::new(),
         }

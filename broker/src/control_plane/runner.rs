@@ -91,6 +91,8 @@ pub struct Spec {
     pub gogc: u32,
     /// The memory, CPU and processes its components share (a cgroup of its own).
     pub budget: super::cgroup::Budget,
+    /// Where that cgroup is made (`clusters.cgroup_parent`).
+    pub cgroup_parent: socialweb_proc::cgroup::Parent,
     /// What its kine datastore may hold, in bytes (the broker's `quota` watch). etcd keeps
     /// its own default (2 GiB): the embedded etcd of `image-builder/kubernetes/main.go` takes
     /// no quota flag yet, and adding one rebuilds Kubernetes.
@@ -606,11 +608,15 @@ impl Running {
             None
         } else {
             Some(
-                super::cgroup::Cgroup::create(&super::cgroup::name_for(&spec.dir), &spec.budget)
-                    .context(
-                        "the cluster's budget (clusters.memory_max_mib, pids_max and cpu_max = 0 \
+                super::cgroup::Cgroup::create_under(
+                    spec.cgroup_parent,
+                    &super::cgroup::name_for(&spec.dir),
+                    &spec.budget,
+                )
+                .context(
+                    "the cluster's budget (clusters.memory_max_mib, pids_max and cpu_max = 0 \
                          run control planes without one)",
-                    )?,
+                )?,
             )
         };
         let at_once = Arc::new(AtomicBool::new(false));
