@@ -141,6 +141,16 @@ fn broker_defaults() -> Value {
             m.entry(name).or_insert(section);
         }
     }
+    // And the keys left out while at their defaults.
+    let keys = [
+        ("clusters", "cgroup_parent", Value::from("root")),
+        ("store", "previous_key_files", Value::Array(Vec::new())),
+    ];
+    for (section, key, default) in keys {
+        if let Some(Value::Object(s)) = all.get_mut(section) {
+            s.entry(key).or_insert(default);
+        }
+    }
     all
 }
 
@@ -440,6 +450,7 @@ mod tests {
         c.front.tls_cert = Some("/c".into());
         c.front.tls_key = Some("/k".into());
         c.store.previous_key_files = vec!["/old.key".into()];
+        c.clusters.cgroup_parent = crate::config::CgroupParent::Own;
         // The sections written only when not at their defaults.
         c.fleet.enabled = true;
         c.disk.min_free_mib = 1;
