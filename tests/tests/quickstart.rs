@@ -282,15 +282,8 @@ fn the_quickstart_installs_a_broker_and_two_providers_and_a_users_job_runs_on_a_
         1,
         "one qemu guest among the providers: {guests:#?}"
     );
-    step(
-        t,
-        &format!("the user's Job ran on a VM node (kernel {said})"),
-    );
-    let (unit, apiserver) = control_plane_under_the_unit(&broker);
-    step(
-        t,
-        &format!("the packaged unit's delegated cgroup {unit} holds the apiserver's {apiserver}"),
-    );
+    step(t, &format!("the Job ran on a VM node (kernel {said})"));
+    control_plane_under_the_unit(&broker, t);
 }
 
 /// The memory cgroup of the machine's process `pid`, as its `/proc/<pid>/cgroup` says (v2:
@@ -319,7 +312,7 @@ fn memory_cgroup(m: &Machine, pid: &str) -> Option<String> {
 
 /// The packaged unit runs with `Delegate=yes` and `clusters.cgroup_parent = own`: the awake
 /// cluster's apiserver is in a cgroup under the broker's own (the unit's), not at the root.
-fn control_plane_under_the_unit(broker: &Machine) -> (String, String) {
+fn control_plane_under_the_unit(broker: &Machine, t: Instant) {
     let pid = broker.read("/run/systemctl-standin/socialweb-broker.pid");
     let unit = memory_cgroup(broker, pid.trim()).expect("the broker runs");
     assert!(
@@ -345,5 +338,8 @@ fn control_plane_under_the_unit(broker: &Machine) -> (String, String) {
         apiserver.starts_with(&format!("{unit}/socialweb-cluster-")),
         "the apiserver's cgroup {apiserver} is under the unit's {unit}"
     );
-    (unit, apiserver)
+    step(
+        t,
+        &format!("the packaged unit's delegated cgroup {unit} holds the apiserver's {apiserver}"),
+    );
 }

@@ -198,18 +198,7 @@ async fn exercise(url: &str) {
     assert!(s.use_nonce("did:key:zDnae n1", 20).await.unwrap());
     s.delete_cluster("owned").await.unwrap();
     fleet_rows(&s).await;
-    s.insert_sealed_file("demo", "pki/ca.key", "k1", "v1:first", 1)
-        .await
-        .unwrap();
-    s.insert_sealed_file("demo", "pki/ca.key", "k1", "v1:second", 2)
-        .await
-        .unwrap();
-    assert_eq!(
-        s.sealed_file("demo", "pki/ca.key").await.unwrap(),
-        Some(("k1".into(), "v1:first".into())),
-        "the first sealing of a file stays"
-    );
-    resealing(&s).await;
+    sealing(&s).await;
     // A bootstrap token is used once: its first CSR claims it, a repeat of that CSR (a
     // crash before its approval) finds its own claim, any other CSR is told which one won.
     assert_eq!(
@@ -259,9 +248,20 @@ async fn exercise(url: &str) {
 /// store's own clock (no host's): a claim wins only over a lease expired more than the grace
 /// or its own, bumps the fence, and a renewal, release or record by a host that lost the
 /// lease changes nothing.
-/// A key's rotation: the rows under other keys listed, each sealed again only if it is
-/// still as read.
-async fn resealing(s: &Store) {
+/// The first sealing of a file stays; a key's rotation lists the rows under other keys and
+/// seals each again only if it is still as read.
+async fn sealing(s: &Store) {
+    s.insert_sealed_file("demo", "pki/ca.key", "k1", "v1:first", 1)
+        .await
+        .unwrap();
+    s.insert_sealed_file("demo", "pki/ca.key", "k1", "v1:second", 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.sealed_file("demo", "pki/ca.key").await.unwrap(),
+        Some(("k1".into(), "v1:first".into())),
+        "the first sealing of a file stays"
+    );
     let before = s.sealed_count().await.unwrap();
     let others = s.sealed_not_under("k2").await.unwrap();
     assert!(

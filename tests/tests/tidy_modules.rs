@@ -223,7 +223,7 @@ const NOT_GROWN: &[(&str, usize)] = &[
     ),
     (
         "tests/tests/quickstart.rs::the_quickstart_installs_a_broker_and_two_providers_and_a_users_job_runs_on_a_vm_node",
-        154,
+        152,
     ),
     (
         "tests/tests/store.rs::a_cluster_on_postgresql_keeps_its_objects_in_a_database_of_its_own",
@@ -234,7 +234,7 @@ const NOT_GROWN: &[(&str, usize)] = &[
         124,
     ),
     ("tests/tests/store.rs::concurrent_creates", 86),
-    ("tests/tests/store.rs::exercise", 196),
+    ("tests/tests/store.rs::exercise", 186),
     ("tests/tests/tidy.rs::io_in_source", 96),
     (
         "tests/tests/upgrade.rs::this_broker_takes_over_the_previous_releases_state_with_clusters_awake_hibernated_and_with_nodes",

@@ -106,38 +106,7 @@ fn leaves_renewed_before_they_end_leave_pods_nodes_and_users_untouched() {
     let first_served = served_until(&b, "certs");
     step("cluster ready; its leaves end within 150 s");
 
-    let manifest = dir.path().join("job.yaml");
-    std::fs::write(
-        &manifest,
-        r#"apiVersion: v1
-kind: Pod
-metadata: {name: job, namespace: default}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: job
-    image: socialweb.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sleep", "3600"]
-    resources: {requests: {cpu: 100m, memory: 64Mi}}
-"#,
-    )
-    .unwrap();
-    u.ok(&b, &["apply", "-f", manifest.to_str().unwrap()]);
-    let (uid, node_name) = wait_for("the pod to run", Duration::from_secs(180), || {
-        let o = b
-            .kubectl_as(&u.kubeconfig, &[], &["get", "pod", "job", "-o", "json"])
-            .output()?;
-        let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-        Ok((p["status"]["phase"] == "Running").then(|| {
-            (
-                p["metadata"]["uid"].as_str().unwrap().to_string(),
-                p["spec"]["nodeName"].as_str().unwrap().to_string(),
-            )
-        }))
-    })
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let (uid, node_name) = run_pod(&b, &u, dir.path());
     let (node_uid, _) = node(&b, &u, &node_name);
     step(&format!("the pod runs on {node_name}"));
 
@@ -145,22 +114,8 @@ spec:
     let reader = Reader::start(&b, &u);
 
     // Past the end of every certificate the cluster started with, and renewed twice.
-    let renewals = || {
-        std::fs::read_to_string(b.log("broker"))
-            .unwrap_or_default()
-            .matches("certificates due: its control plane restarts with new ones")
-            .count()
-    };
-    wait_for(
-        "two renewals, and every first leaf past its end",
-        Duration::from_secs(360),
-        || Ok((renewals() >= 2 && unix_now() > first_end + 10).then_some(())),
-    )
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
-    step(&format!(
-        "{} renewals; every first leaf has ended",
-        renewals()
-    ));
+    let renewals = renewed_past(&b, first_end);
+    step(&format!("{renewals} renewals; every first leaf has ended"));
     b.wait_state("certs", "ready", Duration::from_secs(120));
     let (reads, failed, slowest) = reader.stop();
     step(&format!(
@@ -256,4 +211,59 @@ impl Reader {
             slowest,
         )
     }
+}
+
+/// A Pod that sleeps an hour, applied by the user and running on a rented node: its uid and
+/// its node.
+fn run_pod(b: &Broker<'_>, u: &User, dir: &std::path::Path) -> (String, String) {
+    let manifest = dir.join("job.yaml");
+    std::fs::write(
+        &manifest,
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: job, namespace: default}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: job
+    image: socialweb.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sleep", "3600"]
+    resources: {requests: {cpu: 100m, memory: 64Mi}}
+"#,
+    )
+    .unwrap();
+    u.ok(b, &["apply", "-f", manifest.to_str().unwrap()]);
+    wait_for("the pod to run", Duration::from_secs(180), || {
+        let o = b
+            .kubectl_as(&u.kubeconfig, &[], &["get", "pod", "job", "-o", "json"])
+            .output()?;
+        let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        Ok((p["status"]["phase"] == "Running").then(|| {
+            (
+                p["metadata"]["uid"].as_str().unwrap().to_string(),
+                p["spec"]["nodeName"].as_str().unwrap().to_string(),
+            )
+        }))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()))
+}
+
+/// Waits until the broker has renewed the cluster's leaves twice and `first_end` is past:
+/// how many renewals its log tells.
+fn renewed_past(b: &Broker<'_>, first_end: u64) -> usize {
+    let renewals = || {
+        std::fs::read_to_string(b.log("broker"))
+            .unwrap_or_default()
+            .matches("certificates due: its control plane restarts with new ones")
+            .count()
+    };
+    wait_for(
+        "two renewals, and every first leaf past its end",
+        Duration::from_secs(360),
+        || Ok((renewals() >= 2 && unix_now() > first_end + 10).then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    renewals()
 }
