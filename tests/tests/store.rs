@@ -969,7 +969,8 @@ fn rotate_the_key(
     assert_eq!(under(old_key), kept, "nothing sealed again by itself");
 
     // While the broker serves.
-    let out = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))
+    let out = ns
+        .command(&testbed::cni::workspace_bin("socialweb-broker").to_string_lossy())
         .args(["store-rekey", "--json", "--config"])
         .arg(&b.config)
         .output()
@@ -979,7 +980,8 @@ fn rotate_the_key(
     assert_eq!(said["key_id"], new_key.as_str(), "{said}");
     assert_eq!(said["resealed"][old_key].to_string(), kept, "{said}");
     assert_eq!((under(old_key), under(&new_key)), ("0".to_string(), kept));
-    let again = std::process::Command::new(testbed::cni::workspace_bin("socialweb-broker"))
+    let again = ns
+        .command(&testbed::cni::workspace_bin("socialweb-broker").to_string_lossy())
         .args(["store-rekey", "--json", "--config"])
         .arg(&b.config)
         .output()
