@@ -272,6 +272,17 @@ impl Drop for Machine {
     /// Powers the machine off: its PID namespace's init killed, the kernel kills every other
     /// process in it (and in the namespaces below it), and its mounts go with the last.
     fn drop(&mut self) {
+        // The cgroups its units were delegated (read before its root goes).
+        let delegated: Vec<PathBuf> = std::fs::read_dir(self.path("/run/systemctl-standin"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "cgroups"))
+            .flat_map(|e| {
+                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                text.lines().map(PathBuf::from).collect::<Vec<_>>()
+            })
+            .collect();
         let pid = nix::unistd::Pid::from_raw(self.init as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         // Until the kernel has taken them all (the tmpfs of its root is freed with them).
@@ -281,5 +292,21 @@ impl Drop for Machine {
         {
             std::thread::sleep(Duration::from_millis(20));
         }
+        for d in delegated {
+            remove_cgroup_tree(&d);
+        }
     }
+}
+
+/// Removes an empty cgroup and the empty cgroups below it, deepest first (a cgroup's
+/// directory holds only the kernel's files, which go with it).
+fn remove_cgroup_tree(dir: &std::path::Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
