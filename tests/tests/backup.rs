@@ -226,3 +226,132 @@ fn names_in(dir: &std::path::Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// A PostgreSQL client program (`pg_dump`, `pg_restore`, `psql`) against the server on the
+/// operator's loopback, as its `postgres` user: stdout, or panics with stderr.
+fn pg(ns: &testbed::Netns, program: &str, args: &[&str]) -> String {
+    let mut all = vec!["-h", "127.0.0.1", "-p", "5432", "-U", "postgres"];
+    all.extend_from_slice(args);
+    let out = ns.output(program, &all).unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The recipe of docs/operations.md ("A PostgreSQL store"): `backup` for the files, then
+/// `pg_dump -Fc` of the store's database and of each cluster's; after losing the state
+/// directory and every database, `restore`, `pg_restore -C` of each dump, and the broker
+/// serves the cluster again with the same CA, its ConfigMap and the user's kubeconfig.
+#[test]
+fn a_postgresql_store_and_its_clusters_databases_come_back_from_pg_dump() {
+    let t = Instant::now();
+    let world = World::new(0).unwrap();
+    let ns = &world.operator;
+    let server = testbed::postgres::Postgres::start(ns).unwrap();
+    let dir = TempDir::new("pg-backup").unwrap();
+    let mut b = Broker::start(
+        &world,
+        BrokerOptions {
+            store_url: Some(server.url.clone()),
+            clusters: socialweb_broker::config::ClusterDefaults {
+                datastore: socialweb_broker::config::DatastoreKind::Postgres,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let u = User::new(&b, dir.path(), "pgkeep");
+    b.kubectl(
+        "pgkeep",
+        &["create", "configmap", "kept", "--from-literal=k=v"],
+    )
+    .unwrap();
+    let ca = std::fs::read(b.cluster_dir("pgkeep").join("pki/ca.crt")).unwrap();
+    step(t, "a cluster on PostgreSQL with a ConfigMap");
+
+    // The backup: the files, then each database.
+    let to = dir.path().join("b");
+    b.operator("backup", &["--to", to.to_str().unwrap()])
+        .unwrap();
+    let databases = pg(
+        ns,
+        "psql",
+        &[
+            "-d",
+            "postgres",
+            "-tA",
+            "-c",
+            "select datname from pg_database where datname like 'sw\\_%' or datname = 'broker' order by 1",
+        ],
+    );
+    let databases: Vec<&str> = databases.lines().collect();
+    assert_eq!(
+        databases.len(),
+        2,
+        "the store's and the cluster's: {databases:?}"
+    );
+    for db in &databases {
+        let file = to.join(format!("{db}.pgdump"));
+        pg(
+            ns,
+            "pg_dump",
+            &["-Fc", "-d", db, "-f", file.to_str().unwrap()],
+        );
+    }
+    // Made after the backup: gone with the restore.
+    b.kubectl("pgkeep", &["create", "configmap", "later"])
+        .unwrap();
+    step(
+        t,
+        &format!("backed up: the files, and {databases:?} with pg_dump"),
+    );
+
+    // Everything lost: the state directory and every database.
+    b.stop_broker().unwrap();
+    std::fs::remove_dir_all(&b.state).unwrap();
+    for db in &databases {
+        pg(
+            ns,
+            "psql",
+            &[
+                "-d",
+                "postgres",
+                "-c",
+                &format!("drop database {db} with (force)"),
+            ],
+        );
+    }
+    b.operator("restore", &["--from", to.to_str().unwrap()])
+        .unwrap();
+    for db in &databases {
+        let file = to.join(format!("{db}.pgdump"));
+        pg(
+            ns,
+            "pg_restore",
+            &["-C", "-d", "postgres", file.to_str().unwrap()],
+        );
+    }
+    step(t, "state directory and databases removed; restored");
+
+    b.start_broker().unwrap();
+    b.wait_state("pgkeep", "ready", Duration::from_secs(120));
+    assert_eq!(
+        std::fs::read(b.cluster_dir("pgkeep").join("pki/ca.crt")).unwrap(),
+        ca,
+        "the same CA"
+    );
+    let names = u.ok(&b, &["get", "configmaps", "-o", "name"]);
+    assert!(names.contains("configmap/kept"), "{names}");
+    assert!(
+        !names.contains("configmap/later"),
+        "made after the backup: {names}"
+    );
+    step(
+        t,
+        "the cluster serves its ConfigMap to the user's kubeconfig, with the same CA",
+    );
+}
