@@ -275,33 +275,7 @@ fn a_postgresql_store_and_its_clusters_databases_come_back_from_pg_dump() {
 
     // The backup: the files, then each database.
     let to = dir.path().join("b");
-    b.operator("backup", &["--to", to.to_str().unwrap()])
-        .unwrap();
-    let databases = pg(
-        ns,
-        "psql",
-        &[
-            "-d",
-            "postgres",
-            "-tA",
-            "-c",
-            "select datname from pg_database where datname like 'sw\\_%' or datname = 'broker' order by 1",
-        ],
-    );
-    let databases: Vec<&str> = databases.lines().collect();
-    assert_eq!(
-        databases.len(),
-        2,
-        "the store's and the cluster's: {databases:?}"
-    );
-    for db in &databases {
-        let file = to.join(format!("{db}.pgdump"));
-        pg(
-            ns,
-            "pg_dump",
-            &["-Fc", "-d", db, "-f", file.to_str().unwrap()],
-        );
-    }
+    let databases = backed_up_with_pg_dump(&b, ns, &to);
     // Made after the backup: gone with the restore.
     b.kubectl("pgkeep", &["create", "configmap", "later"])
         .unwrap();
@@ -313,28 +287,7 @@ fn a_postgresql_store_and_its_clusters_databases_come_back_from_pg_dump() {
     // Everything lost: the state directory and every database.
     b.stop_broker().unwrap();
     std::fs::remove_dir_all(&b.state).unwrap();
-    for db in &databases {
-        pg(
-            ns,
-            "psql",
-            &[
-                "-d",
-                "postgres",
-                "-c",
-                &format!("drop database {db} with (force)"),
-            ],
-        );
-    }
-    b.operator("restore", &["--from", to.to_str().unwrap()])
-        .unwrap();
-    for db in &databases {
-        let file = to.join(format!("{db}.pgdump"));
-        pg(
-            ns,
-            "pg_restore",
-            &["-C", "-d", "postgres", file.to_str().unwrap()],
-        );
-    }
+    restored_with_pg_restore(&b, ns, &to, &databases);
     step(t, "state directory and databases removed; restored");
 
     b.start_broker().unwrap();
@@ -354,4 +307,73 @@ fn a_postgresql_store_and_its_clusters_databases_come_back_from_pg_dump() {
         t,
         "the cluster serves its ConfigMap to the user's kubeconfig, with the same CA",
     );
+}
+
+/// The recipe's backup: `socialweb-broker backup` into `to`, then `pg_dump -Fc` of the
+/// store's database and each cluster's beside it. The databases' names.
+fn backed_up_with_pg_dump(
+    b: &Broker<'_>,
+    ns: &testbed::Netns,
+    to: &std::path::Path,
+) -> Vec<String> {
+    b.operator("backup", &["--to", to.to_str().unwrap()])
+        .unwrap();
+    let listed = pg(
+        ns,
+        "psql",
+        &[
+            "-d",
+            "postgres",
+            "-tA",
+            "-c",
+            "select datname from pg_database where datname like 'sw\\_%' or datname = 'broker' order by 1",
+        ],
+    );
+    let databases: Vec<String> = listed.lines().map(str::to_string).collect();
+    assert_eq!(
+        databases.len(),
+        2,
+        "the store's and the cluster's: {databases:?}"
+    );
+    for db in &databases {
+        let file = to.join(format!("{db}.pgdump"));
+        pg(
+            ns,
+            "pg_dump",
+            &["-Fc", "-d", db, "-f", file.to_str().unwrap()],
+        );
+    }
+    databases
+}
+
+/// The recipe's restore, after every database is dropped: `socialweb-broker restore` from
+/// `to`, then `pg_restore -C` of each dump.
+fn restored_with_pg_restore(
+    b: &Broker<'_>,
+    ns: &testbed::Netns,
+    to: &std::path::Path,
+    databases: &[String],
+) {
+    for db in databases {
+        pg(
+            ns,
+            "psql",
+            &[
+                "-d",
+                "postgres",
+                "-c",
+                &format!("drop database {db} with (force)"),
+            ],
+        );
+    }
+    b.operator("restore", &["--from", to.to_str().unwrap()])
+        .unwrap();
+    for db in databases {
+        let file = to.join(format!("{db}.pgdump"));
+        pg(
+            ns,
+            "pg_restore",
+            &["-C", "-d", "postgres", file.to_str().unwrap()],
+        );
+    }
 }
