@@ -76,7 +76,8 @@ fn private_dir(dir: &Path) -> Result<()> {
         .with_context(|| format!("creating {}", dir.display()))
 }
 
-fn offset(t: SystemTime) -> Result<time::OffsetDateTime> {
+/// `t` as rcgen's validity takes it (whole seconds).
+pub(crate) fn offset(t: SystemTime) -> Result<time::OffsetDateTime> {
     let secs = t
         .duration_since(SystemTime::UNIX_EPOCH)
         .context("a time before 1970")?
@@ -329,14 +330,22 @@ fn serving(
     Ok(p)
 }
 
-/// When the certificate in PEM `pem` ends.
-pub fn not_after_pem(pem: &[u8]) -> Result<SystemTime> {
+/// What `f` reads of the certificate in PEM `pem`.
+fn parsed<T>(
+    pem: &[u8],
+    f: impl FnOnce(&x509_parser::certificate::X509Certificate<'_>) -> T,
+) -> Result<T> {
     let (_, pem) =
         x509_parser::pem::parse_x509_pem(pem).map_err(|e| anyhow::anyhow!("not PEM: {e}"))?;
-    let parsed = pem
+    let cert = pem
         .parse_x509()
         .map_err(|e| anyhow::anyhow!("not a certificate: {e}"))?;
-    let secs = parsed.validity().not_after.timestamp();
+    Ok(f(&cert))
+}
+
+/// When the certificate in PEM `pem` ends.
+pub fn not_after_pem(pem: &[u8]) -> Result<SystemTime> {
+    let secs = parsed(pem, |c| c.validity().not_after.timestamp())?;
     Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).unwrap_or(0)))
 }
 
@@ -404,15 +413,26 @@ impl Expiry {
 
 /// The names and addresses of `sans` the certificate in `cert` does not carry.
 fn uncovered(cert: &Path, sans: &[String]) -> Result<Vec<String>> {
-    use x509_parser::extensions::GeneralName;
     let pem = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
-    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem)
-        .map_err(|e| anyhow::anyhow!("{}: not PEM: {e}", cert.display()))?;
-    let parsed = pem
-        .parse_x509()
-        .map_err(|e| anyhow::anyhow!("{}: not a certificate: {e}", cert.display()))?;
+    let have = parsed(&pem, names_of).with_context(|| cert.display().to_string())?;
+    let norm = |s: &String| match s.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.to_string(),
+        Err(_) => s.clone(),
+    };
+    Ok(sans
+        .iter()
+        .filter(|s| !have.contains(&norm(s)))
+        .cloned()
+        .collect())
+}
+
+/// The DNS names and addresses a certificate's SANs carry (addresses as `IpAddr` prints them).
+fn names_of(
+    cert: &x509_parser::certificate::X509Certificate<'_>,
+) -> std::collections::BTreeSet<String> {
+    use x509_parser::extensions::GeneralName;
     let mut have = std::collections::BTreeSet::new();
-    if let Ok(Some(san)) = parsed.subject_alternative_name() {
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
         for n in &san.value.general_names {
             match n {
                 GeneralName::DNSName(d) => {
@@ -430,15 +450,7 @@ fn uncovered(cert: &Path, sans: &[String]) -> Result<Vec<String>> {
             }
         }
     }
-    let norm = |s: &String| match s.parse::<std::net::IpAddr>() {
-        Ok(ip) => ip.to_string(),
-        Err(_) => s.clone(),
-    };
-    Ok(sans
-        .iter()
-        .filter(|s| !have.contains(&norm(s)))
-        .cloned()
-        .collect())
+    have
 }
 
 #[cfg(test)]

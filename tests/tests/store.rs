@@ -876,22 +876,7 @@ fn a_host_that_lost_its_disk_serves_its_clusters_from_postgresql_with_the_same_c
 
     // The host loses every cluster directory; its store and key remain.
     b.stop_broker().unwrap();
-    std::fs::remove_dir_all(&b.paths.clusters).unwrap();
-    b.start_broker().unwrap();
-    b.wait_state("kept", "ready", Duration::from_secs(120));
-    assert_eq!(
-        std::fs::read(b.cluster_dir("kept").join("pki/ca.crt")).unwrap(),
-        ca,
-        "the CA nodes pin is the same"
-    );
-    assert_eq!(
-        kubectl(
-            &b,
-            &["get", "configmap", "kept", "-o", "jsonpath={.data.k}"]
-        ),
-        "v",
-        "the user's kubeconfig still works, and the object is there"
-    );
+    served_again_without_its_disk(&mut b, &ca, &kubectl);
     let review = keys.path().join("review.json");
     std::fs::write(
         &review,
@@ -931,6 +916,29 @@ fn a_host_that_lost_its_disk_serves_its_clusters_from_postgresql_with_the_same_c
         "{failed}"
     );
     assert!(!b.cluster_dir("kept").join("pki/ca.key").exists());
+}
+
+/// The stopped broker, its cluster directories removed, started again: cluster `kept` is
+/// ready with the CA nodes pin (`ca`, opened from the store), and the user's kubeconfig reads
+/// its ConfigMap.
+fn served_again_without_its_disk(
+    b: &mut Broker<'_>,
+    ca: &[u8],
+    kubectl: &dyn Fn(&Broker<'_>, &[&str]) -> String,
+) {
+    std::fs::remove_dir_all(&b.paths.clusters).unwrap();
+    b.start_broker().unwrap();
+    b.wait_state("kept", "ready", Duration::from_secs(120));
+    assert_eq!(
+        std::fs::read(b.cluster_dir("kept").join("pki/ca.crt")).unwrap(),
+        ca,
+        "the CA nodes pin is the same"
+    );
+    assert_eq!(
+        kubectl(b, &["get", "configmap", "kept", "-o", "jsonpath={.data.k}"]),
+        "v",
+        "the user's kubeconfig still works, and the object is there"
+    );
 }
 
 /// Rotates `store.key_file` (docs/operations.md, "Rotating store.key_file"): the new key in
@@ -998,19 +1006,8 @@ fn rotate_the_key(
     b.stop_broker().unwrap();
     b.edit_config(|c| c.store.previous_key_files.clear())
         .unwrap();
-    std::fs::remove_dir_all(&b.paths.clusters).unwrap();
     std::fs::remove_file(&old_file).unwrap();
-    b.start_broker().unwrap();
-    b.wait_state("kept", "ready", Duration::from_secs(120));
-    assert_eq!(
-        std::fs::read(b.cluster_dir("kept").join("pki/ca.crt")).unwrap(),
-        ca,
-        "the same CA, opened under the new key"
-    );
-    assert_eq!(
-        kubectl(b, &["get", "configmap", "kept", "-o", "jsonpath={.data.k}"]),
-        "v"
-    );
+    served_again_without_its_disk(b, ca, kubectl);
     // Back in its usual place, for the next start.
     std::fs::copy(&new_file, key_file).unwrap();
     b.edit_config(|c| c.store.key_file = Some(key_file.to_path_buf()))

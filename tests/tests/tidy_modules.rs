@@ -231,7 +231,7 @@ const NOT_GROWN: &[(&str, usize)] = &[
     ),
     (
         "tests/tests/store.rs::a_host_that_lost_its_disk_serves_its_clusters_from_postgresql_with_the_same_cas",
-        124,
+        109,
     ),
     ("tests/tests/store.rs::concurrent_creates", 86),
     ("tests/tests/store.rs::exercise", 186),

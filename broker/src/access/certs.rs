@@ -3,12 +3,12 @@
 //! only at the front, which checks its record on every request, so revocation holds even
 //! though kube-apiserver reads no CRL (kubernetes#18982).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyUsagePurpose, SerialNumber};
 
-use crate::pki::Pki;
+use crate::pki::{Pki, offset};
 
 /// The shortest lifetime a user may ask for.
 pub const MIN_LIFETIME: Duration = Duration::from_secs(60);
@@ -86,14 +86,6 @@ pub fn open_users_ca(cluster_dir: &std::path::Path) -> Result<Pki> {
         dir.display()
     );
     Pki::open_or_create(&dir, "unused")
-}
-
-fn offset(t: SystemTime) -> Result<time::OffsetDateTime> {
-    let secs = t
-        .duration_since(UNIX_EPOCH)
-        .context("time before 1970")?
-        .as_secs();
-    Ok(time::OffsetDateTime::from_unix_timestamp(secs as i64)?)
 }
 
 /// Signs a client certificate for `did`: CommonName the DID, Organization the owners' group,

@@ -106,7 +106,7 @@ fn leaves_renewed_before_they_end_leave_pods_nodes_and_users_untouched() {
     let first_served = served_until(&b, "certs");
     step("cluster ready; its leaves end within 150 s");
 
-    let (uid, node_name) = run_pod(&b, &u, dir.path());
+    let (uid, node_name) = run_pod(&b, &u);
     let (node_uid, _) = node(&b, &u, &node_name);
     step(&format!("the pod runs on {node_name}"));
 
@@ -213,41 +213,12 @@ impl Reader {
     }
 }
 
-/// A Pod that sleeps an hour, applied by the user and running on a rented node: its uid and
-/// its node.
-fn run_pod(b: &Broker<'_>, u: &User, dir: &std::path::Path) -> (String, String) {
-    let manifest = dir.join("job.yaml");
-    std::fs::write(
-        &manifest,
-        r#"apiVersion: v1
-kind: Pod
-metadata: {name: job, namespace: default}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: job
-    image: socialweb.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sleep", "3600"]
-    resources: {requests: {cpu: 100m, memory: 64Mi}}
-"#,
-    )
-    .unwrap();
-    u.ok(b, &["apply", "-f", manifest.to_str().unwrap()]);
-    wait_for("the pod to run", Duration::from_secs(180), || {
-        let o = b
-            .kubectl_as(&u.kubeconfig, &[], &["get", "pod", "job", "-o", "json"])
-            .output()?;
-        let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-        Ok((p["status"]["phase"] == "Running").then(|| {
-            (
-                p["metadata"]["uid"].as_str().unwrap().to_string(),
-                p["spec"]["nodeName"].as_str().unwrap().to_string(),
-            )
-        }))
-    })
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()))
+/// A Pod that sleeps an hour (the broker tests' own), running on a rented node: its uid
+/// and its node.
+fn run_pod(b: &Broker<'_>, u: &User) -> (String, String) {
+    b.apply("certs", &super::pod("job", "sleep 3600")).unwrap();
+    let node = super::verdict::running_on(b, "certs", "job", Duration::from_secs(180));
+    (pod(b, u).0, node)
 }
 
 /// Waits until the broker has renewed the cluster's leaves twice and `first_end` is past:

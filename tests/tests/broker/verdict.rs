@@ -44,7 +44,7 @@ fn container_with(name: &str, resources: &str) -> String {
     )
 }
 
-fn running_on(b: &Broker<'_>, cluster: &str, pod: &str, within: Duration) -> String {
+pub(super) fn running_on(b: &Broker<'_>, cluster: &str, pod: &str, within: Duration) -> String {
     wait_for(&format!("{pod} Running"), within, || {
         let v = b.kubectl_json(cluster, &["get", "pod", pod])?;
         Ok((v["status"]["phase"] == "Running")
