@@ -60,6 +60,14 @@ pub enum Command {
     DeleteCluster {
         name: String,
     },
+    /// New CAs for a cluster (the operator's): its users CA at once, the old one admitted
+    /// for `overlap_secs` more; its own CAs at its control plane's next start (now, if it is
+    /// awake: answered once it is ready again or `wait_secs` pass).
+    RotateCa {
+        name: String,
+        overlap_secs: u64,
+        wait_secs: u64,
+    },
     ListClusters,
     /// A cluster's decisions and provisions (the operator's).
     ShowCluster {
@@ -107,6 +115,7 @@ impl Command {
         match self {
             Command::CreateCluster { .. } => "create a cluster",
             Command::DeleteCluster { .. } => "delete a cluster",
+            Command::RotateCa { .. } => "rotate a cluster's CAs",
             Command::SetHibernateAfter { .. } => "set a cluster's hibernate_after",
             Command::WakeCluster { .. } => "wake a cluster",
             Command::ListClusters => "list clusters",
@@ -178,6 +187,24 @@ pub struct ClusterDetail {
     pub provisions: Vec<Provision>,
 }
 
+/// What `cluster rotate-ca` did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RotatedCa {
+    pub cluster: String,
+    /// The users CA that signs kubeconfigs from now on, and the one it replaced (lowercase
+    /// hex of each certificate's SHA-256, as `listCertificates` records them).
+    pub users_ca_sha256: String,
+    pub previous_users_ca_sha256: String,
+    /// Unix ms: until when the previous users CA's certificates are admitted.
+    pub previous_admitted_until: i64,
+    /// The cluster's own CAs (its CA, front-proxy's, etcd's): `made` (it was awake and its
+    /// control plane started again with them) or `at_next_start` (hibernating, or not ready
+    /// again within the wait).
+    pub cluster_cas: String,
+    /// The cluster as it is now.
+    pub info: ClusterInfo,
+}
+
 /// A kubeconfig issued to a user: handed out once, its key never kept.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IssuedKubeconfig {
@@ -216,6 +243,8 @@ pub enum Reply {
     Invite(Box<IssuedInvite>),
     Invites(Vec<crate::store::Invite>),
     InviteRevoked(crate::store::Invite),
+    /// `cluster rotate-ca` done.
+    Rotated(Box<RotatedCa>),
     /// A drain or an undrain: the clusters this host gives up.
     Drain {
         drained: bool,

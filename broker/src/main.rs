@@ -360,6 +360,23 @@ enum ClusterCommand {
         #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
         wait: Duration,
     },
+    /// New CAs for a cluster, for a key that leaked or a CA to retire. Its users CA is
+    /// replaced at once: kubeconfigs issued from now on come from the new one, and those of
+    /// the old one are admitted for --overlap more, then refused with why. Its own CAs (the
+    /// apiserver's, front-proxy's, etcd's) and everything they signed are made again at its
+    /// control plane's next start: now if it is awake (the command waits for it), else at
+    /// its next wake; the admin kubeconfig is written again then. Refused while the cluster
+    /// has nodes (they trust the old CA; run it once it has scaled to zero) and with
+    /// store.key_file set (docs/operations.md, "Rotating a cluster's CAs").
+    RotateCa {
+        name: String,
+        /// How long the old users CA's kubeconfigs keep working (at most 30d; 0: not at all).
+        #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+        overlap: Duration,
+        /// How long to wait for an awake cluster's control plane to be ready again.
+        #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+    },
     /// A cluster's scale decisions and provisions.
     Show { name: String },
     /// Delete a cluster: release every node, stop its control plane, remove its data.
@@ -1010,6 +1027,18 @@ async fn cluster(command: ClusterCommand, c: ClientArgs) -> Result<()> {
             },
             *wait + Duration::from_secs(30),
         ),
+        ClusterCommand::RotateCa {
+            name,
+            overlap,
+            wait,
+        } => (
+            Request::RotateCa {
+                name: name.clone(),
+                overlap_secs: overlap.as_secs(),
+                wait_secs: wait.as_secs(),
+            },
+            *wait + Duration::from_secs(30),
+        ),
         ClusterCommand::List => (Request::ListClusters, Duration::from_secs(30)),
         ClusterCommand::Show { name } => (
             Request::ShowCluster { name: name.clone() },
@@ -1026,6 +1055,7 @@ async fn cluster(command: ClusterCommand, c: ClientArgs) -> Result<()> {
             Reply::Cluster(x) => serde_json::to_value(x)?,
             Reply::Clusters(x) => serde_json::to_value(x)?,
             Reply::Detail(x) => serde_json::to_value(x)?,
+            Reply::Rotated(x) => serde_json::to_value(x)?,
             other => serde_json::to_value(other)?,
         };
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -1036,9 +1066,32 @@ async fn cluster(command: ClusterCommand, c: ClientArgs) -> Result<()> {
         Reply::Clusters(xs) => print_list(&xs),
         Reply::Detail(d) => print_detail(&d),
         Reply::Deleted { deleted } => println!("cluster {deleted} deleted"),
+        Reply::Rotated(r) => print_rotated(&r),
         other => anyhow::bail!("the broker answered {other:?}"),
     }
     Ok(())
+}
+
+fn print_rotated(r: &socialweb_broker::command::RotatedCa) {
+    let until = std::time::UNIX_EPOCH
+        + Duration::from_millis(u64::try_from(r.previous_admitted_until).unwrap_or(0));
+    println!("cluster {} {}", r.cluster, state_word(&r.info.state));
+    println!(
+        "users CA      sha256:{} (signs from now on)",
+        r.users_ca_sha256
+    );
+    println!(
+        "previous      sha256:{} (admitted until {})",
+        r.previous_users_ca_sha256,
+        humantime::format_rfc3339_seconds(until)
+    );
+    println!(
+        "cluster CAs   {}",
+        match r.cluster_cas.as_str() {
+            "made" => "made again; its control plane runs with them (admin kubeconfig rewritten)",
+            _ => "made again at its control plane's next start",
+        }
+    );
 }
 
 fn state_word(s: &ClusterState) -> &'static str {

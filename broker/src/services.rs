@@ -78,6 +78,18 @@ impl Services {
                 c.delete(&name).await?;
                 Ok(Reply::Deleted { deleted: name })
             }
+            Command::RotateCa {
+                name,
+                overlap_secs,
+                wait_secs,
+            } => Ok(Reply::Rotated(Box::new(
+                c.rotate_ca(
+                    &name,
+                    Duration::from_secs(overlap_secs),
+                    Duration::from_secs(wait_secs),
+                )
+                .await?,
+            ))),
             Command::ListClusters => Ok(Reply::Clusters(c.list(None).await?)),
             Command::ShowCluster { name } => Ok(Reply::Detail(Box::new(c.show(&name).await?))),
             Command::Leases => {
@@ -180,6 +192,7 @@ impl Services {
             other @ (Command::ShowCluster { .. }
             | Command::SetHibernateAfter { .. }
             | Command::WakeCluster { .. }
+            | Command::RotateCa { .. }
             | Command::Leases
             | Command::CreateInvite { .. }
             | Command::ListInvites

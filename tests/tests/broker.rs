@@ -15,6 +15,8 @@ use testbed::world::World;
 mod certs;
 #[path = "broker/disk.rs"]
 mod disk;
+#[path = "broker/rotate_ca.rs"]
+mod rotate_ca;
 #[path = "broker/verdict.rs"]
 mod verdict;
 

@@ -15,6 +15,7 @@ pub mod kubeconfig;
 pub mod records;
 pub mod registration;
 pub mod service;
+pub mod users_trust;
 
 pub use socialweb_broker_core::names;
 

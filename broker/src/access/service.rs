@@ -14,6 +14,7 @@ use socialweb_broker_core::{CertRecord, millis};
 use super::certs::{self, Lifetime};
 use super::kubeconfig;
 use super::records::Records;
+use super::users_trust;
 use crate::command::{IssuedKubeconfig, ServiceError};
 use crate::store::Store;
 
@@ -46,13 +47,9 @@ impl Access {
         certs::users_ca(dir, cluster).map(|_| ())
     }
 
-    /// The users CA's certificate (DER) of the cluster in `dir`, for the front's admission.
-    pub fn users_ca_der(&self, dir: &Path) -> Result<Vec<u8>> {
-        let ca = certs::open_users_ca(dir)?;
-        Ok(socialweb_wire::ca::certificates(ca.ca_pem().as_bytes())
-            .map_err(anyhow::Error::msg)?
-            .remove(0)
-            .der)
+    /// The users CAs of the cluster in `dir` the front admits ([`users_trust`]).
+    pub fn users_trust(&self, dir: &Path) -> Result<users_trust::UsersTrust> {
+        users_trust::read(dir)
     }
 
     /// The cluster's URL at the front for its owner `did`.
@@ -71,7 +68,10 @@ impl Access {
         lifetime: Lifetime,
     ) -> Result<IssuedKubeconfig, ServiceError> {
         let ca = certs::open_users_ca(dir).map_err(ServiceError::internal)?;
-        let ca_der = self.users_ca_der(dir).map_err(ServiceError::internal)?;
+        let ca_der = self
+            .users_trust(dir)
+            .map_err(ServiceError::internal)?
+            .current;
         let now = SystemTime::now();
         let issued = certs::issue(&ca, did, lifetime, now).map_err(ServiceError::internal)?;
         let record = CertRecord {

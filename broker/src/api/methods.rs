@@ -151,6 +151,7 @@ pub fn answer(g: &Gateway, did: &str, reply: Reply) -> Value {
         | Reply::Invite(_)
         | Reply::Invites(_)
         | Reply::InviteRevoked(_)
+        | Reply::Rotated(_)
         | Reply::Drain { .. } => json!({}),
     }
 }

@@ -127,7 +127,7 @@ impl Clusters {
                 .owner
                 .as_deref()
                 .map(socialweb_broker_core::names::account_hash),
-            users_ca: self.access.users_ca_der(&self.dir_of(&record))?,
+            users: self.access.users_trust(&self.dir_of(&record))?,
             state: life.mount_state(),
         });
         let asleep = record.state == ClusterPhase::Hibernating;

@@ -10,6 +10,7 @@ mod ownership;
 mod period;
 mod reach;
 mod renewer;
+mod rotate;
 mod view;
 mod writer;
 

@@ -218,6 +218,7 @@ impl Clusters {
             _ = drained.wait_for(|d| *d), if lease.is_some() => Ended::Moved,
             () = self.until_idle(name, life, &up.client, &watches) => Ended::Hibernated,
             () = renewal(spec) => Ended::Renewed,
+            () = rotation(spec, life) => Ended::Renewed,
         };
         period.cancel();
         self.end_period(name, life, why, lease, up.running, driver)
@@ -337,6 +338,18 @@ impl Clusters {
         info!(cluster = %name, "hibernating: its control plane is stopped, its ports kept");
         Ok(Ended::Hibernated)
     }
+}
+
+/// Resolves when `cluster rotate-ca` asks for new CAs (`control_plane::rotate`): at once if
+/// it asked while this period was starting, after its start had looked.
+async fn rotation(spec: &Spec, life: &Writer) {
+    let asked = life.restart_asked();
+    tokio::pin!(asked);
+    asked.as_mut().enable();
+    if crate::control_plane::rotate::asked(&spec.dir) {
+        return;
+    }
+    asked.await;
 }
 
 /// Resolves once the earliest of the cluster's leaf certificates is due to be issued again

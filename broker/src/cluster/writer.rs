@@ -35,6 +35,8 @@ pub(super) struct Writer {
     /// The lease this host runs the cluster under (a fleet's): every record is conditional
     /// on it, so an owner that lost it (frozen, cut off) cannot record over the next one.
     fence: Mutex<Option<Fence>>,
+    /// Asks the awake period to end and start again (`cluster rotate-ca`).
+    restart: tokio::sync::Notify,
 }
 
 impl Writer {
@@ -57,6 +59,7 @@ impl Writer {
             store,
             upstream: Mutex::new(None),
             fence: Mutex::new(None),
+            restart: tokio::sync::Notify::new(),
         };
         (w, rx)
     }
@@ -71,6 +74,17 @@ impl Writer {
     /// The awake period's way to its apiserver: what a serving phase mounts.
     pub fn serve(&self, upstream: Upstream) {
         *self.upstream.lock().expect("lock") = Some(upstream);
+    }
+
+    /// Asks the awake period, if there is one, to start the control plane again; a cluster
+    /// not awake is not woken (nothing is kept for a later period).
+    pub fn ask_restart(&self) {
+        self.restart.notify_waiters();
+    }
+
+    /// Returns when [`ask_restart`](Self::ask_restart) is called after this started.
+    pub fn restart_asked(&self) -> tokio::sync::futures::Notified<'_> {
+        self.restart.notified()
     }
 
     /// The lease the cluster's records are conditional on from now on (`None`: no lease,

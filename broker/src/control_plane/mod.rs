@@ -9,6 +9,7 @@
 
 pub mod cgroup;
 pub mod postgres;
+pub mod rotate;
 pub mod runner;
 pub mod token;
 pub mod up;

@@ -284,8 +284,12 @@ impl Spec {
         Ok(())
     }
 
-    /// Creates (or loads) the cluster's PKI and kubeconfigs.
+    /// Creates (or loads) the cluster's PKI and kubeconfigs; new authorities first when
+    /// `cluster rotate-ca` asked for them ([`super::rotate`]).
     pub fn prepare(&self) -> Result<Files> {
+        if super::rotate::apply_pending(&self.dir)? {
+            tracing::info!(cluster = %self.cluster, "new CAs made, as `cluster rotate-ca` asked; everything they sign is issued again");
+        }
         let pki = self.authority("", "CA")?;
         let url = self.url();
         let serving = pki.server(

@@ -8,6 +8,7 @@ use rustls::pki_types::{CertificateDer, UnixTime};
 
 use crate::access::certs::hex;
 use crate::access::records::Records;
+use crate::access::users_trust::UsersTrust;
 use socialweb_broker_core::CertRecord;
 
 /// A certificate admitted to a cluster.
@@ -18,6 +19,9 @@ pub struct Admitted {
     pub did: String,
     /// Unix milliseconds; `None`: no expiry.
     pub not_after: Option<i64>,
+    /// The users CA that issued it (lowercase hex of its SHA-256), as recorded: a connection
+    /// stays admitted only while that CA is.
+    pub ca_sha256: Option<String>,
 }
 
 /// What a certificate says about itself (unverified).
@@ -95,17 +99,25 @@ impl std::fmt::Display for Refused {
     }
 }
 
-/// Checks `leaf` for `cluster`, whose users CA is `ca_der`.
+/// Checks `leaf` for `cluster`, whose users CAs are `trust`.
 pub fn admit(
     leaf: &[u8],
     cluster: &str,
-    ca_der: &[u8],
+    trust: &UsersTrust,
     records: &Records,
     now: SystemTime,
 ) -> Result<Admitted, Refused> {
     let p = read(leaf).map_err(Refused::Why)?;
-    let ca = CertificateDer::from(ca_der.to_vec());
-    let anchor = webpki::anchor_from_trusted_cert(&ca)
+    retired(&p, cluster, trust, records, now)?;
+    let cas: Vec<CertificateDer<'_>> = trust
+        .anchors(now)
+        .into_iter()
+        .map(|der| CertificateDer::from(der.to_vec()))
+        .collect();
+    let anchors = cas
+        .iter()
+        .map(webpki::anchor_from_trusted_cert)
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| Refused::Why(format!("cluster {cluster}'s users CA is unreadable: {e}")))?;
     let leaf_der = CertificateDer::from(leaf.to_vec());
     let ee = webpki::EndEntityCert::try_from(&leaf_der)
@@ -116,7 +128,7 @@ pub fn admit(
     );
     ee.verify_for_usage(
         webpki::ALL_VERIFICATION_ALGS,
-        &[anchor],
+        &anchors,
         &[],
         t,
         webpki::KeyUsage::client_auth(),
@@ -155,7 +167,7 @@ pub fn admit(
     let ca_matches = r
         .ca_sha256
         .as_deref()
-        .is_none_or(|fp| fp == crate::access::certs::sha256_hex(ca_der));
+        .is_none_or(|fp| trust.admits(fp, now));
     if r.cluster != cluster || r.did != p.common_name || !ca_matches {
         return Err(Refused::NotHere(format!(
             "the client certificate {} is not for cluster {cluster}",
@@ -168,7 +180,39 @@ pub fn admit(
         serial: r.serial,
         did: r.did,
         not_after: r.not_after,
+        ca_sha256: r.ca_sha256,
     })
+}
+
+/// Refuses, in words its holder should hear, a certificate this cluster's previous users CA
+/// issued once `cluster rotate-ca`'s overlap has ended (webpki would only say "unknown
+/// issuer"): its record names the cluster, the DID it carries and that CA.
+fn retired(
+    p: &Presented,
+    cluster: &str,
+    trust: &UsersTrust,
+    records: &Records,
+    now: SystemTime,
+) -> Result<(), Refused> {
+    let Some(r) = records.get(&p.serial) else {
+        return Ok(());
+    };
+    let ended = r
+        .ca_sha256
+        .as_deref()
+        .and_then(|fp| trust.retired(fp))
+        .filter(|until| now >= *until);
+    match ended {
+        Some(until) if r.cluster == cluster && r.did == p.common_name => {
+            Err(Refused::Why(format!(
+                "the client certificate {} was issued by cluster {cluster}'s previous users CA, \
+                 retired at {} by `cluster rotate-ca`; download a new kubeconfig",
+                p.serial,
+                when(socialweb_broker_core::millis(until))
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -189,6 +233,10 @@ mod tests {
         let ca1 = users_ca(&dir.join("c1"), "c1").unwrap();
         let ca2 = users_ca(&dir.join("c2"), "c2").unwrap();
         let ca1_der = der(ca1.ca_pem());
+        let trust1 = UsersTrust {
+            current: ca1_der.clone(),
+            previous: None,
+        };
         let now = SystemTime::now();
         let did = "did:key:zAlice";
         let good = issue(&ca1, did, Lifetime::For(Duration::from_secs(60)), now).unwrap();
@@ -207,29 +255,59 @@ mod tests {
             }))),
         };
         let records = Records::new(vec![record(&good, "c1"), record(&other, "c2")]);
-        let a = admit(&der(&good.cert_pem), "c1", &ca1_der, &records, now).unwrap();
+        let a = admit(&der(&good.cert_pem), "c1", &trust1, &records, now).unwrap();
         assert_eq!((a.cluster.as_str(), a.did.as_str()), ("c1", did));
 
-        let e = admit(&der(&other.cert_pem), "c1", &ca1_der, &records, now).unwrap_err();
+        let e = admit(&der(&other.cert_pem), "c1", &trust1, &records, now).unwrap_err();
         assert!(e.contains("not issued by cluster c1's CA"), "{e}");
         let later = now + Duration::from_secs(120);
-        let e = admit(&der(&good.cert_pem), "c1", &ca1_der, &records, later).unwrap_err();
+        let e = admit(&der(&good.cert_pem), "c1", &trust1, &records, later).unwrap_err();
         assert!(e.contains("expired"), "{e}");
         // The record of a certificate from an earlier CA of a cluster of the same name.
         let reborn = issue(&ca1, did, Lifetime::Never, now).unwrap();
         let mut r = record(&reborn, "c1");
         r.ca_sha256 = Some("00".repeat(32));
         records.insert(r);
-        let e = admit(&der(&reborn.cert_pem), "c1", &ca1_der, &records, now).unwrap_err();
+        let e = admit(&der(&reborn.cert_pem), "c1", &trust1, &records, now).unwrap_err();
         assert!(e.contains("is not for cluster c1"), "{e}");
         let unrecorded = issue(&ca1, did, Lifetime::Never, now).unwrap();
-        let e = admit(&der(&unrecorded.cert_pem), "c1", &ca1_der, &records, now).unwrap_err();
+        let e = admit(&der(&unrecorded.cert_pem), "c1", &trust1, &records, now).unwrap_err();
         assert!(e.contains("no record"), "{e}");
         let mut revoked = record(&good, "c1");
         revoked.revoked_at = Some(socialweb_broker_core::millis(now));
         records.revoked(revoked);
-        let e = admit(&der(&good.cert_pem), "c1", &ca1_der, &records, now).unwrap_err();
+        let e = admit(&der(&good.cert_pem), "c1", &trust1, &records, now).unwrap_err();
         assert!(e.contains("revoked at"), "{e}");
+
+        // c1's users CA rotated: what the old one issued is admitted until the overlap ends,
+        // then refused naming the rotation; the new one's certificates are admitted.
+        let ca3 = users_ca(&dir.join("c3"), "c1").unwrap();
+        let until = now + Duration::from_secs(30);
+        let rotated = UsersTrust {
+            current: der(ca3.ca_pem()),
+            previous: Some((ca1_der.clone(), until)),
+        };
+        let kept = issue(&ca1, did, Lifetime::Never, now).unwrap();
+        records.insert(record(&kept, "c1"));
+        let a = admit(&der(&kept.cert_pem), "c1", &rotated, &records, now).unwrap();
+        assert_eq!(
+            a.ca_sha256.as_deref(),
+            Some(crate::access::certs::sha256_hex(&ca1_der).as_str())
+        );
+        let e = admit(&der(&kept.cert_pem), "c1", &rotated, &records, until).unwrap_err();
+        assert!(e.contains("previous users CA, retired at"), "{e}");
+        assert!(matches!(e, Refused::Why(_)));
+        let fresh = issue(&ca3, did, Lifetime::Never, now).unwrap();
+        let mut r = record(&fresh, "c1");
+        r.ca_sha256 = Some(crate::access::certs::sha256_hex(&der(ca3.ca_pem())));
+        records.insert(r);
+        admit(&der(&fresh.cert_pem), "c1", &rotated, &records, until).unwrap();
+        // The new CA's certificate is no good where only the old one is trusted.
+        let e = admit(&der(&fresh.cert_pem), "c1", &trust1, &records, now).unwrap_err();
+        assert!(
+            e.contains("is not for cluster c1") || e.contains("not issued by"),
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 }

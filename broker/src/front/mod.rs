@@ -51,8 +51,9 @@ pub struct Mount {
     pub cluster: String,
     /// The owner's account hash (`None`: an operator's cluster, reachable by no path).
     pub account_hash: Option<String>,
-    /// The users CA (DER).
-    pub users_ca: Vec<u8>,
+    /// The users CAs it admits client certificates from (`cluster rotate-ca` adds the
+    /// previous one for an overlap).
+    pub users: crate::access::users_trust::UsersTrust,
     pub state: MountState,
 }
 
@@ -167,6 +168,16 @@ impl Front {
         if let Some(old) = old {
             self.mount(Mount {
                 state,
+                ..(*old).clone()
+            });
+        }
+    }
+
+    /// Sets a mounted cluster's users CAs (`cluster rotate-ca`; nothing when not mounted).
+    pub fn set_users_trust(&self, cluster: &str, users: crate::access::users_trust::UsersTrust) {
+        if let Some(old) = self.get(cluster) {
+            self.mount(Mount {
+                users,
                 ..(*old).clone()
             });
         }
@@ -423,13 +434,22 @@ fn who(front: &Front, conn: &Conn, leaf: &[u8], mount: &Mount) -> Result<Admitte
             .records
             .get(&a.serial)
             .ok_or_else(|| unauthorized("the client certificate's record is gone"))?;
-        admit::still_good(&r, SystemTime::now()).map_err(|e| unauthorized(&e))?;
-        return Ok(a);
+        let now = SystemTime::now();
+        admit::still_good(&r, now).map_err(|e| unauthorized(&e))?;
+        // Its CA retired since the connection was admitted (`cluster rotate-ca`'s overlap
+        // over): admitted again, or refused with why.
+        if a.ca_sha256
+            .as_deref()
+            .is_none_or(|fp| mount.users.admits(fp, now))
+        {
+            return Ok(a);
+        }
+        *conn.admitted.lock().expect("lock") = None;
     }
     let a = admit::admit(
         leaf,
         cluster,
-        &mount.users_ca,
+        &mount.users,
         &front.records,
         SystemTime::now(),
     )

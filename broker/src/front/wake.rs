@@ -151,7 +151,7 @@ mod tests {
         front.mount(Mount {
             cluster: "c".into(),
             account_hash: None,
-            users_ca: Vec::new(),
+            users: Default::default(),
             state,
         });
         front

@@ -1,0 +1,144 @@
+//! `cluster rotate-ca`: new CAs for a cluster. The users CA is replaced at once (the front
+//! admits the old one's certificates for the overlap: `access::users_trust`); the
+//! cluster's own CAs are made again at its control plane's next start
+//! (`control_plane::rotate`), which is now if it is awake.
+//!
+//! Refused while anything outside the control plane trusts the cluster's CA: its nodes (the
+//! kubelet trusts the one CA it joined with and holds a certificate of it; carrying nodes
+//! across needs a CA bundle in the node contract, not built yet), and the other hosts of a
+//! fleet (`store.key_file`: the store keeps the CAs and wins over a host's files).
+
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+use socialweb_broker_core::{ClusterPhase, millis};
+
+use super::{Clusters, past};
+use crate::access::certs::sha256_hex;
+use crate::command::{ClusterState, RotatedCa, ServiceError};
+
+/// The longest overlap: a month is long enough to hand every user a new kubeconfig.
+pub const MAX_OVERLAP: Duration = Duration::from_secs(30 * 24 * 3600);
+
+impl Clusters {
+    /// Rotates cluster `name`'s CAs; the old users CA's certificates are admitted for
+    /// `overlap` more. An awake cluster's control plane starts again with its new CAs,
+    /// waited for at most `wait`.
+    pub async fn rotate_ca(
+        &self,
+        name: &str,
+        overlap: Duration,
+        wait: Duration,
+    ) -> Result<RotatedCa, ServiceError> {
+        if overlap > MAX_OVERLAP {
+            return Err(ServiceError::Invalid(format!(
+                "overlap: {} is over the maximum of 30 days",
+                humantime::format_duration(overlap)
+            )));
+        }
+        if self.settings.seal_key.is_some() {
+            return Err(ServiceError::Conflict(
+                "cluster rotate-ca does not run with store.key_file set yet: the store keeps \
+                 the clusters' CAs for every host and would give the old ones back"
+                    .into(),
+            ));
+        }
+        let lock = self.lock(name).await;
+        let c = self.record(name).await?;
+        if c.state == ClusterPhase::Deleting {
+            return Err(ServiceError::Conflict(format!(
+                "name: cluster {name:?} is being deleted"
+            )));
+        }
+        let dir = self.dir_of(&c);
+        self.no_nodes(name, &dir).await?;
+        let old = self
+            .access
+            .users_trust(&dir)
+            .map_err(ServiceError::internal)?;
+        let until = SystemTime::now() + overlap;
+        let new = crate::access::users_trust::rotate(&dir, name, until)
+            .map_err(ServiceError::internal)?;
+        self.front.set_users_trust(name, new.clone());
+        crate::control_plane::rotate::ask(&dir).map_err(ServiceError::internal)?;
+        tracing::info!(cluster = %name, until = %humantime::format_rfc3339_seconds(until),
+                       "CAs rotated: the users CA now, the cluster's at its next start");
+        let handle = {
+            let running = self.running.lock().expect("lock");
+            running.get(name).map(|h| (h.life.clone(), h.state.clone()))
+        };
+        drop(lock);
+        let mut made = false;
+        if let Some((life, mut rx)) = handle
+            && matches!(*rx.borrow(), ClusterState::Ready)
+        {
+            life.ask_restart();
+            // Out of ready (the restart began), then to where the start ends.
+            past(&mut rx, wait, |s| matches!(s, ClusterState::Ready)).await;
+            past(&mut rx, wait, |s| {
+                matches!(s, ClusterState::Starting { .. })
+            })
+            .await;
+            made = !crate::control_plane::rotate::asked(&dir);
+        }
+        Ok(RotatedCa {
+            cluster: name.to_string(),
+            users_ca_sha256: sha256_hex(&new.current),
+            previous_users_ca_sha256: sha256_hex(&old.current),
+            previous_admitted_until: millis(until),
+            cluster_cas: if made { "made" } else { "at_next_start" }.into(),
+            info: self.info(name).await?,
+        })
+    }
+
+    /// Refuses while cluster `name` has a node or one on its way: the broker's provisions,
+    /// and, if its apiserver serves, any Node (one joined by hand has no provision).
+    async fn no_nodes(&self, name: &str, dir: &std::path::Path) -> Result<(), ServiceError> {
+        let provisions = self
+            .store
+            .provisions(Some(name))
+            .await
+            .map_err(ServiceError::internal)?;
+        let mut nodes: Vec<String> = provisions
+            .iter()
+            .filter(|p| !p.state.ended())
+            .map(|p| format!("{} ({})", p.node, p.state.as_str()))
+            .collect();
+        if self.front.serves(name) {
+            let listed = async {
+                let client = crate::tenant::client(&dir.join("pki/admin.kubeconfig")).await?;
+                let list = Api::<Node>::all(client)
+                    .list(&ListParams::default())
+                    .await?;
+                anyhow::Ok(list.items)
+            };
+            let items = tokio::time::timeout(Duration::from_secs(15), listed)
+                .await
+                .map_err(|_| anyhow::anyhow!("listing its nodes took over 15 s"))
+                .and_then(|r| r)
+                .map_err(|e| {
+                    ServiceError::Unavailable(format!(
+                        "cluster {name}: its nodes could not be listed, so its CAs were not \
+                         rotated: {e:#}"
+                    ))
+                })?;
+            for n in items {
+                let n = n.metadata.name.unwrap_or_default();
+                if !nodes.iter().any(|x| x.starts_with(&format!("{n} "))) {
+                    nodes.push(n);
+                }
+            }
+        }
+        if nodes.is_empty() {
+            return Ok(());
+        }
+        Err(ServiceError::Conflict(format!(
+            "cluster {name} has {} node(s): {}. Its nodes trust the CA they joined with and \
+             would lose the cluster when it changes; rotate its CAs once it has scaled to zero \
+             (or hibernated)",
+            nodes.len(),
+            nodes.join(", ")
+        )))
+    }
+}
