@@ -152,18 +152,27 @@ fn rotate_ca_waits_for_zero_nodes_then_retires_the_old_cas_after_the_overlap() {
     step(&format!("refused while {node} is up"));
     b.kubectl(CLUSTER, &["delete", "pod", "job", "--wait=false"])
         .unwrap();
+    let took = std::cell::Cell::new(Duration::ZERO);
     let r = wait_for(
         "a rotation once the node is gone",
         Duration::from_secs(240),
-        || match rotate() {
-            Ok(r) => Ok(Some(r)),
-            Err(e) if e.to_string().contains("node(s)") => Ok(None),
-            Err(e) => Err(e),
+        || {
+            let t0 = Instant::now();
+            let r = rotate();
+            took.set(t0.elapsed());
+            match r {
+                Ok(r) => Ok(Some(r)),
+                Err(e) if e.to_string().contains("node(s)") => Ok(None),
+                Err(e) => Err(e),
+            }
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
     let rotated_at = SystemTime::now();
-    step(&format!("rotated: {r}"));
+    step(&format!(
+        "rotated in {:.1} s (its control plane restarted): {r}",
+        took.get().as_secs_f64()
+    ));
     assert_eq!(r["cluster_cas"], "made", "{r}");
     assert_eq!(r["info"]["state"], "ready", "{r}");
     assert_ne!(r["users_ca_sha256"], r["previous_users_ca_sha256"]);
