@@ -988,8 +988,9 @@ async fn api_call(
     })
 }
 
-async fn cluster(command: ClusterCommand, c: ClientArgs) -> Result<()> {
-    let (req, timeout) = match &command {
+/// The control-socket request a `cluster` subcommand makes, and how long to wait for it.
+fn cluster_request(command: &ClusterCommand) -> (Request, Duration) {
+    match command {
         ClusterCommand::Create {
             name,
             wait,
@@ -1048,7 +1049,11 @@ async fn cluster(command: ClusterCommand, c: ClientArgs) -> Result<()> {
             Request::DeleteCluster { name: name.clone() },
             Duration::from_secs(300),
         ),
-    };
+    }
+}
+
+async fn cluster(command: ClusterCommand, c: ClientArgs) -> Result<()> {
+    let (req, timeout) = cluster_request(&command);
     let reply = ctl::call(&c.ctl_socket, &req, timeout).await?;
     if c.json {
         let v = match &reply {

@@ -82,14 +82,13 @@ impl Services {
                 name,
                 overlap_secs,
                 wait_secs,
-            } => Ok(Reply::Rotated(Box::new(
-                c.rotate_ca(
-                    &name,
-                    Duration::from_secs(overlap_secs),
-                    Duration::from_secs(wait_secs),
-                )
-                .await?,
-            ))),
+            } => {
+                let overlap = Duration::from_secs(overlap_secs);
+                let wait = Duration::from_secs(wait_secs);
+                Ok(Reply::Rotated(Box::new(
+                    c.rotate_ca(&name, overlap, wait).await?,
+                )))
+            }
             Command::ListClusters => Ok(Reply::Clusters(c.list(None).await?)),
             Command::ShowCluster { name } => Ok(Reply::Detail(Box::new(c.show(&name).await?))),
             Command::Leases => {

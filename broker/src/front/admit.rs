@@ -109,6 +109,42 @@ pub fn admit(
 ) -> Result<Admitted, Refused> {
     let p = read(leaf).map_err(Refused::Why)?;
     retired(&p, cluster, trust, records, now)?;
+    chained(leaf, &p, cluster, trust, now)?;
+    let r = records.get(&p.serial).ok_or_else(|| {
+        Refused::Why(format!(
+            "the client certificate {} has no record at this broker (its cluster was deleted?)",
+            p.serial
+        ))
+    })?;
+    // A record of a cluster's earlier incarnation (same name, another CA) is not this one's.
+    let ca_matches = r
+        .ca_sha256
+        .as_deref()
+        .is_none_or(|fp| trust.admits(fp, now));
+    if r.cluster != cluster || r.did != p.common_name || !ca_matches {
+        return Err(Refused::NotHere(format!(
+            "the client certificate {} is not for cluster {cluster}",
+            p.serial
+        )));
+    }
+    still_good(&r, now).map_err(Refused::Why)?;
+    Ok(Admitted {
+        cluster: cluster.to_string(),
+        serial: r.serial,
+        did: r.did,
+        not_after: r.not_after,
+        ca_sha256: r.ca_sha256,
+    })
+}
+
+/// Whether `leaf` (read as `p`) chains to a users CA of `cluster` admitted at `now`.
+fn chained(
+    leaf: &[u8],
+    p: &Presented,
+    cluster: &str,
+    trust: &UsersTrust,
+    now: SystemTime,
+) -> Result<(), Refused> {
     let cas: Vec<CertificateDer<'_>> = trust
         .anchors(now)
         .into_iter()
@@ -157,31 +193,7 @@ pub fn admit(
             p.serial
         )),
     })?;
-    let r = records.get(&p.serial).ok_or_else(|| {
-        Refused::Why(format!(
-            "the client certificate {} has no record at this broker (its cluster was deleted?)",
-            p.serial
-        ))
-    })?;
-    // A record of a cluster's earlier incarnation (same name, another CA) is not this one's.
-    let ca_matches = r
-        .ca_sha256
-        .as_deref()
-        .is_none_or(|fp| trust.admits(fp, now));
-    if r.cluster != cluster || r.did != p.common_name || !ca_matches {
-        return Err(Refused::NotHere(format!(
-            "the client certificate {} is not for cluster {cluster}",
-            p.serial
-        )));
-    }
-    still_good(&r, now).map_err(Refused::Why)?;
-    Ok(Admitted {
-        cluster: cluster.to_string(),
-        serial: r.serial,
-        did: r.did,
-        not_after: r.not_after,
-        ca_sha256: r.ca_sha256,
-    })
+    Ok(())
 }
 
 /// Refuses, in words its holder should hear, a certificate this cluster's previous users CA

@@ -4,7 +4,7 @@
 //! rotation; a new one works; a certificate the old cluster CA's key signs (a leaked key)
 //! no longer reaches the apiserver; Pods see the new CA; a node rented afterwards joins.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use testbed::broker::{Broker, BrokerOptions};
@@ -109,56 +109,69 @@ fn same_pem(a: &str, b: &str) -> bool {
     a.trim() == b.trim()
 }
 
-#[test]
-fn rotate_ca_waits_for_zero_nodes_then_retires_the_old_cas_after_the_overlap() {
-    let t = Instant::now();
-    let step = |what: &str| eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
-    let world = World::new(1).unwrap();
-    let b = Broker::start(&world, BrokerOptions::default()).unwrap();
-    let dir = TempDir::new("rotate-ca").unwrap();
-    let u = User::new(&b, dir.path(), CLUSTER);
-    let pki = b.cluster_dir(CLUSTER).join("pki");
-    // What a thief of the cluster CA's key would hold.
-    let old = dir.path().join("old-ca");
+/// What a thief of the cluster CA's key would hold: the CA (PEM) and a `system:masters`
+/// certificate signed with a copy of its key, which the apiserver at `url` admits now.
+struct Stolen {
+    ca: String,
+    url: String,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+fn steal(b: &Broker<'_>, pki: &Path, dir: &Path) -> Stolen {
+    let old = dir.join("old-ca");
     std::fs::create_dir_all(&old).unwrap();
     for f in ["ca.crt", "ca.key"] {
         std::fs::copy(pki.join(f), old.join(f)).unwrap();
     }
-    let old_ca = std::fs::read_to_string(old.join("ca.crt")).unwrap();
     let admin: serde_json::Value =
         serde_json::from_slice(&std::fs::read(b.kubeconfig(CLUSTER)).unwrap()).unwrap();
-    let url = admin["clusters"][0]["cluster"]["server"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let (fcert, fkey) = forged(&b, &old);
-    assert_eq!(
-        apiserver_answers(&b, &url, &fcert, &fkey),
-        "200",
-        "the old key signs an admin"
-    );
+    let url = admin["clusters"][0]["cluster"]["server"].as_str().unwrap();
+    let (cert, key) = forged(b, &old);
+    let s = Stolen {
+        ca: std::fs::read_to_string(old.join("ca.crt")).unwrap(),
+        url: url.to_string(),
+        cert,
+        key,
+    };
+    assert_eq!(s.answer(b), "200", "the old key signs an admin");
+    s
+}
 
-    // A node: refused, naming it.
-    b.apply(CLUSTER, &super::pod("job", "sleep 3600")).unwrap();
-    let node = super::verdict::running_on(&b, CLUSTER, "job", Duration::from_secs(180));
+impl Stolen {
+    fn answer(&self, b: &Broker<'_>) -> String {
+        apiserver_answers(b, &self.url, &self.cert, &self.key)
+    }
+}
+
+fn rotate(b: &Broker<'_>) -> anyhow::Result<serde_json::Value> {
     let overlap = format!("{}s", OVERLAP.as_secs());
-    let rotate = || b.cli_json(&["cluster", "rotate-ca", CLUSTER, "--overlap", &overlap]);
-    let e = rotate().unwrap_err().to_string();
+    b.cli_json(&["cluster", "rotate-ca", CLUSTER, "--overlap", &overlap])
+}
+
+/// With a Pod on a rented node: refused, naming the node, nothing changed. The Pod is
+/// deleted; returns the node's name.
+fn refused_with_a_node(b: &Broker<'_>, pki: &Path, stolen: &Stolen) -> String {
+    b.apply(CLUSTER, &super::pod("job", "sleep 3600")).unwrap();
+    let node = super::verdict::running_on(b, CLUSTER, "job", Duration::from_secs(180));
+    let e = rotate(b).unwrap_err().to_string();
     assert!(e.contains("has 1 node(s)") && e.contains(&node), "{e}");
-    assert!(same_pem(
-        &std::fs::read_to_string(pki.join("ca.crt")).unwrap(),
-        &old_ca
-    ));
-    step(&format!("refused while {node} is up"));
+    let ca = std::fs::read_to_string(pki.join("ca.crt")).unwrap();
+    assert!(same_pem(&ca, &stolen.ca), "the CA unchanged");
     b.kubectl(CLUSTER, &["delete", "pod", "job", "--wait=false"])
         .unwrap();
+    node
+}
+
+/// Rotates as soon as the node is gone: the reply and how long the call that did took.
+fn rotated_at_zero(b: &Broker<'_>) -> (serde_json::Value, Duration) {
     let took = std::cell::Cell::new(Duration::ZERO);
     let r = wait_for(
         "a rotation once the node is gone",
         Duration::from_secs(240),
         || {
             let t0 = Instant::now();
-            let r = rotate();
+            let r = rotate(b);
             took.set(t0.elapsed());
             match r {
                 Ok(r) => Ok(Some(r)),
@@ -168,72 +181,55 @@ fn rotate_ca_waits_for_zero_nodes_then_retires_the_old_cas_after_the_overlap() {
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
-    let rotated_at = SystemTime::now();
-    step(&format!(
-        "rotated in {:.1} s (its control plane restarted): {r}",
-        took.get().as_secs_f64()
-    ));
     assert_eq!(r["cluster_cas"], "made", "{r}");
     assert_eq!(r["info"]["state"], "ready", "{r}");
     assert_ne!(r["users_ca_sha256"], r["previous_users_ca_sha256"]);
+    (r, took.get())
+}
 
-    // Within the overlap: the old kubeconfig works, and so does a new one.
-    u.ok(&b, &["get", "pods"]);
-    let key = dir.path().join("user.key");
-    let fresh = dir.path().join("fresh.kubeconfig");
+/// A kubeconfig of the new users CA, for the user whose key is in `dir`.
+fn fresh_kubeconfig(b: &Broker<'_>, dir: &Path) -> User {
+    let fresh = dir.join("fresh.kubeconfig");
+    let out = ["--out", fresh.to_str().unwrap()];
+    let key = dir.join("user.key");
     b.api(
         &key,
-        &[
-            "kubeconfig",
-            CLUSTER,
-            "--lifetime",
-            "2h",
-            "--out",
-            fresh.to_str().unwrap(),
-        ],
+        &[&["kubeconfig", CLUSTER, "--lifetime", "2h"][..], &out].concat(),
     )
     .unwrap();
-    let new_user = User { kubeconfig: fresh };
-    new_user.ok(&b, &["get", "pods"]);
-    step("the old and the new kubeconfig both work within the overlap");
+    User { kubeconfig: fresh }
+}
 
-    // The cluster's CA is new: the old key's admin is refused, the admin kubeconfig works,
-    // Pods and joining nodes are given the new CA.
+/// The cluster CA is new: the old key's admin is refused, the admin kubeconfig works, Pods
+/// and joining nodes are given the new CA.
+fn cluster_ca_replaced(b: &Broker<'_>, pki: &Path, stolen: &Stolen) {
     let new_ca = std::fs::read_to_string(pki.join("ca.crt")).unwrap();
-    assert!(!same_pem(&new_ca, &old_ca), "a new cluster CA");
-    assert_eq!(
-        apiserver_answers(&b, &url, &fcert, &fkey),
-        "401",
-        "the old key's admin"
-    );
+    assert!(!same_pem(&new_ca, &stolen.ca), "a new cluster CA");
+    assert_eq!(stolen.answer(b), "401", "the old key's admin");
     b.kubectl(CLUSTER, &["get", "--raw", "/readyz"]).unwrap();
     wait_for("Pods given the new CA", Duration::from_secs(60), || {
-        Ok(same_pem(&pods_ca(&b), &new_ca).then_some(()))
+        Ok(same_pem(&pods_ca(b), &new_ca).then_some(()))
     })
-    .unwrap_or_else(|e| panic!("{e:#}: {}", pods_ca(&b)));
-    let info = b.kubectl_json(
-        CLUSTER,
-        &["get", "configmap", "cluster-info", "-n", "kube-public"],
-    );
+    .unwrap_or_else(|e| panic!("{e:#}: {}", pods_ca(b)));
+    let info = b
+        .kubectl_json(
+            CLUSTER,
+            &["get", "configmap", "cluster-info", "-n", "kube-public"],
+        )
+        .unwrap();
     assert!(
-        info.unwrap().to_string().contains(&base64_of(&new_ca)),
+        info.to_string().contains(&base64_of(&new_ca)),
         "cluster-info names the new CA"
     );
-    step("the cluster CA is new: the old key's certificate refused, Pods given the new CA");
+}
 
-    // A node rented now joins under the new CA.
-    b.apply(CLUSTER, &super::pod("after", "sleep 3600"))
-        .unwrap();
-    let node = super::verdict::running_on(&b, CLUSTER, "after", Duration::from_secs(180));
-    step(&format!("a Pod runs on {node}, rented after the rotation"));
-
-    // After the overlap: the old kubeconfig is refused with why; the new one works.
-    let end = rotated_at + OVERLAP + Duration::from_secs(2);
-    if let Ok(left) = end.duration_since(SystemTime::now()) {
+/// After the overlap ends (`until`): `old` is refused, naming the rotation.
+fn refused_after(b: &Broker<'_>, old: &User, until: SystemTime) {
+    if let Ok(left) = (until + Duration::from_secs(2)).duration_since(SystemTime::now()) {
         std::thread::sleep(left);
     }
     let o = b
-        .kubectl_as(&u.kubeconfig, &[], &["get", "pods"])
+        .kubectl_as(&old.kubeconfig, &[], &["get", "pods"])
         .output()
         .unwrap();
     assert!(!o.status.success(), "the old kubeconfig after the overlap");
@@ -242,6 +238,42 @@ fn rotate_ca_waits_for_zero_nodes_then_retires_the_old_cas_after_the_overlap() {
         m.contains("previous users CA, retired at") && m.contains("rotate-ca"),
         "{m}"
     );
+}
+
+#[test]
+fn rotate_ca_waits_for_zero_nodes_then_retires_the_old_cas_after_the_overlap() {
+    let t = Instant::now();
+    let step = |what: &str| eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
+    let world = World::new(1).unwrap();
+    let b = Broker::start(&world, BrokerOptions::default()).unwrap();
+    let dir = TempDir::new("rotate-ca").unwrap();
+    let u = User::new(&b, dir.path(), CLUSTER);
+    let pki = b.cluster_dir(CLUSTER).join("pki");
+    let stolen = steal(&b, &pki, dir.path());
+
+    let node = refused_with_a_node(&b, &pki, &stolen);
+    step(&format!("refused while {node} is up"));
+    let (r, took) = rotated_at_zero(&b);
+    let until = SystemTime::UNIX_EPOCH
+        + Duration::from_millis(r["previous_admitted_until"].as_u64().unwrap());
+    step(&format!(
+        "rotated in {:.1} s (its control plane restarted): {r}",
+        took.as_secs_f64()
+    ));
+
+    u.ok(&b, &["get", "pods"]);
+    let new_user = fresh_kubeconfig(&b, dir.path());
+    new_user.ok(&b, &["get", "pods"]);
+    step("the old and the new kubeconfig both work within the overlap");
+
+    cluster_ca_replaced(&b, &pki, &stolen);
+    step("the cluster CA is new: the old key's certificate refused, Pods given the new CA");
+    b.apply(CLUSTER, &super::pod("after", "sleep 3600"))
+        .unwrap();
+    let node = super::verdict::running_on(&b, CLUSTER, "after", Duration::from_secs(180));
+    step(&format!("a Pod runs on {node}, rented after the rotation"));
+
+    refused_after(&b, &u, until);
     new_user.ok(&b, &["get", "pods"]);
     step("after the overlap: the old kubeconfig refused naming the rotation, the new one works");
 }
