@@ -83,11 +83,11 @@ impl Services {
                 overlap_secs,
                 wait_secs,
             } => {
-                let overlap = Duration::from_secs(overlap_secs);
-                let wait = Duration::from_secs(wait_secs);
-                Ok(Reply::Rotated(Box::new(
-                    c.rotate_ca(&name, overlap, wait).await?,
-                )))
+                let secs = Duration::from_secs;
+                let r = c
+                    .rotate_ca(&name, secs(overlap_secs), secs(wait_secs))
+                    .await?;
+                Ok(Reply::Rotated(Box::new(r)))
             }
             Command::ListClusters => Ok(Reply::Clusters(c.list(None).await?)),
             Command::ShowCluster { name } => Ok(Reply::Detail(Box::new(c.show(&name).await?))),
