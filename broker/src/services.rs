@@ -91,23 +91,7 @@ impl Services {
             }
             Command::ListClusters => Ok(Reply::Clusters(c.list(None).await?)),
             Command::ShowCluster { name } => Ok(Reply::Detail(Box::new(c.show(&name).await?))),
-            Command::Leases => {
-                let leases = self
-                    .provisioner
-                    .leases(crate::provision::Scope::Broker)
-                    .await
-                    .map_err(|e| ServiceError::internal(anyhow::anyhow!(e)))?;
-                // The provider each lease is at, as this broker names it.
-                Ok(Reply::Leases(
-                    leases
-                        .into_iter()
-                        .map(|(provider, mut l)| {
-                            l.tags.insert("provider".into(), provider);
-                            l
-                        })
-                        .collect(),
-                ))
-            }
+            Command::Leases => self.leases().await,
             Command::CreateInvite { expires_secs, note } => Ok(Reply::Invite(Box::new(
                 self.policy
                     .create_invite(Duration::from_secs(expires_secs), &note)
@@ -127,6 +111,25 @@ impl Services {
                 other.name()
             ))),
         }
+    }
+
+    /// The provider's own view of this broker's leases, each tagged with the provider it is
+    /// at, as this broker names it.
+    async fn leases(&self) -> Result<Reply, ServiceError> {
+        let leases = self
+            .provisioner
+            .leases(crate::provision::Scope::Broker)
+            .await
+            .map_err(|e| ServiceError::internal(anyhow::anyhow!(e)))?;
+        Ok(Reply::Leases(
+            leases
+                .into_iter()
+                .map(|(provider, mut l)| {
+                    l.tags.insert("provider".into(), provider);
+                    l
+                })
+                .collect(),
+        ))
     }
 
     async fn user(&self, did: &str, cmd: Command) -> Result<Reply, ServiceError> {
