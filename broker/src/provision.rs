@@ -30,7 +30,7 @@ use crate::market::{Market, MarketError};
 
 mod reconcile;
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::{Fence, Store};
 use crate::tenant;
 pub use reconcile::Scope;
 
@@ -114,6 +114,9 @@ pub struct Provisioner {
     /// checked against when it registers ([`Provisioner::check_shape`]). In memory: after a
     /// restart a node is checked against what its shape is counted at then.
     counted: std::sync::Mutex<HashMap<String, (u64, u64)>>,
+    /// The lease each cluster's provisions are written under on this fleet host, while it
+    /// runs the cluster ([`Provisioner::fenced_by`]).
+    fences: std::sync::Mutex<HashMap<String, Fence>>,
 }
 
 /// The providers' offers, by the broker's names for them.
@@ -219,7 +222,43 @@ impl Provisioner {
             shapes: tokio::sync::Mutex::new(None),
             learned: Default::default(),
             counted: Default::default(),
+            fences: Default::default(),
         }
+    }
+
+    /// The lease cluster `cluster`'s provisions are written under from now on (`None`: no
+    /// lease, outside a fleet or between its periods). Every write of one is conditional on
+    /// it in the store, and a release at a provider asks the store first: a host frozen or
+    /// cut off past its lease rents and releases nothing for a cluster another host runs.
+    pub fn fenced_by(&self, cluster: &str, fence: Option<Fence>) {
+        let mut fences = self.fences.lock().expect("the fences' lock");
+        match fence {
+            Some(f) => fences.insert(cluster.to_string(), f),
+            None => fences.remove(cluster),
+        };
+    }
+
+    fn fence_of(&self, cluster: &str) -> Option<Fence> {
+        self.fences
+            .lock()
+            .expect("the fences' lock")
+            .get(cluster)
+            .cloned()
+    }
+
+    /// Refuses when this host writes cluster `cluster` under a lease that is no longer the
+    /// cluster's: before a release at a provider, which the store cannot make conditional.
+    async fn still_holds(&self, cluster: &str) -> Result<()> {
+        let Some(f) = self.fence_of(cluster) else {
+            return Ok(());
+        };
+        anyhow::ensure!(
+            self.store.holds(cluster, &f).await?,
+            "not released: cluster {cluster:?}'s lease is no longer this host's (fence {}): \
+             another host runs it and its nodes",
+            f.fence
+        );
+        Ok(())
     }
 
     /// The providers' offers at the isolation RFPs ask for, asked at most every
@@ -309,7 +348,9 @@ impl Provisioner {
             created_at: now,
             updated_at: now,
         };
-        self.store.insert_provision(&p).await?;
+        self.store
+            .insert_provision(&p, self.fence_of(cluster).as_ref())
+            .await?;
         self.counted
             .lock()
             .expect("the counted nodes' lock")
@@ -336,7 +377,9 @@ impl Provisioner {
             p.reason = reason;
         }
         p.updated_at = millis(SystemTime::now());
-        self.store.update_provision(p).await?;
+        self.store
+            .update_provision(p, self.fence_of(&p.cluster).as_ref())
+            .await?;
         info!(cluster = %p.cluster, node = %p.node, from = from.as_str(), to = step.as_str(),
               reason = p.reason.as_deref().unwrap_or(""), "provision step");
         self.metrics.step(step);
@@ -368,13 +411,15 @@ impl Provisioner {
         self.market.release(provider, lease_id).await.map(|_| ())
     }
 
-    /// Releases `p`'s lease, at the provider it was accepted from.
-    pub async fn release_own(&self, p: &Provision, why: &str) -> Result<(), MarketError> {
-        match p.provider.as_deref() {
-            Some(provider) => self.release_lease(provider, &p.lease_id, why).await,
+    /// Releases `p`'s lease, at the provider it was accepted from, while this host still
+    /// holds the cluster's lease (a fleet's).
+    pub async fn release_own(&self, p: &Provision, why: &str) -> Result<()> {
+        let Some(provider) = p.provider.as_deref() else {
             // Accepted is written with the provider: a provision without one has no lease.
-            None => Ok(()),
-        }
+            return Ok(());
+        };
+        self.still_holds(&p.cluster).await?;
+        Ok(self.release_lease(provider, &p.lease_id, why).await?)
     }
 
     /// The node's identity document (contract 1), from its provision and its cluster.
@@ -552,13 +597,13 @@ impl Provisioner {
                     .provider
                     .as_deref()
                     .context("accepted without a provider")?;
+                if p.state == Step::Booting {
+                    self.checked_node(c, p).await?;
+                }
                 Sight::Lease(self.market.lease(provider, &p.lease_id).await?)
             }
             Step::Running => {
-                let node = Api::<Node>::all(c.client.clone()).get_opt(&p.node).await?;
-                if let Some(n) = &node {
-                    self.check_shape(c, p, n).await?;
-                }
+                let node = self.checked_node(c, p).await?;
                 Sight::Node {
                     ready: node.is_some_and(|n| tenant::node_joined(&n)),
                 }
@@ -576,12 +621,23 @@ impl Provisioner {
     /// scheduler has already given work keeps it (released, its Pods would be deleted with
     /// its Node): it is only told of, and learned from.
     async fn check_shape(&self, c: &ClusterCtx, p: &Provision, n: &Node) -> Result<()> {
-        let (Some(capacity), Some(allocatable)) = (
-            tenant::node_resources(n, tenant::Resources::Capacity),
-            tenant::node_resources(n, tenant::Resources::Allocatable),
-        ) else {
+        let Some(why) = self.short_of(p, n) else {
             return Ok(());
         };
+        let work = tenant::work_on(&c.client, &p.node, self.settings.expendable_cutoff).await?;
+        if let Some(pod) = work.first() {
+            warn!(cluster = %c.name, node = %p.node, pod = %pod,
+                  "{why}; kept, since the scheduler has given it work");
+            return Ok(());
+        }
+        bail!("{why}")
+    }
+
+    /// Learns what node `n` of provision `p` gives, and says why it is short of what the
+    /// plan counted its shape at, if it is.
+    fn short_of(&self, p: &Provision, n: &Node) -> Option<String> {
+        let capacity = tenant::node_resources(n, tenant::Resources::Capacity)?;
+        let allocatable = tenant::node_resources(n, tenant::Resources::Allocatable)?;
         let spec = self.spec_of(p);
         let counted = self
             .counted
@@ -599,20 +655,37 @@ impl Provisioner {
         };
         let short = socialweb_broker_core::offers::short(&r, capacity);
         self.learn(&p.topology, &spec, allocatable);
-        let Some(why) = short else {
-            return Ok(());
-        };
-        let why = format!(
-            "provider {} rented a node short of its shape: {why}",
-            p.provider.as_deref().unwrap_or("(unknown)")
-        );
-        let work = tenant::work_on(&c.client, &p.node, self.settings.expendable_cutoff).await?;
-        if let Some(pod) = work.first() {
-            warn!(cluster = %c.name, node = %p.node, pod = %pod,
-                  "{why}; kept, since the scheduler has given it work");
-            return Ok(());
+        short.map(|why| {
+            format!(
+                "provider {} rented a node short of its shape: {why}",
+                p.provider.as_deref().unwrap_or("(unknown)")
+            )
+        })
+    }
+
+    /// The Node of provision `p`, if it has registered, checked against its shape: a short
+    /// one is failed (the provision's lease released) whatever its step -- it may register,
+    /// and be found idle, before its provider calls it running.
+    async fn checked_node(&self, c: &ClusterCtx, p: &Provision) -> Result<Option<Node>> {
+        let node = Api::<Node>::all(c.client.clone()).get_opt(&p.node).await?;
+        if let Some(n) = &node {
+            self.check_shape(c, p, n).await?;
         }
-        bail!("{why}")
+        Ok(node)
+    }
+
+    /// Why a node about to be released unjoined is short of its shape, if its Node has
+    /// registered and is: released idle before its provider called it running, it would
+    /// otherwise teach the plan nothing, and the next plan would rent the same shape.
+    async fn short_before_release(&self, c: &ClusterCtx, p: &Provision) -> Option<String> {
+        if p.state == Step::Joined {
+            return None;
+        }
+        let n = Api::<Node>::all(c.client.clone())
+            .get_opt(&p.node)
+            .await
+            .ok()??;
+        self.short_of(p, &n)
     }
 
     /// Accepts `bids` best first: `accepted` (with the bid) is written before each call; a
@@ -760,6 +833,9 @@ impl Provisioner {
                           "release called off: a Pod was placed on the node");
                     return Ok(());
                 }
+            }
+            if let Some(short) = self.short_before_release(&c, &p).await {
+                return self.fail(&c, &mut p, short).await;
             }
             self.set(&mut p, Step::Releasing, Some(why)).await?;
         }

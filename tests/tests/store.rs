@@ -84,11 +84,11 @@ async fn exercise(url: &str) {
     );
     assert_ne!(other[0].1, 20002, "a busy port is skipped");
     let mut p = provision("demo", "demo-1");
-    s.insert_provision(&p).await.unwrap();
+    s.insert_provision(&p, None).await.unwrap();
     p.state = Step::Accepted;
     p.bid_id = Some("bid".into());
     p.updated_at = 5;
-    s.update_provision(&p).await.unwrap();
+    s.update_provision(&p, None).await.unwrap();
     s.record_decision(&DecisionRow {
         cluster: "demo".into(),
         at: millis(now),
@@ -445,6 +445,40 @@ async fn records_are_fenced(s: &Store) {
     s.set_hibernating("demo", None, Some(&fence("b", 2)))
         .await
         .unwrap();
+    provisions_are_fenced(s, &fence("a", 1), &fence("b", 2)).await;
+}
+
+/// A stale owner (`stale`) rents nothing and moves no node of the cluster the current one
+/// (`now`) runs: its new provision and its step are refused, and it is told before a
+/// release at a provider; the current owner's are written.
+async fn provisions_are_fenced(
+    s: &Store,
+    stale: &socialweb_broker::store::Fence,
+    now: &socialweb_broker::store::Fence,
+) {
+    let mut p = provision("demo", "demo-fenced");
+    p.id = "fenced".into();
+    let e = s.insert_provision(&p, Some(stale)).await.unwrap_err();
+    assert!(
+        format!("{e:#}").contains("no longer this host's (fence 1)"),
+        "{e:#}"
+    );
+    let mine = |s: Vec<socialweb_broker_core::Provision>| s.into_iter().any(|x| x.id == "fenced");
+    assert!(
+        !mine(s.provisions(Some("demo")).await.unwrap()),
+        "not written"
+    );
+    s.insert_provision(&p, Some(now)).await.unwrap();
+    assert!(mine(s.provisions(Some("demo")).await.unwrap()));
+    p.state = Step::Releasing;
+    let e = s.update_provision(&p, Some(stale)).await.unwrap_err();
+    assert!(format!("{e:#}").contains("fence 1"), "{e:#}");
+    let kept = s.provisions(Some("demo")).await.unwrap();
+    let kept = kept.iter().find(|x| x.id == "fenced").unwrap();
+    assert_eq!(kept.state, Step::Planned, "the stale step not written");
+    s.update_provision(&p, Some(now)).await.unwrap();
+    assert!(!s.holds("demo", stale).await.unwrap());
+    assert!(s.holds("demo", now).await.unwrap());
 }
 
 /// The attack on the per-DID and global limits: many createCluster calls at once, on the

@@ -310,13 +310,16 @@ impl Clusters {
         };
         life.now(Event::Claimed);
         life.fenced_by(Some(lease.fence()));
+        self.provisioner.fenced_by(name, Some(lease.fence()));
         if let Err(e) = fence_out_datastore(spec, &self.settings.metrics.fleet).await {
             life.fenced_by(None);
+            self.provisioner.fenced_by(name, None);
             lease.release().await;
             return Err(e);
         }
         let ended = self.awake(spec, life, stop, start, Some(&lease)).await;
         life.fenced_by(None);
+        self.provisioner.fenced_by(name, None);
         // Its control plane is down: nothing left for the watchdog to kill.
         crate::watchdog::clear(&spec.dir.join(crate::watchdog::DEADLINE_FILE));
         // Its nodes go to find the host that runs it next.

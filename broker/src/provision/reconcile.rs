@@ -58,6 +58,12 @@ impl Provisioner {
                 &all
             }
         };
+        if let Scope::Cluster(name) = scope
+            && let Err(e) = self.still_holds(name).await
+        {
+            warn!(?scope, "reconcile: {e:#}");
+            return None;
+        }
         let leases: Vec<Lease> = listed.iter().map(|(_, l)| l.clone()).collect();
         let mut left = Vec::new();
         for fix in reconcile(&self.broker_id, &leases, provisions) {

@@ -380,14 +380,26 @@ impl Store {
             .collect()
     }
 
-    pub async fn insert_provision(&self, p: &Provision) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO provisions (id, cluster, node, state, rfp_id, bid_id, lease_id, provider, \
-             token_id, token_secret, mesh_key, endpoint, reason, attempts, created_at, updated_at, \
-             node_ip, spec, topology) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
-             $19)",
-        )
+    /// Writes a new provision. Under a fleet's lease (`fence`), only while that lease is
+    /// still the cluster's ([`fenced`]).
+    pub async fn insert_provision(&self, p: &Provision, fence: Option<&Fence>) -> Result<()> {
+        let q = sqlx::query(match fence {
+            None => {
+                "INSERT INTO provisions (id, cluster, node, state, rfp_id, bid_id, lease_id, \
+                 provider, token_id, token_secret, mesh_key, endpoint, reason, attempts, \
+                 created_at, updated_at, node_ip, spec, topology) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+                 $17, $18, $19)"
+            }
+            Some(_) => {
+                "INSERT INTO provisions (id, cluster, node, state, rfp_id, bid_id, lease_id, \
+                 provider, token_id, token_secret, mesh_key, endpoint, reason, attempts, \
+                 created_at, updated_at, node_ip, spec, topology) \
+                 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+                 $17, $18, $19 WHERE EXISTS (SELECT 1 FROM owners \
+                 WHERE owners.cluster = $2 AND owners.host = $20 AND owners.fence = $21)"
+            }
+        })
         .bind(&p.id)
         .bind(&p.cluster)
         .bind(&p.node)
@@ -405,22 +417,33 @@ impl Store {
         .bind(p.created_at)
         .bind(p.updated_at)
         .bind(p.node_ip.map(|ip| ip.to_string()))
-        .bind(p.spec.map(|s| serde_json::to_string(&s).expect("a spec serializes")))
+        .bind(
+            p.spec
+                .map(|s| serde_json::to_string(&s).expect("a spec serializes")),
+        )
         .bind(
             (!p.topology.is_empty())
                 .then(|| serde_json::to_string(&p.topology).expect("a topology serializes")),
-        )
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        );
+        let written = fenced(q, fence).execute(&self.pool).await?.rows_affected();
+        self.refused_unless(written, &p.cluster, fence).await
     }
 
-    /// Writes a provision's state and what goes with it.
-    pub async fn update_provision(&self, p: &Provision) -> Result<()> {
-        sqlx::query(
-            "UPDATE provisions SET state = $1, rfp_id = $2, bid_id = $3, lease_id = $4, provider = $5, \
-             reason = $6, attempts = $7, updated_at = $8 WHERE id = $9",
-        )
+    /// Writes a provision's state and what goes with it. Under a fleet's lease (`fence`),
+    /// only while that lease is still the cluster's ([`fenced`]).
+    pub async fn update_provision(&self, p: &Provision, fence: Option<&Fence>) -> Result<()> {
+        let q = sqlx::query(match fence {
+            None => {
+                "UPDATE provisions SET state = $1, rfp_id = $2, bid_id = $3, lease_id = $4, \
+                 provider = $5, reason = $6, attempts = $7, updated_at = $8 WHERE id = $9"
+            }
+            Some(_) => {
+                "UPDATE provisions SET state = $1, rfp_id = $2, bid_id = $3, lease_id = $4, \
+                 provider = $5, reason = $6, attempts = $7, updated_at = $8 WHERE id = $9 \
+                 AND EXISTS (SELECT 1 FROM owners WHERE owners.cluster = provisions.cluster \
+                 AND owners.host = $10 AND owners.fence = $11)"
+            }
+        })
         .bind(p.state.as_str())
         .bind(&p.rfp_id)
         .bind(p.bid_id.clone())
@@ -429,10 +452,49 @@ impl Store {
         .bind(p.reason.clone())
         .bind(p.attempts)
         .bind(p.updated_at)
-        .bind(&p.id)
-        .execute(&self.pool)
-        .await?;
+        .bind(&p.id);
+        let written = fenced(q, fence).execute(&self.pool).await?.rows_affected();
+        self.refused_unless(written, &p.cluster, fence).await
+    }
+
+    /// A fenced write of cluster `cluster` that wrote nothing while the cluster is still
+    /// there: another host holds its lease now (this one was frozen or cut off past it and
+    /// writes on as if it still ran the cluster).
+    async fn refused_unless(
+        &self,
+        written: u64,
+        cluster: &str,
+        fence: Option<&Fence>,
+    ) -> Result<()> {
+        let Some(f) = fence.filter(|_| written == 0) else {
+            return Ok(());
+        };
+        if self
+            .cluster(cluster)
+            .await?
+            .is_some_and(|c| c.state != ClusterPhase::Deleting)
+        {
+            anyhow::bail!(
+                "not recorded: cluster {cluster:?}'s lease is no longer this host's (fence {}): \
+                 another host runs it",
+                f.fence
+            );
+        }
         Ok(())
+    }
+
+    /// Whether `fence` is still cluster `cluster`'s lease: asked right before what the
+    /// store cannot make conditional (a release at a provider).
+    pub async fn holds(&self, cluster: &str, fence: &Fence) -> Result<bool> {
+        let row = sqlx::query(
+            "SELECT 1 AS one FROM owners WHERE cluster = $1 AND host = $2 AND fence = $3",
+        )
+        .bind(cluster)
+        .bind(fence.host.clone())
+        .bind(fence.fence)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.is_some())
     }
 
     /// A cluster's provisions (every cluster's with `None`), oldest first.
@@ -544,6 +606,17 @@ impl Store {
 
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+/// `q` with the fence's host and number bound after its own parameters, if there is one.
+fn fenced<'q>(
+    q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
+    fence: Option<&Fence>,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>> {
+    match fence {
+        Some(f) => q.bind(f.host.clone()).bind(f.fence),
+        None => q,
     }
 }
 
