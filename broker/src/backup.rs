@@ -8,10 +8,10 @@
 //! (PKI, kubeconfigs, the users CAs, the front's CA, the tunnel key, the market keys, the
 //! embedded provider's records) is written whole (atomically or once) and copied as it is.
 //! Sockets, pidfiles, logs, SQLite's side files and the embedded provider's machines'
-//! scratch directories are not state. A PostgreSQL store is `pg_dump`'s; an etcd datastore
-//! cannot be copied consistently while it serves, and is skipped with a warning naming the
-//! cluster. `manifest.json` names every file with its size, mode and sha256; `restore`
-//! checks them all before it writes anything.
+//! scratch directories are not state. A PostgreSQL store is `pg_dump`'s. An etcd datastore
+//! is its snapshot while it serves, its files while it is stopped
+//! (`control_plane::etcd_backup`). `manifest.json` names every file with its size, mode and
+//! sha256; `restore` checks them all before it writes anything.
 
 use std::io::Read;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -41,6 +41,8 @@ pub struct Layout {
     pub clusters: PathBuf,
     /// Directories that are not state (the embedded provider's machines, the sockets').
     pub skip: Vec<PathBuf>,
+    /// The multicall `kube` binary: snapshots of serving etcd datastores.
+    pub kube: PathBuf,
 }
 
 impl Layout {
@@ -60,7 +62,7 @@ pub struct Entry {
     /// Its permission bits, as the broker left them (restored as they were).
     pub mode: u32,
     pub sha256: String,
-    /// `sqlite snapshot` (VACUUM INTO) or `file`.
+    /// `sqlite snapshot` (VACUUM INTO), `etcd snapshot` or `file`.
     pub how: String,
 }
 
@@ -154,7 +156,7 @@ enum Kind {
     Sqlite,
     /// Not state (a socket, pidfile, log, SQLite side file, temporary file).
     Ignore,
-    /// An etcd data directory: skipped, with a warning.
+    /// An etcd data directory: its snapshot, or its files when stopped.
     Etcd,
     /// A cluster's note that its objects are in PostgreSQL (`control_plane::postgres::MARKER`): copied,
     /// and the database named as not in the backup.
@@ -236,14 +238,6 @@ fn walk(
         match kind(layout, &path, &meta) {
             Kind::Dir => walk(layout, &path, out, skipped)?,
             Kind::Ignore => {}
-            Kind::Etcd => skipped.push(Skipped {
-                what: format!("cluster {}: its etcd datastore", cluster_name(dir)),
-                why: "etcd's data cannot be copied consistently while it serves with what \
-                      socialweb ships (no snapshot client); its PKI and kubeconfigs are in the \
-                      backup, its objects are not (use the kine datastore, or etcdctl \
-                      snapshot save)"
-                    .into(),
-            }),
             Kind::PostgresMarker => {
                 let db = std::fs::read_to_string(&path).unwrap_or_default();
                 skipped.push(Skipped {
@@ -289,6 +283,73 @@ async fn take(layout: &Layout, path: &Path, k: Kind, files: &Path) -> Result<Ent
         mode,
         sha256,
         how: how.into(),
+    })
+}
+
+/// A cluster's etcd data directory `data`: a snapshot of the etcd serving it, or its files
+/// as they are while it is stopped -- and a snapshot after all if it started meanwhile (a
+/// copy of a data directory in use may be torn).
+async fn take_etcd(layout: &Layout, data: &Path, files: &Path) -> Result<Vec<Entry>> {
+    use crate::control_plane::etcd_backup::serving;
+    let cluster = data
+        .parent()
+        .context("an etcd data directory is in a cluster's")?;
+    if !serving(cluster) {
+        let mut found = Vec::new();
+        files_under(data, &mut found)?;
+        let mut entries = Vec::new();
+        for f in found {
+            entries.push(take(layout, &f, Kind::File, files).await?);
+        }
+        if !serving(cluster) {
+            return Ok(entries);
+        }
+        for e in &entries {
+            std::fs::remove_file(files.join(&e.path))?;
+        }
+    }
+    Ok(vec![etcd_snapshot(layout, cluster, files).await?])
+}
+
+/// Every regular file under `dir`, depth first.
+fn files_under(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .collect::<std::io::Result<_>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let t = e.file_type()?;
+        if t.is_dir() {
+            files_under(&e.path(), out)?;
+        } else if t.is_file() {
+            out.push(e.path());
+        }
+    }
+    Ok(())
+}
+
+/// A snapshot of the etcd serving the cluster in `cluster`, as `<cluster>/etcd.snapshot`.
+async fn etcd_snapshot(layout: &Layout, cluster: &Path, files: &Path) -> Result<Entry> {
+    use crate::control_plane::etcd_backup::{SNAPSHOT, save};
+    let rel = cluster
+        .strip_prefix(&layout.state_dir)
+        .context("a cluster's directory is in the state directory")?
+        .join(SNAPSHOT);
+    let to = files.join(&rel);
+    if let Some(parent) = to.parent() {
+        socialweb_proc::owner_only::dir(parent)?;
+    }
+    save(&layout.kube, cluster, &to)
+        .await
+        .with_context(|| format!("cluster {}: its etcd's snapshot", cluster_name(cluster)))?;
+    std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))?;
+    let (sha256, size) = digest(&to)?;
+    Ok(Entry {
+        path: rel,
+        size,
+        mode: 0o600,
+        sha256,
+        how: "etcd snapshot".into(),
     })
 }
 
@@ -340,7 +401,10 @@ pub async fn backup(layout: &Layout, to: &Path, version: &str) -> Result<Manifes
     };
     let mut entries = Vec::new();
     for (path, k) in found {
-        entries.push(take(layout, &path, k, &files).await?);
+        match k {
+            Kind::Etcd => entries.extend(take_etcd(layout, &path, &files).await?),
+            k => entries.push(take(layout, &path, k, &files).await?),
+        }
     }
     let manifest = Manifest {
         format: 1,
@@ -452,6 +516,8 @@ mod tests {
             clusters: state.join("clusters"),
             skip: vec![state.join("local-provider/nodes")],
             state_dir: state,
+            // No etcd serves in these tests: never run.
+            kube: PathBuf::from("/nonexistent/kube"),
         }
     }
 
@@ -505,6 +571,11 @@ mod tests {
             "bolt",
             0o600,
         );
+        write(
+            &l.clusters.join("kv-89abcdef/etcd/member/wal/0.wal"),
+            "wal",
+            0o600,
+        );
         write(&s.join("tunnel.key"), "tk", 0o600);
         write(&s.join("local-provider/provider.json"), "{}", 0o600);
         write(&s.join("local-provider/nodes/x/agent.log"), "x", 0o644);
@@ -528,16 +599,20 @@ mod tests {
                 "clusters/ci-0123abcd/kine/state.db",
                 "clusters/ci-0123abcd/pki/ca.crt",
                 "clusters/ci-0123abcd/pki/ca.key",
+                // A stopped etcd (no live pidfile): its files as they are.
+                "clusters/kv-89abcdef/etcd/member/snap/db",
+                "clusters/kv-89abcdef/etcd/member/wal/0.wal",
                 "local-provider/provider.json",
                 "tunnel.key"
             ]
         );
-        assert_eq!(m.skipped.len(), 1, "{:?}", m.skipped);
-        assert!(m.skipped[0].what.contains("cluster kv"), "{:?}", m.skipped);
+        assert!(m.skipped.is_empty(), "{:?}", m.skipped);
         let to = layout(&d.join("restored"));
         restore(&to, &d.join("b")).unwrap();
         let key = to.clusters.join("ci-0123abcd/pki/ca.key");
         assert_eq!(mode_of(&key).unwrap(), 0o600);
+        let wal = to.clusters.join("kv-89abcdef/etcd/member/wal/0.wal");
+        assert_eq!(std::fs::read_to_string(wal).unwrap(), "wal");
         assert_eq!(
             mode_of(&to.clusters.join("ci-0123abcd/pki")).unwrap(),
             0o700

@@ -678,6 +678,7 @@ pub fn backup_layout(cfg: &Config) -> crate::backup::Layout {
         state_dir: p.state_dir,
         store: p.store,
         clusters: p.clusters,
+        kube: cfg.kube_dir.join("kube"),
     }
 }
 

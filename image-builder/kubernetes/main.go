@@ -13,11 +13,16 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 	_ "time/tzdata"
 
 	"github.com/spf13/cobra"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/snapshot"
+	restore "go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 	"k8s.io/component-base/cli"
 	_ "k8s.io/component-base/logs/json/register"
 	_ "k8s.io/component-base/metrics/prometheus/clientgo"
@@ -25,8 +30,8 @@ import (
 	kubectl "k8s.io/kubectl/pkg/cmd"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
-	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
+	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
@@ -35,7 +40,7 @@ func main() {
 	args := os.Args[1:]
 	if name == "kube" {
 		if len(args) == 0 {
-			fmt.Fprintln(os.Stderr, "usage: kube <apiserver|controller-manager|scheduler|kubelet|proxy|kubectl|etcd> [flags]")
+			fmt.Fprintln(os.Stderr, "usage: kube <apiserver|controller-manager|scheduler|kubelet|proxy|kubectl|etcd|etcd-snapshot> [flags]")
 			os.Exit(2)
 		}
 		name, args = args[0], args[1:]
@@ -56,6 +61,8 @@ func main() {
 		cmd = kubectl.NewDefaultKubectlCommand()
 	case "etcd":
 		os.Exit(runEtcd(args))
+	case "etcd-snapshot":
+		os.Exit(runEtcdSnapshot(args))
 	default:
 		fmt.Fprintf(os.Stderr, "kube: unknown component %q\n", name)
 		os.Exit(2)
@@ -140,4 +147,77 @@ func runEtcd(args []string) int {
 		fmt.Fprintf(os.Stderr, "etcd: %v\n", err)
 		return 1
 	}
+}
+
+// The embedded etcd's member as runEtcd makes it (embed's defaults): what a restore must
+// name for the restored data directory to start as that member.
+const (
+	memberName   = "default"
+	clusterToken = "etcd-cluster"
+)
+
+// runEtcdSnapshot is etcdctl's `snapshot save` and etcdutl's `snapshot restore` for the
+// embedded etcd (the broker's backups, docs/operations.md):
+//
+//	kube etcd-snapshot save --endpoint URL --cacert F --cert F --key F OUT
+//	kube etcd-snapshot restore --data-dir DIR --peer-url URL SNAPSHOT
+//
+// save writes a consistent snapshot of a serving etcd (its hash checked by restore);
+// restore makes a new data directory DIR (which must not exist) holding it, as the one
+// member runEtcd starts with --listen-peer-url URL.
+func runEtcdSnapshot(args []string) int {
+	if len(args) == 0 || (args[0] != "save" && args[0] != "restore") {
+		fmt.Fprintln(os.Stderr, "usage: kube etcd-snapshot save --endpoint URL --cacert F --cert F --key F OUT | restore --data-dir DIR --peer-url URL SNAPSHOT")
+		return 2
+	}
+	lg := zap.NewNop()
+	fs := flag.NewFlagSet("etcd-snapshot "+args[0], flag.ExitOnError)
+	if args[0] == "save" {
+		endpoint := fs.String("endpoint", "", "the serving etcd's client URL")
+		cacert := fs.String("cacert", "", "the CA its serving certificate is of")
+		cert := fs.String("cert", "", "a client certificate of the CA it checks clients against")
+		key := fs.String("key", "", "its key")
+		_ = fs.Parse(args[1:])
+		if *endpoint == "" || fs.NArg() != 1 {
+			fmt.Fprintln(os.Stderr, "etcd-snapshot save: --endpoint and one output file are required")
+			return 2
+		}
+		tlsInfo := transport.TLSInfo{CertFile: *cert, KeyFile: *key, TrustedCAFile: *cacert}
+		tlsCfg, err := tlsInfo.ClientConfig()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "etcd-snapshot save: TLS: %v\n", err)
+			return 1
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		cfg := clientv3.Config{Endpoints: []string{*endpoint}, TLS: tlsCfg, DialTimeout: 10 * time.Second, Logger: lg}
+		version, err := snapshot.SaveWithVersion(ctx, lg, cfg, fs.Arg(0))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "etcd-snapshot save: %s: %v\n", *endpoint, err)
+			return 1
+		}
+		fmt.Fprintf(os.Stderr, "etcd-snapshot: saved %s (etcd %s)\n", fs.Arg(0), version)
+		return 0
+	}
+	dataDir := fs.String("data-dir", "", "the new data directory (must not exist)")
+	peer := fs.String("peer-url", "", "the member's peer URL, as runEtcd's --listen-peer-url")
+	_ = fs.Parse(args[1:])
+	if *dataDir == "" || *peer == "" || fs.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "etcd-snapshot restore: --data-dir, --peer-url and one snapshot file are required")
+		return 2
+	}
+	err := restore.NewV3(lg).Restore(restore.RestoreConfig{
+		SnapshotPath:        fs.Arg(0),
+		Name:                memberName,
+		OutputDataDir:       *dataDir,
+		PeerURLs:            []string{*peer},
+		InitialCluster:      memberName + "=" + *peer,
+		InitialClusterToken: clusterToken,
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "etcd-snapshot restore: %s: %v\n", fs.Arg(0), err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "etcd-snapshot: restored %s into %s\n", fs.Arg(0), *dataDir)
+	return 0
 }

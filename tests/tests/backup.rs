@@ -141,6 +141,84 @@ fn a_backup_taken_while_serving_brings_the_cluster_back_into_an_empty_state_dire
     );
 }
 
+/// An etcd datastore (`--datastore etcd`) is in a backup taken while it serves: a snapshot
+/// of it, which the cluster's next start after the restore makes its data directory from --
+/// with the object created before the backup, not the one after.
+#[test]
+fn an_etcd_datastore_comes_back_from_its_snapshot() {
+    let t = Instant::now();
+    let world = World::new(1).unwrap();
+    let mut b = Broker::start(&world, BrokerOptions::default()).unwrap();
+    let created = b
+        .cli_json(&["cluster", "create", "kv", "--datastore", "etcd"])
+        .unwrap();
+    assert_eq!(created["state"], "ready", "{created}");
+    b.kubectl("kv", &["create", "configmap", "kept", "--from-literal=k=v"])
+        .unwrap();
+    let dir = TempDir::new("etcd-backup").unwrap();
+    let to = dir.path().join("b");
+    let m: Value = serde_json::from_str(
+        &b.operator("backup", &["--to", to.to_str().unwrap(), "--json"])
+            .unwrap(),
+    )
+    .unwrap();
+    let files = m["files"].as_array().unwrap();
+    let snap = files
+        .iter()
+        .find(|f| f["how"] == "etcd snapshot")
+        .unwrap_or_else(|| panic!("no etcd snapshot in {m}"));
+    assert!(
+        snap["path"].as_str().unwrap().ends_with("/etcd.snapshot")
+            && snap["size"].as_u64() > Some(0),
+        "{snap}"
+    );
+    assert!(
+        !files
+            .iter()
+            .any(|f| f["path"].as_str().unwrap().contains("/etcd/")),
+        "a serving etcd's files are not copied: {m}"
+    );
+    assert!(m["skipped"].as_array().unwrap().is_empty(), "{m}");
+    b.kubectl(
+        "kv",
+        &["create", "configmap", "later", "--from-literal=k=v"],
+    )
+    .unwrap();
+    step(t, &format!("backup taken while etcd served: {snap}"));
+
+    b.stop_broker().unwrap();
+    std::fs::remove_dir_all(&b.state).unwrap();
+    b.operator("restore", &["--from", to.to_str().unwrap()])
+        .unwrap();
+    let cluster = b
+        .state
+        .join(snap["path"].as_str().unwrap())
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    assert!(cluster.join("etcd.snapshot").exists() && !cluster.join("etcd").exists());
+    b.start_broker().unwrap();
+    b.wait_state("kv", "ready", Duration::from_secs(120));
+    let kept = b
+        .kubectl(
+            "kv",
+            &["get", "configmap", "kept", "-o", "jsonpath={.data.k}"],
+        )
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    assert_eq!(kept, "v");
+    let later = b.kubectl("kv", &["get", "configmap", "later"]).unwrap_err();
+    assert!(format!("{later:#}").contains("NotFound"), "{later:#}");
+    assert!(
+        !cluster.join("etcd.snapshot").exists(),
+        "the snapshot was used up"
+    );
+    assert!(cluster.join("etcd/member").is_dir());
+    step(
+        t,
+        "restored: etcd made from the snapshot, the ConfigMap from before it and not the one after",
+    );
+}
+
 /// `[backup]`: the daemon backs up on its own every `interval`, keeps the newest `keep`, and
 /// runs `command` on each finished backup (here, a copy off to another directory).
 #[test]

@@ -8,6 +8,7 @@
 //! no overlay, no bundled addons, and nodes joining with a token.
 
 pub mod cgroup;
+pub mod etcd_backup;
 pub mod postgres;
 pub mod rotate;
 pub mod runner;

@@ -263,13 +263,21 @@ impl Spec {
         self.dir.join("run").join(format!("{component}.pid"))
     }
 
-    /// The datastore's place in the cluster's directory: kine's (owner-only), or the note
-    /// naming its PostgreSQL database.
+    /// The datastore's place in the cluster's directory: kine's (owner-only), the note
+    /// naming its PostgreSQL database, or etcd's data directory (made from a restored
+    /// backup's snapshot if one waits) and its endpoint for backups.
     fn prepare_datastore(&self) -> Result<()> {
         match &self.datastore {
             Datastore::Kine { .. } => Ok(socialweb_proc::owner_only::dir(&self.dir.join("kine"))?),
             Datastore::KinePostgres { database, .. } => super::postgres::mark(&self.dir, database),
-            Datastore::Etcd => Ok(()),
+            Datastore::Etcd => {
+                let peer = format!("https://127.0.0.1:{}", self.ports.etcd_peer);
+                if super::etcd_backup::restore_pending(&self.kube, &self.dir, &peer)? {
+                    tracing::info!(cluster = %self.cluster, "etcd's data directory made from the restored backup's snapshot");
+                }
+                let client = format!("https://127.0.0.1:{}", self.ports.etcd_client);
+                super::etcd_backup::record_endpoint(&self.dir, &client)
+            }
         }
     }
 
