@@ -102,15 +102,16 @@ fn crash_point(name: &str) {
 }
 
 impl Clusters {
-    /// Starts the cluster's guard and the apiserver's control-plane egress, its way to the
-    /// guard (before the apiserver: it asks the guard from its first request on); the
+    /// Prepares the cluster's files (once: the bring-up starts the components with them),
+    /// starts its guard and the apiserver's control-plane egress, its way to the guard
+    /// (before the apiserver: it asks the guard from its first request on); the files, the
     /// manifests the cluster gets besides the join configuration, and where the control-plane
     /// egress finds the cluster's once it is served ([`Clusters::served`]).
     async fn guarded(
         &self,
         spec: &Spec,
         stop: &CancellationToken,
-    ) -> Result<(Vec<String>, Arc<OnceLock<Egress>>)> {
+    ) -> Result<(Files, Vec<String>, Arc<OnceLock<Egress>>)> {
         let files = spec.prepare()?;
         crate::guard::serve(
             files.guard_addr,
@@ -147,7 +148,7 @@ impl Clusters {
         if spec.isolated {
             extra.push(crate::control_plane::NODE_ISOLATION_MANIFEST.to_string());
         }
-        Ok((extra, to_cluster))
+        Ok((files, extra, to_cluster))
     }
 
     /// One awake period: the control plane up, the driver run, until `stop`, idle, or the
@@ -174,7 +175,7 @@ impl Clusters {
         if start.woke().is_some() {
             wake_fail_point()?;
         }
-        let (extra, to_cluster) = self.guarded(spec, &period).await?;
+        let (files, extra, to_cluster) = self.guarded(spec, &period).await?;
         let progress = Starting {
             life,
             cluster: name,
@@ -182,7 +183,7 @@ impl Clusters {
             early: start.wanted(),
             lease,
         };
-        let Some(up) = bring_up(spec.clone(), &extra, &progress, &period).await? else {
+        let Some(up) = bring_up(spec.clone(), files, &extra, &progress, &period).await? else {
             return Ok(Ended::Stopped);
         };
         let files = up.running.files.clone();

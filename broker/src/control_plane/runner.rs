@@ -609,9 +609,9 @@ async fn healthy(http: &reqwest::Client, addr: IpAddr, port: u16, path: Option<&
 }
 
 impl Running {
-    /// Starts the control plane of `spec`; its health says when it is ready.
-    pub fn start(spec: Spec) -> Result<Running> {
-        let files = spec.prepare()?;
+    /// Starts the control plane of `spec` with the `files` its [`Spec::prepare`] made; its
+    /// health says when it is ready.
+    pub fn start(spec: Spec, files: Files) -> Result<Running> {
         let egress_socket = spec.egress_socket();
         let (tx, rx) = watch::channel(Health::Starting("starting the datastore".into()));
         let (api_tx, api_rx) = watch::channel(false);

@@ -54,10 +54,12 @@ async fn end(cp: Running, progress: &dyn Progress) {
     }
 }
 
-/// Brings `spec`'s control plane up, applying the join configuration and `extra` manifests.
-/// `None` when `stop` was cancelled on the way (the components are stopped again).
+/// Brings `spec`'s control plane up with the `files` its [`Spec::prepare`] made, applying
+/// the join configuration and `extra` manifests. `None` when `stop` was cancelled on the way
+/// (the components are stopped again).
 pub async fn bring_up(
     spec: Spec,
+    files: super::runner::Files,
     extra: &[String],
     progress: &dyn Progress,
     stop: &CancellationToken,
@@ -74,7 +76,7 @@ pub async fn bring_up(
         progress.step("its database");
         server.ensure(database).await?;
     }
-    let mut cp = Running::start(spec)?;
+    let mut cp = Running::start(spec, files)?;
     progress.step("control plane starting");
     let mut api = cp.api_ready.clone();
     tokio::select! {
