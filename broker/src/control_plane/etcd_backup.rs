@@ -60,10 +60,7 @@ pub async fn save(kube: &Path, dir: &Path, to: &Path) -> Result<()> {
         .await
         .with_context(|| format!("running {}", kube.display()))?;
     if !out.status.success() {
-        bail!(
-            "{}",
-            String::from_utf8_lossy(&out.stderr).trim().to_string()
-        );
+        bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(())
 }
