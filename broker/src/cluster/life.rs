@@ -251,6 +251,13 @@ impl Clusters {
         Ok(Slept::Woken(t0))
     }
 
+    /// The lease this host writes cluster `name` under from now on (`None`: none), for its
+    /// state's writer and its provisions alike: every write of either is conditional on it.
+    fn fenced_by(&self, name: &str, life: &Writer, fence: Option<crate::store::Fence>) {
+        life.fenced_by(fence.clone());
+        self.provisioner.fenced_by(name, fence);
+    }
+
     /// One awake period on this host. In a fleet, it first waits for the cluster's lease
     /// (the front and the state saying which host runs it meanwhile), keeps it renewed
     /// while the control plane runs, and gives it up when the cluster hibernates or the
@@ -309,17 +316,14 @@ impl Clusters {
             Acquired::Stopped => return Ok(Ended::Stopped),
         };
         life.now(Event::Claimed);
-        life.fenced_by(Some(lease.fence()));
-        self.provisioner.fenced_by(name, Some(lease.fence()));
+        self.fenced_by(name, life, Some(lease.fence()));
         if let Err(e) = fence_out_datastore(spec, &self.settings.metrics.fleet).await {
-            life.fenced_by(None);
-            self.provisioner.fenced_by(name, None);
+            self.fenced_by(name, life, None);
             lease.release().await;
             return Err(e);
         }
         let ended = self.awake(spec, life, stop, start, Some(&lease)).await;
-        life.fenced_by(None);
-        self.provisioner.fenced_by(name, None);
+        self.fenced_by(name, life, None);
         // Its control plane is down: nothing left for the watchdog to kill.
         crate::watchdog::clear(&spec.dir.join(crate::watchdog::DEADLINE_FILE));
         // Its nodes go to find the host that runs it next.
