@@ -188,9 +188,15 @@ func runEtcdSnapshot(args []string) int {
 			fmt.Fprintf(os.Stderr, "etcd-snapshot save: TLS: %v\n", err)
 			return 1
 		}
+		cfg := clientv3.Config{Endpoints: []string{*endpoint}, TLS: tlsCfg, DialTimeout: 10 * time.Second, Logger: lg}
+		// Asked first, with a short deadline: an etcd that is not there (or refuses the
+		// certificate) fails the backup in seconds, not at the snapshot's deadline.
+		if err := reachable(cfg, *endpoint); err != nil {
+			fmt.Fprintf(os.Stderr, "etcd-snapshot save: %s: %v\n", *endpoint, err)
+			return 1
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		cfg := clientv3.Config{Endpoints: []string{*endpoint}, TLS: tlsCfg, DialTimeout: 10 * time.Second, Logger: lg}
 		version, err := snapshot.SaveWithVersion(ctx, lg, cfg, fs.Arg(0))
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "etcd-snapshot save: %s: %v\n", *endpoint, err)
@@ -220,4 +226,17 @@ func runEtcdSnapshot(args []string) int {
 	}
 	fmt.Fprintf(os.Stderr, "etcd-snapshot: restored %s into %s\n", fs.Arg(0), *dataDir)
 	return 0
+}
+
+// reachable asks the etcd at endpoint for its status within 10 seconds.
+func reachable(cfg clientv3.Config, endpoint string) error {
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = cli.Status(ctx, endpoint)
+	return err
 }

@@ -329,9 +329,25 @@ impl<'w> Broker<'w> {
     }
 
     /// `socialweb-broker <sub> --config <the broker's> [args]`, as the operator runs it
-    /// on the broker's host (`backup`, `restore`), its stdout.
+    /// on the broker's host (`backup`, `restore`): in its network namespace, whose loopback
+    /// the control planes serve on. Its stdout.
     pub fn operator(&self, sub: &str, args: &[&str]) -> Result<String> {
-        operator_command(sub, &self.config, args)
+        let out = self
+            .host
+            .command(&workspace_bin("socialweb-broker").to_string_lossy())
+            .arg(sub)
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "socialweb-broker {sub} --config {}: {}",
+                self.config.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
     /// Runs the broker with other failpoints from now on (after a crash).
