@@ -143,7 +143,8 @@ fn a_backup_taken_while_serving_brings_the_cluster_back_into_an_empty_state_dire
 
 /// An etcd datastore (`--datastore etcd`) is in a backup taken while it serves: a snapshot
 /// of it, which the cluster's next start after the restore makes its data directory from --
-/// with the object created before the backup, not the one after.
+/// with the object created before the backup, not the one after. A hibernating cluster's
+/// etcd, stopped, is in it as its files, and serves them again when woken.
 #[test]
 fn an_etcd_datastore_comes_back_from_its_snapshot() {
     let t = Instant::now();
@@ -155,6 +156,7 @@ fn an_etcd_datastore_comes_back_from_its_snapshot() {
     assert_eq!(created["state"], "ready", "{created}");
     b.kubectl("kv", &["create", "configmap", "kept", "--from-literal=k=v"])
         .unwrap();
+    let sleepy = asleep_on_etcd(&b);
     let dir = TempDir::new("etcd-backup").unwrap();
     let to = dir.path().join("b");
     let m: Value = serde_json::from_str(
@@ -179,6 +181,16 @@ fn an_etcd_datastore_comes_back_from_its_snapshot() {
         "a serving etcd's files are not copied: {m}"
     );
     assert!(m["skipped"].as_array().unwrap().is_empty(), "{m}");
+    let stopped: Vec<&str> = files
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .filter(|p| p.contains(&format!("{sleepy}/etcd/member/")))
+        .collect();
+    assert!(
+        stopped.iter().any(|p| p.ends_with("/snap/db"))
+            && stopped.iter().any(|p| p.contains("/wal/")),
+        "a stopped etcd's files: {m}"
+    );
     b.kubectl(
         "kv",
         &["create", "configmap", "later", "--from-literal=k=v"],
@@ -217,6 +229,46 @@ fn an_etcd_datastore_comes_back_from_its_snapshot() {
         t,
         "restored: etcd made from the snapshot, the ConfigMap from before it and not the one after",
     );
+    let woke = b.cli_json(&["cluster", "wake", "sleepy"]).unwrap();
+    assert_eq!(woke["state"], "ready", "{woke}");
+    let v = b
+        .kubectl(
+            "sleepy",
+            &["get", "configmap", "slept", "-o", "jsonpath={.data.k}"],
+        )
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    assert_eq!(v, "v");
+    step(
+        t,
+        "the hibernating cluster's etcd, backed up as its files, serves them woken",
+    );
+}
+
+/// A cluster on etcd with a ConfigMap, hibernating (its etcd stopped): its directory's name.
+fn asleep_on_etcd(b: &Broker<'_>) -> String {
+    let c = b
+        .cli_json(&[
+            "cluster",
+            "create",
+            "sleepy",
+            "--datastore",
+            "etcd",
+            "--hibernate-after",
+            "2s",
+        ])
+        .unwrap();
+    assert_eq!(c["state"], "ready", "{c}");
+    b.kubectl(
+        "sleepy",
+        &["create", "configmap", "slept", "--from-literal=k=v"],
+    )
+    .unwrap();
+    b.wait_state("sleepy", "hibernating", Duration::from_secs(90));
+    b.cluster_dir("sleepy")
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// `[backup]`: the daemon backs up on its own every `interval`, keeps the newest `keep`, and
