@@ -164,38 +164,7 @@ fn an_etcd_datastore_comes_back_from_its_snapshot() {
             .unwrap(),
     )
     .unwrap();
-    let files = m["files"].as_array().unwrap();
-    let snap = files
-        .iter()
-        .find(|f| f["how"] == "etcd snapshot")
-        .unwrap_or_else(|| panic!("no etcd snapshot in {m}"));
-    assert!(
-        snap["path"].as_str().unwrap().ends_with("/etcd.snapshot")
-            && snap["size"].as_u64() > Some(0),
-        "{snap}"
-    );
-    let kv = snap["path"]
-        .as_str()
-        .unwrap()
-        .trim_end_matches("etcd.snapshot");
-    assert!(
-        !files.iter().any(|f| f["path"]
-            .as_str()
-            .unwrap()
-            .starts_with(&format!("{kv}etcd/"))),
-        "a serving etcd's files are not copied: {m}"
-    );
-    assert!(m["skipped"].as_array().unwrap().is_empty(), "{m}");
-    let stopped: Vec<&str> = files
-        .iter()
-        .map(|f| f["path"].as_str().unwrap())
-        .filter(|p| p.contains(&format!("{sleepy}/etcd/member/")))
-        .collect();
-    assert!(
-        stopped.iter().any(|p| p.ends_with("/snap/db"))
-            && stopped.iter().any(|p| p.contains("/wal/")),
-        "a stopped etcd's files: {m}"
-    );
+    let snap = etcd_in(&m, &sleepy);
     b.kubectl(
         "kv",
         &["create", "configmap", "later", "--from-literal=k=v"],
@@ -247,6 +216,44 @@ fn an_etcd_datastore_comes_back_from_its_snapshot() {
         t,
         "the hibernating cluster's etcd, backed up as its files, serves them woken",
     );
+}
+
+/// The serving etcd's snapshot entry in backup manifest `m`, checked: a snapshot, none of
+/// its data directory's files, and the stopped etcd of cluster directory `sleepy` as files.
+fn etcd_in(m: &Value, sleepy: &str) -> Value {
+    let files = m["files"].as_array().unwrap();
+    let snap = files
+        .iter()
+        .find(|f| f["how"] == "etcd snapshot")
+        .unwrap_or_else(|| panic!("no etcd snapshot in {m}"));
+    assert!(
+        snap["path"].as_str().unwrap().ends_with("/etcd.snapshot")
+            && snap["size"].as_u64() > Some(0),
+        "{snap}"
+    );
+    let kv = snap["path"]
+        .as_str()
+        .unwrap()
+        .trim_end_matches("etcd.snapshot");
+    assert!(
+        !files.iter().any(|f| f["path"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{kv}etcd/"))),
+        "a serving etcd's files are not copied: {m}"
+    );
+    assert!(m["skipped"].as_array().unwrap().is_empty(), "{m}");
+    let stopped: Vec<&str> = files
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .filter(|p| p.contains(&format!("{sleepy}/etcd/member/")))
+        .collect();
+    assert!(
+        stopped.iter().any(|p| p.ends_with("/snap/db"))
+            && stopped.iter().any(|p| p.contains("/wal/")),
+        "a stopped etcd's files: {m}"
+    );
+    snap.clone()
 }
 
 /// A cluster on etcd with a ConfigMap, hibernating (its etcd stopped): its directory's name.
