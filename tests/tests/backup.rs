@@ -319,7 +319,12 @@ fn scheduled_backups_run_keep_the_newest_and_are_copied_off() {
             &format!("{n} backups copied off"),
             Duration::from_secs(60),
             || {
-                let names = names_in(&offsite);
+                // Whole copies only: `cp -a` makes the directory before it has copied the
+                // manifest into it.
+                let names: Vec<String> = names_in(&offsite)
+                    .into_iter()
+                    .filter(|x| socialweb_broker::backup::verify(&offsite.join(x)).is_ok())
+                    .collect();
                 Ok((names.len() >= n).then_some(names))
             },
         )
