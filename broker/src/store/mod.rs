@@ -204,25 +204,8 @@ impl Store {
         .bind(state.as_str())
         .bind(at)
         .bind(name);
-        let q = match fence {
-            Some(f) => q.bind(f.host.clone()).bind(f.fence),
-            None => q,
-        };
-        let written = q.execute(&self.pool).await?.rows_affected();
-        if let Some(f) = fence
-            && written == 0
-            && self
-                .cluster(name)
-                .await?
-                .is_some_and(|c| c.state != ClusterPhase::Deleting)
-        {
-            anyhow::bail!(
-                "not recorded: cluster {name:?}'s lease is no longer this host's (fence {}): \
-                 another host runs it",
-                f.fence
-            );
-        }
-        Ok(())
+        let written = fenced(q, fence).execute(&self.pool).await?.rows_affected();
+        self.refused_unless(written, name, fence).await
     }
 
     /// The cluster's own `hibernate_after` (`None`: the broker's).
