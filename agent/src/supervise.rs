@@ -171,6 +171,25 @@ impl Supervisor {
         }
     }
 
+    /// Stops `name` and starts it again with the same command line (it reads files it read
+    /// at its start: a new CA bundle, a new certificate). `Ok(false)` if it is not supervised.
+    pub async fn restart(&self, name: &str, grace: Duration) -> Result<bool> {
+        let spec = {
+            let children = self.children.lock().expect("lock");
+            children
+                .iter()
+                .find(|c| c.spec.name == name)
+                .map(|c| c.spec.clone())
+        };
+        let Some(spec) = spec else {
+            return Ok(false);
+        };
+        info!(child = name, "restarting {name}");
+        self.stop(name, grace).await;
+        self.start(spec).await?;
+        Ok(true)
+    }
+
     /// Every `every` until `stop`: each child's log (`--child-log-dir`) moved aside to
     /// `<log>.1` once over `max` bytes ([`socialweb_proc::log::rotate`]).
     pub async fn keep_logs(&self, max: u64, every: Duration, stop: CancellationToken) {

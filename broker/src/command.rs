@@ -198,9 +198,13 @@ pub struct RotatedCa {
     /// Unix ms: until when the previous users CA's certificates are admitted.
     pub previous_admitted_until: i64,
     /// The cluster's own CAs (its CA, front-proxy's, etcd's): `made` (it was awake and its
-    /// control plane started again with them) or `at_next_start` (hibernating, or not ready
-    /// again within the wait).
+    /// control plane started again with them), `overlap` (made, the old cluster CA still
+    /// trusted until every one of `nodes` has moved to the new one) or `at_next_start`
+    /// (hibernating, or not ready again within the wait).
     pub cluster_cas: String,
+    /// The nodes that were to move to the new cluster CA (none: it was made at once).
+    #[serde(default)]
+    pub nodes: Vec<String>,
     /// The cluster as it is now.
     pub info: ClusterInfo,
 }

@@ -365,8 +365,10 @@ enum ClusterCommand {
     /// the old one are admitted for --overlap more, then refused with why. Its own CAs (the
     /// apiserver's, front-proxy's, etcd's) and everything they signed are made again at its
     /// control plane's next start: now if it is awake (the command waits for it), else at
-    /// its next wake; the admin kubeconfig is written again then. Refused while the cluster
-    /// has nodes (they trust the old CA; run it once it has scaled to zero) and with
+    /// its next wake; the admin kubeconfig is written again then. A cluster with nodes keeps
+    /// the old cluster CA trusted beside the new one until each node has adopted the new one
+    /// and had its certificates issued again (seconds; its Pods run on); then the old one is
+    /// retired. Refused while an earlier rotation's nodes are still moving, and with
     /// store.key_file set (docs/operations.md, "Rotating a cluster's CAs").
     RotateCa {
         name: String,
@@ -1093,8 +1095,13 @@ fn print_rotated(r: &socialweb_broker::command::RotatedCa) {
     println!(
         "cluster CAs   {}",
         match r.cluster_cas.as_str() {
-            "made" => "made again; its control plane runs with them (admin kubeconfig rewritten)",
-            _ => "made again at its control plane's next start",
+            "made" => "made again; its control plane runs with them (admin kubeconfig rewritten)"
+                .to_string(),
+            "overlap" => format!(
+                "made again; the old cluster CA stays trusted until its nodes have moved ({})",
+                r.nodes.join(", ")
+            ),
+            _ => "made again at its control plane's next start".to_string(),
         }
     );
 }

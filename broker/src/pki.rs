@@ -185,6 +185,27 @@ impl Pki {
         Ok((cert.pem(), key.serialize_pem()))
     }
 
+    /// This CA's certificate signed by the CA `old_pem` (its key `old_key_pem`): a cross
+    /// certificate, the same name, key and end, with which a client that trusts only the old
+    /// CA verifies what this one signs (`cluster rotate-ca` while nodes move).
+    pub fn cross_signed_by(&self, old_pem: &str, old_key_pem: &str) -> Result<String> {
+        let name = parsed(self.ca_pem.as_bytes(), |c| {
+            c.subject()
+                .iter_common_name()
+                .next()
+                .and_then(|n| n.as_str().ok())
+                .map(str::to_string)
+        })?
+        .context("the CA's certificate has no common name")?;
+        let mut params = ca_params(&name, &self.life)?;
+        params.not_after = offset(self.ca_not_after)?;
+        let key = std::fs::read_to_string(self.ca_key())
+            .with_context(|| format!("reading {}", self.ca_key().display()))?;
+        let key = KeyPair::from_pem(&key)?;
+        let old = Issuer::from_ca_cert_pem(old_pem, KeyPair::from_pem(old_key_pem)?)?;
+        Ok(params.signed_by(&key, &old)?.pem())
+    }
+
     /// When the CA's certificate ends.
     pub fn ca_not_after(&self) -> SystemTime {
         self.ca_not_after

@@ -5,6 +5,11 @@
 
 use sha2::{Digest, Sha256};
 
+/// Annotation an agent writes on its own Node once it trusts the cluster's signing CA and its
+/// kubelet's certificates are that CA's: the CA's pin, `sha256:<64 hex digits>`. The broker
+/// retires a rotated-out CA once every Node carries the new one's (`cluster rotate-ca`).
+pub const CLUSTER_CA_ANNOTATION: &str = "socialweb.computer/cluster-ca";
+
 /// One certificate of a PEM bundle: its DER and the pin of its public key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PinnedCert {
@@ -56,6 +61,18 @@ pub fn pin_der(der: &[u8]) -> Result<[u8; 32], String> {
     Ok(Sha256::digest(cert.tbs_certificate.subject_pki.raw).into())
 }
 
+/// Whether `ca` signed the certificate `der` (its signature checked with `ca`'s key: two CAs
+/// of one cluster have the same name, so names prove nothing). Unreadable input is `false`.
+pub fn issued_by(der: &[u8], ca: &PinnedCert) -> bool {
+    let (Ok((_, cert)), Ok((_, ca))) = (
+        x509_parser::parse_x509_certificate(der),
+        x509_parser::parse_x509_certificate(&ca.der),
+    ) else {
+        return false;
+    };
+    cert.verify_signature(Some(ca.public_key())).is_ok()
+}
+
 /// The pin of the first certificate in `pem`.
 pub fn pin(pem: &[u8]) -> Result<[u8; 32], String> {
     Ok(certificates(pem)?[0].pin)
@@ -79,6 +96,33 @@ mod tests {
         assert_eq!(certs[0].der, cert.der().to_vec());
         // Through PEM and back.
         assert_eq!(pin(certs[0].pem().as_bytes()).unwrap(), want);
+    }
+
+    /// Two CAs of one name: a leaf is issued by the one that signed it, not by its namesake.
+    #[test]
+    fn issued_by_checks_the_signature_not_the_name() {
+        fn ca(key: &rcgen::KeyPair) -> (rcgen::Issuer<'_, &rcgen::KeyPair>, rcgen::Certificate) {
+            let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            p.distinguished_name
+                .push(rcgen::DnType::CommonName, "kubernetes");
+            let cert = p.self_signed(key).unwrap();
+            (rcgen::Issuer::new(p, key), cert)
+        }
+        let (old_key, new_key) = (
+            rcgen::KeyPair::generate().unwrap(),
+            rcgen::KeyPair::generate().unwrap(),
+        );
+        let ((old, old_cert), (_, new_cert)) = (ca(&old_key), ca(&new_key));
+        let leaf_key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(vec!["n".to_string()])
+            .unwrap()
+            .signed_by(&leaf_key, &old)
+            .unwrap();
+        let pinned = |c: &rcgen::Certificate| certificates(c.pem().as_bytes()).unwrap().remove(0);
+        assert!(issued_by(leaf.der(), &pinned(&old_cert)));
+        assert!(!issued_by(leaf.der(), &pinned(&new_cert)));
+        assert!(!issued_by(b"garbage", &pinned(&old_cert)));
     }
 
     #[test]

@@ -6,11 +6,13 @@
 //! sysctls → node-local DNS → the mesh → the tunnel to the broker → containerd → seed images
 //! → trust in the control plane → the kubelet (TLS bootstrap) → the Node registered with a pod
 //! CIDR (and marked `NetworkUnavailable`) → the bridge and the CNI configuration → the mesh
-//! annotation → a live path to every peer (the Node schedulable) → kube-proxy.
+//! annotation → a live path to every peer (the Node schedulable) → kube-proxy. From the
+//! Node's registration on, the node follows the CAs the cluster publishes ([`ca`]).
 //!
 //! With a static directory (`--peers`, nodes without Kubernetes) only the first three and the
 //! pod network run.
 
+pub mod ca;
 pub mod follow;
 pub mod join;
 pub mod network;
@@ -84,6 +86,7 @@ pub async fn bring_up(cx: Arc<Ctx>, stop: CancellationToken) -> Result<()> {
     join::trust(&cx).await;
     let node_ip = join::kubelet(&cx).await;
     let client = node::registered(&cx).await;
+    tokio::spawn(ca::follow(cx.clone(), client.clone(), stop.clone()));
     node::watch_own(&cx, &client, dns);
     let directory = node::directory(&cx, &client, &mesh);
     let (follower, mut net_up) = follow::Follower::new(cx.clone(), mesh.clone(), tunnel);

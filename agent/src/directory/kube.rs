@@ -5,7 +5,8 @@
 //! directory, and whom it trusts for what, is [`super::nodes`].
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -22,14 +23,92 @@ use socialweb_mesh_core::directory::NodeEntry;
 
 use super::nodes::{self, Me, Trust};
 
-/// A client from a kubeconfig file (the node's, written by the join).
-pub async fn client(kubeconfig: &Path) -> Result<Client> {
+/// A client from a kubeconfig file, read once.
+pub async fn client_once(kubeconfig: &Path) -> Result<Client> {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig)
         .with_context(|| format!("reading kubeconfig {}", kubeconfig.display()))?;
     let config = Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
         .await
         .with_context(|| format!("kubeconfig {}", kubeconfig.display()))?;
     Client::try_from(config).context("building the Kubernetes client")
+}
+
+/// The node's client, from its kubeconfig (the kubelet's, written by the join), following
+/// it: when the file or the client certificate it names changes (a CA rotation gives the
+/// node a new CA bundle and a new certificate, `join::rotation`), the next request goes
+/// through a client made from them. Requests under way finish on the client they started
+/// with; a watch moves over at its next request.
+pub async fn client(kubeconfig: &Path) -> Result<Client> {
+    let now = Following::stamp(kubeconfig);
+    let first = client_once(kubeconfig).await?;
+    let svc = Following {
+        path: kubeconfig.to_path_buf(),
+        current: Arc::new(tokio::sync::Mutex::new((now, first))),
+    };
+    Ok(Client::new(svc, "default"))
+}
+
+/// See [`client`].
+#[derive(Clone)]
+struct Following {
+    path: PathBuf,
+    current: Arc<tokio::sync::Mutex<(Stamp, Client)>>,
+}
+
+/// What a client was made from: the kubeconfig's and the client certificate's modification
+/// times (the certificate through its `-current` symlink).
+type Stamp = Vec<Option<std::time::SystemTime>>;
+
+impl Following {
+    fn stamp(kubeconfig: &Path) -> Stamp {
+        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let cert = kube::config::Kubeconfig::read_from(kubeconfig)
+            .ok()
+            .and_then(|kc| kc.auth_infos.into_iter().next())
+            .and_then(|a| a.auth_info)
+            .and_then(|a| a.client_certificate);
+        vec![
+            modified(kubeconfig),
+            cert.and_then(|c| modified(Path::new(&c))),
+        ]
+    }
+
+    /// The client for the files as they are now.
+    async fn now(&self) -> Client {
+        let stamp = Self::stamp(&self.path);
+        let mut cur = self.current.lock().await;
+        if cur.0 != stamp {
+            match client_once(&self.path).await {
+                Ok(c) => {
+                    info!(kubeconfig = %self.path.display(), "the node's kubeconfig or certificate changed; using them from now on");
+                    *cur = (stamp, c);
+                }
+                // Half written: the next request tries again.
+                Err(e) => warn!("{e:#}; keeping the client made before"),
+            }
+        }
+        cur.1.clone()
+    }
+}
+
+impl tower::Service<http::Request<kube::client::Body>> for Following {
+    type Response = http::Response<kube::client::Body>;
+    type Error = kube::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { this.now().await.send(req).await })
+    }
 }
 
 /// Writes this node's endpoint id and direct addresses on its Node object (a merge patch of

@@ -14,6 +14,7 @@
 pub mod config;
 pub mod images;
 pub mod proxy_mode;
+pub mod rotation;
 pub mod sysctl;
 pub mod trust;
 

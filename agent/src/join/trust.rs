@@ -129,27 +129,7 @@ async fn fetch_pinned(server: &Url, pin: &[u8; 32]) -> Result<PinnedCert, TrustE
             )),
             e => classify(server, e),
         })?;
-    let kubeconfig = cm
-        .data
-        .as_ref()
-        .and_then(|d| d.get("kubeconfig"))
-        .ok_or_else(|| TrustError::Other("cluster-info has no kubeconfig".into()))?;
-    let kc = kube::config::Kubeconfig::from_yaml(kubeconfig)
-        .map_err(|e| TrustError::Other(format!("cluster-info kubeconfig: {e}")))?;
-    let data = kc
-        .clusters
-        .first()
-        .and_then(|c| c.cluster.as_ref())
-        .and_then(|c| c.certificate_authority_data.clone())
-        .ok_or_else(|| {
-            TrustError::Other("cluster-info kubeconfig has no certificate-authority-data".into())
-        })?;
-    use base64::Engine;
-    let pem = base64::engine::general_purpose::STANDARD
-        .decode(data.trim())
-        .map_err(|e| TrustError::Other(format!("cluster-info certificate-authority-data: {e}")))?;
-    let certs =
-        certificates(&pem).map_err(|e| TrustError::Other(format!("cluster-info CA: {e}")))?;
+    let certs = super::rotation::published(&cm).map_err(TrustError::Other)?;
     let found: Vec<String> = certs.iter().map(|c| CaTrust::pin_text(&c.pin)).collect();
     certs
         .into_iter()

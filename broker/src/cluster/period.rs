@@ -220,6 +220,7 @@ impl Clusters {
             () = self.until_idle(name, life, &up.client, &watches) => Ended::Hibernated,
             () = renewal(spec) => Ended::Renewed,
             () = rotation(spec, life) => Ended::Renewed,
+            () = super::rotate::retirement(&spec.dir, &up.client) => Ended::Renewed,
         };
         period.cancel();
         self.end_period(name, life, why, lease, up.running, driver)

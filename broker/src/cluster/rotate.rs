@@ -3,10 +3,11 @@
 //! cluster's own CAs are made again at its control plane's next start
 //! (`control_plane::rotate`), which is now if it is awake.
 //!
-//! Refused while anything outside the control plane trusts the cluster's CA: its nodes (the
-//! kubelet trusts the one CA it joined with and holds a certificate of it; carrying nodes
-//! across needs a CA bundle in the node contract, not built yet), and the other hosts of a
-//! fleet (`store.key_file`: the store keeps the CAs and wins over a host's files).
+//! A cluster with nodes keeps its old cluster CA trusted beside the new one until every
+//! node has moved to it (`control_plane::rotate`, [`Rotation::Overlap`]); [`retirement`]
+//! watches the Nodes for it. Refused while an earlier rotation's nodes are still moving, and
+//! with the other hosts of a fleet (`store.key_file`: the store keeps the CAs and wins over a
+//! host's files).
 
 use std::time::{Duration, SystemTime};
 
@@ -17,6 +18,7 @@ use socialweb_broker_core::{ClusterPhase, millis};
 use super::{Clusters, past};
 use crate::access::certs::sha256_hex;
 use crate::command::{ClusterState, RotatedCa, ServiceError};
+use crate::control_plane::rotate::{self as cp, Rotation};
 
 /// The longest overlap: a month is long enough to hand every user a new kubeconfig.
 pub const MAX_OVERLAP: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -52,7 +54,19 @@ impl Clusters {
             )));
         }
         let dir = self.dir_of(&c);
-        self.no_nodes(name, &dir).await?;
+        if cp::overlapping(&dir).is_some() || cp::asked(&dir) {
+            return Err(ServiceError::Conflict(format!(
+                "cluster {name}: an earlier rotation's nodes have not all moved to its new CA \
+                 yet (each Node says it has with the {} annotation); rotate again once they have",
+                socialweb_wire::ca::CLUSTER_CA_ANNOTATION
+            )));
+        }
+        let nodes = self.nodes(name, &dir).await?;
+        let how = if nodes.is_empty() {
+            Rotation::AtOnce
+        } else {
+            Rotation::Overlap
+        };
         let old = self
             .access
             .users_trust(&dir)
@@ -61,7 +75,7 @@ impl Clusters {
         let new = crate::access::users_trust::rotate(&dir, name, until)
             .map_err(ServiceError::internal)?;
         self.front.set_users_trust(name, new.clone());
-        crate::control_plane::rotate::ask(&dir).map_err(ServiceError::internal)?;
+        cp::ask(&dir, how).map_err(ServiceError::internal)?;
         tracing::info!(cluster = %name, until = %humantime::format_rfc3339_seconds(until),
                        "CAs rotated: the users CA now, the cluster's at its next start");
         let handle = {
@@ -80,21 +94,27 @@ impl Clusters {
                 matches!(s, ClusterState::Starting { .. })
             })
             .await;
-            made = !crate::control_plane::rotate::asked(&dir);
+            made = !cp::asked(&dir);
         }
+        let cluster_cas = match (made, how) {
+            (false, _) => "at_next_start",
+            (true, Rotation::AtOnce) => "made",
+            (true, Rotation::Overlap) => "overlap",
+        };
         Ok(RotatedCa {
             cluster: name.to_string(),
             users_ca_sha256: sha256_hex(&new.current),
             previous_users_ca_sha256: sha256_hex(&old.current),
             previous_admitted_until: millis(until),
-            cluster_cas: if made { "made" } else { "at_next_start" }.into(),
+            cluster_cas: cluster_cas.into(),
+            nodes,
             info: self.info(name).await?,
         })
     }
 
-    /// Refuses while cluster `name` has a node or one on its way: the broker's provisions,
-    /// and, if its apiserver serves, any Node (one joined by hand has no provision).
-    async fn no_nodes(&self, name: &str, dir: &std::path::Path) -> Result<(), ServiceError> {
+    /// Cluster `name`'s nodes and those on their way: the broker's provisions, and, if its
+    /// apiserver serves, any Node (one joined by hand has no provision).
+    async fn nodes(&self, name: &str, dir: &std::path::Path) -> Result<Vec<String>, ServiceError> {
         let provisions = self
             .store
             .provisions(Some(name))
@@ -130,15 +150,57 @@ impl Clusters {
                 }
             }
         }
-        if nodes.is_empty() {
-            return Ok(());
-        }
-        Err(ServiceError::Conflict(format!(
-            "cluster {name} has {} node(s): {}. Its nodes trust the CA they joined with and \
-             would lose the cluster when it changes; rotate its CAs once it has scaled to zero \
-             (or hibernated)",
-            nodes.len(),
-            nodes.join(", ")
-        )))
+        Ok(nodes)
     }
+}
+
+/// While nodes move after a rotation: resolves once every Node of the cluster says it trusts
+/// and holds the new cluster CA's certificates (the agent's annotation), having asked for the
+/// old CA's retirement at the next start. Never resolves outside a rotation.
+pub(super) async fn retirement(dir: &std::path::Path, client: &kube::Client) {
+    let pin = cp::overlapping(dir)
+        .and_then(|_| std::fs::read(dir.join("pki/ca.crt")).ok())
+        .and_then(|pem| socialweb_wire::ca::pin(&pem).ok());
+    let Some(pin) = pin else {
+        return std::future::pending().await;
+    };
+    let pin = socialweb_wire::CaTrust::pin_text(&pin);
+    let mut said = None;
+    loop {
+        match moving(client, &pin).await {
+            Ok(waiting) if waiting.is_empty() => match cp::retire(dir) {
+                Ok(()) => {
+                    tracing::info!(dir = %dir.display(), "every node has moved to the new cluster CA; retiring the old one");
+                    return;
+                }
+                Err(e) => tracing::warn!("asking for the old cluster CA's retirement: {e:#}"),
+            },
+            Ok(waiting) if said.as_ref() != Some(&waiting) => {
+                tracing::info!(nodes = ?waiting, "nodes still to move to the new cluster CA");
+                said = Some(waiting);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("listing the nodes a rotation waits for: {e:#}"),
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// The Nodes that do not say they have moved to the CA pinned `pin`.
+async fn moving(client: &kube::Client, pin: &str) -> anyhow::Result<Vec<String>> {
+    let list = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|n| {
+            n.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(socialweb_wire::ca::CLUSTER_CA_ANNOTATION))
+                .is_none_or(|p| p != pin)
+        })
+        .map(|n| n.metadata.name.unwrap_or_default())
+        .collect())
 }

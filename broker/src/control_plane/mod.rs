@@ -62,6 +62,9 @@ pub struct EtcdClient {
 /// Where a control plane's credentials are (all PEM files).
 #[derive(Debug, Clone)]
 pub struct Credentials {
+    /// The CAs whose certificates are accepted (`--client-ca-file`, `--root-ca-file`, the
+    /// kubelets'): the cluster CA, and during a rotation's overlap the old one beside it.
+    pub trust: PathBuf,
     /// The cluster CA: signs every component's certificate and the nodes' client
     /// certificates (the controller-manager's CSR signer uses it).
     pub ca_cert: PathBuf,
@@ -269,7 +272,7 @@ pub fn apiserver_args(a: &Apiserver, c: &Credentials) -> Vec<OsString> {
         arg("secure-port", a.port.to_string()),
         arg("tls-cert-file", &c.serving_cert),
         arg("tls-private-key-file", &c.serving_key),
-        arg("client-ca-file", &c.ca_cert),
+        arg("client-ca-file", &c.trust),
         arg("kubelet-client-certificate", &c.kubelet_client_cert),
         arg("kubelet-client-key", &c.kubelet_client_key),
         arg("service-account-key-file", &c.sa_pub),
@@ -366,7 +369,7 @@ pub fn controller_manager_args(kubeconfig: &Path, c: &Credentials) -> Vec<OsStri
         arg("service-cluster-ip-range", SERVICE_CIDR),
         arg("cluster-signing-cert-file", &c.ca_cert),
         arg("cluster-signing-key-file", &c.ca_key),
-        arg("root-ca-file", &c.ca_cert),
+        arg("root-ca-file", &c.trust),
         arg("service-account-private-key-file", &c.sa_key),
         arg("use-service-account-credentials", "true"),
         arg("profiling", "false"),
@@ -418,6 +421,7 @@ mod tests {
     fn creds() -> Credentials {
         let p = |s: &str| PathBuf::from(format!("/pki/{s}"));
         Credentials {
+            trust: p("ca.crt"),
             ca_cert: p("ca.crt"),
             ca_key: p("ca.key"),
             serving_cert: p("apiserver.crt"),

@@ -295,15 +295,14 @@ impl Spec {
     /// Creates (or loads) the cluster's PKI and kubeconfigs; new authorities first when
     /// `cluster rotate-ca` asked for them ([`super::rotate`]).
     pub fn prepare(&self) -> Result<Files> {
-        if super::rotate::apply_pending(&self.dir)? {
-            tracing::info!(cluster = %self.cluster, "new CAs made, as `cluster rotate-ca` asked; everything they sign is issued again");
+        if let Some(how) = super::rotate::apply_pending(&self.dir)? {
+            tracing::info!(cluster = %self.cluster, ?how, "new CAs made, as `cluster rotate-ca` asked; everything they sign is issued again");
         }
         let pki = self.authority("", "CA")?;
+        super::rotate::cross_sign(&self.dir, &pki)?;
+        let (trust, trust_pem) = self.trust(&pki)?;
         let url = self.url();
-        let serving = pki.server(
-            "apiserver",
-            &super::serving_names(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-        )?;
+        let serving = self.serving(&pki)?;
         std::fs::create_dir_all(self.dir.join("run"))?;
         self.prepare_datastore()?;
         std::fs::write(
@@ -350,9 +349,10 @@ impl Spec {
             admin_kubeconfig: pki.kubeconfig("admin", &url, &admin)?,
             kcm_kubeconfig: pki.kubeconfig("kcm", &url, &kcm)?,
             scheduler_kubeconfig: pki.kubeconfig("scheduler", &url, &sched)?,
-            ca_pem: pki.ca_pem().to_string(),
+            ca_pem: trust_pem,
             node_url: self.node_url(),
             creds: Credentials {
+                trust,
                 ca_cert: pki.ca_cert(),
                 ca_key: pki.ca_key(),
                 serving_cert: serving.cert,
@@ -369,6 +369,40 @@ impl Spec {
             },
             url,
         })
+    }
+
+    /// The CAs whose certificates the cluster accepts, as a file and as PEM (the signer
+    /// first): the cluster CA, and while nodes move after `cluster rotate-ca` the old one
+    /// beside it (`pki/ca-bundle.crt`, [`super::rotate`]).
+    fn trust(&self, pki: &Pki) -> Result<(PathBuf, String)> {
+        let Some(old) = super::rotate::overlapping(&self.dir) else {
+            return Ok((pki.ca_cert(), pki.ca_pem().to_string()));
+        };
+        let pem = format!("{}{old}", pki.ca_pem());
+        let path = self.pki_dir().join("ca-bundle.crt");
+        crate::pki::write_private(&path, pem.as_bytes(), 0o644)?;
+        Ok((path, pem))
+    }
+
+    /// The apiserver's serving certificate; while nodes move, with the new CA cross-signed by
+    /// the old one after it (`pki/apiserver-chain.crt`), so that a node that trusts only the
+    /// old CA still verifies it.
+    fn serving(&self, pki: &Pki) -> Result<crate::pki::Pair> {
+        let mut serving = pki.server(
+            "apiserver",
+            &super::serving_names(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        )?;
+        if let (Some(cross), Some(_)) = (
+            super::rotate::cross(&self.dir),
+            super::rotate::overlapping(&self.dir),
+        ) {
+            let leaf = std::fs::read_to_string(&serving.cert)
+                .with_context(|| format!("reading {}", serving.cert.display()))?;
+            let chain = self.pki_dir().join("apiserver-chain.crt");
+            crate::pki::write_private(&chain, format!("{leaf}{cross}").as_bytes(), 0o644)?;
+            serving.cert = chain;
+        }
+        Ok(serving)
     }
 
     /// etcd's own CA and certificates (`pki/etcd`).
@@ -548,7 +582,7 @@ impl Spec {
                                 cert: f.etcd.apiserver.cert.clone(),
                                 key: f.etcd.apiserver.key.clone(),
                             },
-                            kubelet_ca: f.creds.ca_cert.clone(),
+                            kubelet_ca: f.creds.trust.clone(),
                         }),
                     },
                     &f.creds,

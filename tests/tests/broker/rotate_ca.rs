@@ -1,8 +1,10 @@
-//! `cluster rotate-ca` (issue 62; docs/operations.md, "Rotating a cluster's CAs"): refused
-//! while the cluster has a node, then, once it has scaled to zero, new CAs. The user's
-//! kubeconfig of the old users CA works for the overlap and is refused after it, naming the
-//! rotation; a new one works; a certificate the old cluster CA's key signs (a leaked key)
-//! no longer reaches the apiserver; Pods see the new CA; a node rented afterwards joins.
+//! `cluster rotate-ca` (issue 62; docs/operations.md, "Rotating a cluster's CAs") on a
+//! cluster with a node: the node adopts the new CA, has its certificates issued again and
+//! stays Ready with its Pod running; then the old cluster CA is retired, and a certificate
+//! its key signs (a leaked key) no longer reaches the apiserver. The user's kubeconfig of the
+//! old users CA works for the overlap and is refused after it, naming the rotation; a new
+//! one works; Pods see the new CA; a node rented afterwards joins; at zero nodes a second
+//! rotation replaces the CAs at once.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -149,42 +151,108 @@ fn rotate(b: &Broker<'_>) -> anyhow::Result<serde_json::Value> {
     b.cli_json(&["cluster", "rotate-ca", CLUSTER, "--overlap", &overlap])
 }
 
-/// With a Pod on a rented node: refused, naming the node, nothing changed. The Pod is
-/// deleted; returns the node's name.
-fn refused_with_a_node(b: &Broker<'_>, pki: &Path, stolen: &Stolen) -> String {
-    b.apply(CLUSTER, &super::pod("job", "sleep 3600")).unwrap();
-    let node = super::verdict::running_on(b, CLUSTER, "job", Duration::from_secs(180));
-    let e = rotate(b).unwrap_err().to_string();
-    assert!(e.contains("has 1 node(s)") && e.contains(&node), "{e}");
-    let ca = std::fs::read_to_string(pki.join("ca.crt")).unwrap();
-    assert!(same_pem(&ca, &stolen.ca), "the CA unchanged");
-    b.kubectl(CLUSTER, &["delete", "pod", "job", "--wait=false"])
-        .unwrap();
-    node
+/// The Node's Ready condition: its status and since when.
+fn ready_since(b: &Broker<'_>, node: &str) -> (String, String) {
+    let n = b.kubectl_json(CLUSTER, &["get", "node", node]).unwrap();
+    let c = n["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .cloned()
+        .unwrap_or_default();
+    (
+        c["status"].as_str().unwrap_or_default().to_string(),
+        c["lastTransitionTime"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
 }
 
-/// Rotates as soon as the node is gone: the reply and how long the call that did took.
-fn rotated_at_zero(b: &Broker<'_>) -> (serde_json::Value, Duration) {
-    let took = std::cell::Cell::new(Duration::ZERO);
-    let r = wait_for(
-        "a rotation once the node is gone",
+/// The Pod's uid, phase and restarts.
+fn pod_state(b: &Broker<'_>, pod: &str) -> (String, String, u64) {
+    let p = b.kubectl_json(CLUSTER, &["get", "pod", pod]).unwrap();
+    (
+        p["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        p["status"]["phase"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        p["status"]["containerStatuses"][0]["restartCount"]
+            .as_u64()
+            .unwrap_or(99),
+    )
+}
+
+/// Rotates with a node up: the reply names it, the new CA signs at once.
+fn rotated_with_a_node(b: &Broker<'_>, node: &str) -> (serde_json::Value, Duration) {
+    let t0 = Instant::now();
+    let r = rotate(b).unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let took = t0.elapsed();
+    assert_eq!(r["cluster_cas"], "overlap", "{r}");
+    assert_eq!(r["nodes"], serde_json::json!([node]), "{r}");
+    assert_eq!(r["info"]["state"], "ready", "{r}");
+    assert_ne!(r["users_ca_sha256"], r["previous_users_ca_sha256"]);
+    (r, took)
+}
+
+/// Waits for the old cluster CA's retirement: the leaked key's admin refused; the node
+/// annotated with the new CA's pin. Returns how long it took.
+fn retired(b: &Broker<'_>, pki: &Path, stolen: &Stolen, node: &str) -> Duration {
+    let t0 = Instant::now();
+    wait_for(
+        "the old cluster CA retired",
+        Duration::from_secs(240),
+        || Ok((!pki.join("previous").exists() && stolen.answer(b) == "401").then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let took = t0.elapsed();
+    let n = b.kubectl_json(CLUSTER, &["get", "node", node]).unwrap();
+    let pem = std::fs::read_to_string(pki.join("ca.crt")).unwrap();
+    let pin = pin_of(b, &pem);
+    assert_eq!(
+        n["metadata"]["annotations"]["socialweb.computer/cluster-ca"], pin,
+        "the node says it moved to the new CA"
+    );
+    took
+}
+
+/// `sha256:<hex>` of the certificate's public key, as openssl computes it.
+fn pin_of(b: &Broker<'_>, pem: &str) -> String {
+    let dir = TempDir::new("pin").unwrap();
+    let f = dir.path().join("ca.crt");
+    std::fs::write(&f, pem).unwrap();
+    let script = format!(
+        "openssl x509 -pubkey -noout -in {} | openssl pkey -pubin -outform der | sha256sum",
+        f.display()
+    );
+    let out = b.host.exec("sh", &["-c", &script]).unwrap();
+    format!("sha256:{}", out.split_whitespace().next().unwrap())
+}
+
+/// Once the cluster has no node: a rotation makes the CAs again at once.
+fn rotated_at_zero(b: &Broker<'_>) {
+    wait_for(
+        "no node left, none released",
         Duration::from_secs(240),
         || {
-            let t0 = Instant::now();
-            let r = rotate(b);
-            took.set(t0.elapsed());
-            match r {
-                Ok(r) => Ok(Some(r)),
-                Err(e) if e.to_string().contains("node(s)") => Ok(None),
-                Err(e) => Err(e),
-            }
+            let n = b.kubectl_json(CLUSTER, &["get", "nodes"])?;
+            let show = b.cli_json(&["cluster", "show", CLUSTER])?;
+            let live = show["provisions"].as_array().into_iter().flatten();
+            let live = live
+                .filter(|p| !matches!(p["state"].as_str(), Some("released" | "failed")))
+                .count();
+            let none = n["items"].as_array().is_some_and(Vec::is_empty);
+            Ok((none && live == 0).then_some(()))
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
+    let r = rotate(b).unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
     assert_eq!(r["cluster_cas"], "made", "{r}");
+    assert_eq!(r["nodes"], serde_json::json!([]), "{r}");
     assert_eq!(r["info"]["state"], "ready", "{r}");
-    assert_ne!(r["users_ca_sha256"], r["previous_users_ca_sha256"]);
-    (r, took.get())
 }
 
 /// A kubeconfig of the new users CA, for the user whose key is in `dir`.
@@ -241,7 +309,7 @@ fn refused_after(b: &Broker<'_>, old: &User, until: SystemTime) {
 }
 
 #[test]
-fn rotate_ca_waits_for_zero_nodes_then_retires_the_old_cas_after_the_overlap() {
+fn rotate_ca_moves_a_node_to_the_new_ca_then_retires_the_old_ones() {
     let t = Instant::now();
     let step = |what: &str| eprintln!("[{:>6.1}s] {what}", t.elapsed().as_secs_f64());
     let world = World::new(1).unwrap();
@@ -250,32 +318,59 @@ fn rotate_ca_waits_for_zero_nodes_then_retires_the_old_cas_after_the_overlap() {
     let u = User::new(&b, dir.path(), CLUSTER);
     let pki = b.cluster_dir(CLUSTER).join("pki");
     let stolen = steal(&b, &pki, dir.path());
+    b.apply(CLUSTER, &super::pod("job", "sleep 3600")).unwrap();
+    let node = super::verdict::running_on(&b, CLUSTER, "job", Duration::from_secs(180));
+    let (ready, pod) = (ready_since(&b, &node), pod_state(&b, "job"));
+    step(&format!("a Pod runs on {node}, Ready since {}", ready.1));
 
-    let node = refused_with_a_node(&b, &pki, &stolen);
-    step(&format!("refused while {node} is up"));
-    let (r, took) = rotated_at_zero(&b);
+    let (r, took) = rotated_with_a_node(&b, &node);
     let until = SystemTime::UNIX_EPOCH
         + Duration::from_millis(r["previous_admitted_until"].as_u64().unwrap());
     step(&format!(
-        "rotated in {:.1} s (its control plane restarted): {r}",
+        "rotated in {:.1} s with {node} up: {r}",
         took.as_secs_f64()
     ));
-
     u.ok(&b, &["get", "pods"]);
     let new_user = fresh_kubeconfig(&b, dir.path());
     new_user.ok(&b, &["get", "pods"]);
     step("the old and the new kubeconfig both work within the overlap");
 
+    let took = retired(&b, &pki, &stolen, &node);
+    step(&format!(
+        "{node} moved and the old cluster CA retired {:.1} s after the rotation",
+        took.as_secs_f64()
+    ));
     cluster_ca_replaced(&b, &pki, &stolen);
-    step("the cluster CA is new: the old key's certificate refused, Pods given the new CA");
+    // Past the node-monitor grace (40 s): a kubelet still on the old CA would be NotReady.
+    std::thread::sleep(Duration::from_secs(45));
+    assert_eq!(ready_since(&b, &node), ready, "{node} Ready throughout");
+    assert_eq!(
+        pod_state(&b, "job"),
+        pod,
+        "the Pod, its uid, phase and restarts"
+    );
+    let logs = b.kubectl(CLUSTER, &["logs", "job"]);
+    assert!(logs.is_ok(), "the apiserver reaches the kubelet: {logs:?}");
+    step(&format!(
+        "{node} Ready throughout, its Pod untouched, its kubelet reached"
+    ));
+
     b.apply(CLUSTER, &super::pod("after", "sleep 3600"))
         .unwrap();
-    let node = super::verdict::running_on(&b, CLUSTER, "after", Duration::from_secs(180));
-    step(&format!("a Pod runs on {node}, rented after the rotation"));
+    let second = super::verdict::running_on(&b, CLUSTER, "after", Duration::from_secs(180));
+    step(&format!(
+        "a Pod runs on {second}, rented after the rotation"
+    ));
 
     refused_after(&b, &u, until);
     new_user.ok(&b, &["get", "pods"]);
     step("after the overlap: the old kubeconfig refused naming the rotation, the new one works");
+    for p in ["job", "after"] {
+        b.kubectl(CLUSTER, &["delete", "pod", p, "--wait=false"])
+            .unwrap();
+    }
+    rotated_at_zero(&b);
+    step("at zero nodes a rotation makes the CAs again at once");
 }
 
 fn base64_of(pem: &str) -> String {
