@@ -156,6 +156,7 @@ impl<'a> ControlPlane<'a> {
         timings.push(("etcd", t.elapsed()));
 
         let creds = Credentials {
+            trust: pki.ca_cert(),
             ca_cert: pki.ca_cert(),
             ca_key: pki.ca_key(),
             serving_cert: serving.cert.clone(),
