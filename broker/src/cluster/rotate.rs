@@ -123,7 +123,7 @@ impl Clusters {
         let mut nodes: Vec<String> = provisions
             .iter()
             .filter(|p| !p.state.ended())
-            .map(|p| format!("{} ({})", p.node, p.state.as_str()))
+            .map(|p| p.node.clone())
             .collect();
         if self.front.serves(name) {
             let listed = async {
@@ -145,7 +145,7 @@ impl Clusters {
                 })?;
             for n in items {
                 let n = n.metadata.name.unwrap_or_default();
-                if !nodes.iter().any(|x| x.starts_with(&format!("{n} "))) {
+                if !nodes.contains(&n) {
                     nodes.push(n);
                 }
             }
