@@ -1,5 +1,5 @@
-//! The node's side of a CA rotation: every few seconds, `kube-public/cluster-info` read with
-//! the node's credentials, and the next step [`crate::join::rotation::next`] names carried
+//! The node's side of a CA rotation: every few seconds, `kube-public/cluster-info` read (as
+//! the join reads it: anonymously, verified by the CAs the node trusts), and the next step [`crate::join::rotation::next`] names carried
 //! out -- the bundle adopted (and the kubelet and kube-proxy restarted to read it), the
 //! kubelet's certificates issued again by the signer, the Node annotated.
 
@@ -12,7 +12,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -48,13 +48,12 @@ pub async fn follow(cx: Arc<Ctx>, client: kube::Client, stop: CancellationToken)
 
 /// One look, and the step it calls for carried out.
 async fn step(cx: &Ctx, client: &kube::Client, said: &mut Option<String>) -> Result<Option<Step>> {
-    let cm = Api::<ConfigMap>::namespaced(client.clone(), "kube-public")
-        .get("cluster-info")
+    let m = &cx.config.machine;
+    let held = held(m)?;
+    let published = crate::join::trust::published_cas(&cx.id.server_url, &held.trusted)
         .await
         .context("reading kube-public/cluster-info")?;
-    let published = rotation::published(&cm).map_err(|e| anyhow!(e))?;
-    let m = &cx.config.machine;
-    let Some(step) = rotation::next(&published, &held(m)?) else {
+    let Some(step) = rotation::next(&published, &held) else {
         return Ok(None);
     };
     match &step {

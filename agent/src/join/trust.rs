@@ -141,6 +141,24 @@ async fn fetch_pinned(server: &Url, pin: &[u8; 32]) -> Result<PinnedCert, TrustE
         })
 }
 
+/// The CAs the control plane publishes now (`cluster-info`, the signer first), read
+/// anonymously as the join reads them -- nothing secret goes out -- and over TLS verified
+/// against `trusted`, the CAs the node trusts already: what comes back is the control
+/// plane's word (a CA rotation, `join::rotation`).
+pub async fn published_cas(
+    server: &Url,
+    trusted: &[PinnedCert],
+) -> Result<Vec<PinnedCert>, TrustError> {
+    let mut c = base_config(server)?;
+    c.root_cert = Some(trusted.iter().map(|c| c.der.clone()).collect());
+    let client = Client::try_from(c).map_err(|e| TrustError::Other(format!("{e}")))?;
+    let cm = Api::<ConfigMap>::namespaced(client, "kube-public")
+        .get("cluster-info")
+        .await
+        .map_err(|e| classify(server, e))?;
+    super::rotation::published(&cm).map_err(TrustError::Other)
+}
+
 /// Asks the control plane who the token is (SelfSubjectReview), verifying the server against
 /// `ca_pem`. Returns the user name the token authenticates as.
 pub async fn check_token(
