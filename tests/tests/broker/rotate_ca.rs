@@ -210,6 +210,11 @@ fn retired(b: &Broker<'_>, pki: &Path, stolen: &Stolen, node: &str) -> Duration 
     )
     .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
     let took = t0.elapsed();
+    // The retirement started the control plane again.
+    wait_for("the apiserver ready again", Duration::from_secs(120), || {
+        Ok(b.kubectl(CLUSTER, &["get", "--raw", "/readyz"]).ok())
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
     let n = b.kubectl_json(CLUSTER, &["get", "node", node]).unwrap();
     let pem = std::fs::read_to_string(pki.join("ca.crt")).unwrap();
     let pin = pin_of(b, &pem);
