@@ -211,9 +211,11 @@ fn retired(b: &Broker<'_>, pki: &Path, stolen: &Stolen, node: &str) -> Duration 
     .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
     let took = t0.elapsed();
     // The retirement started the control plane again.
-    wait_for("the apiserver ready again", Duration::from_secs(120), || {
-        Ok(b.kubectl(CLUSTER, &["get", "--raw", "/readyz"]).ok())
-    })
+    wait_for(
+        "the apiserver ready again",
+        Duration::from_secs(120),
+        || Ok(b.kubectl(CLUSTER, &["get", "--raw", "/readyz"]).ok()),
+    )
     .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
     let n = b.kubectl_json(CLUSTER, &["get", "node", node]).unwrap();
     let pem = std::fs::read_to_string(pki.join("ca.crt")).unwrap();
@@ -324,9 +326,11 @@ fn rotate_ca_moves_a_node_to_the_new_ca_then_retires_the_old_ones() {
     let u = User::new(&b, dir.path(), CLUSTER);
     let pki = b.cluster_dir(CLUSTER).join("pki");
     let stolen = steal(&b, &pki, dir.path());
-    b.apply(CLUSTER, &super::pod("job", "sleep 3600")).unwrap();
-    let node = super::verdict::running_on(&b, CLUSTER, "job", Duration::from_secs(180));
-    let (ready, pod) = (ready_since(&b, &node), pod_state(&b, "job"));
+    // One job per node (the seeds' GitLab affinity): the second job needs a second node.
+    let (job, after) = ("scale-check-1", "scale-check-2");
+    b.apply(CLUSTER, &super::gitlab_job(1, 3600)).unwrap();
+    let node = super::verdict::running_on(&b, CLUSTER, job, Duration::from_secs(180));
+    let (ready, pod) = (ready_since(&b, &node), pod_state(&b, job));
     step(&format!("a Pod runs on {node}, Ready since {}", ready.1));
 
     let (r, took) = rotated_with_a_node(&b, &node);
@@ -351,19 +355,19 @@ fn rotate_ca_moves_a_node_to_the_new_ca_then_retires_the_old_ones() {
     std::thread::sleep(Duration::from_secs(45));
     assert_eq!(ready_since(&b, &node), ready, "{node} Ready throughout");
     assert_eq!(
-        pod_state(&b, "job"),
+        pod_state(&b, job),
         pod,
         "the Pod, its uid, phase and restarts"
     );
-    let logs = b.kubectl(CLUSTER, &["logs", "job"]);
+    let logs = b.kubectl(CLUSTER, &["logs", job]);
     assert!(logs.is_ok(), "the apiserver reaches the kubelet: {logs:?}");
     step(&format!(
         "{node} Ready throughout, its Pod untouched, its kubelet reached"
     ));
 
-    b.apply(CLUSTER, &super::pod("after", "sleep 3600"))
-        .unwrap();
-    let second = super::verdict::running_on(&b, CLUSTER, "after", Duration::from_secs(180));
+    b.apply(CLUSTER, &super::gitlab_job(2, 3600)).unwrap();
+    let second = super::verdict::running_on(&b, CLUSTER, after, Duration::from_secs(180));
+    assert_ne!(second, node, "a second node");
     step(&format!(
         "a Pod runs on {second}, rented after the rotation"
     ));
@@ -371,7 +375,7 @@ fn rotate_ca_moves_a_node_to_the_new_ca_then_retires_the_old_ones() {
     refused_after(&b, &u, until);
     new_user.ok(&b, &["get", "pods"]);
     step("after the overlap: the old kubeconfig refused naming the rotation, the new one works");
-    for p in ["job", "after"] {
+    for p in [job, after] {
         b.kubectl(CLUSTER, &["delete", "pod", p, "--wait=false"])
             .unwrap();
     }
