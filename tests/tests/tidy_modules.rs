@@ -96,7 +96,7 @@ const NOT_GROWN: &[(&str, usize)] = &[
     ("tests/src/bin/bench-tunnel.rs::direct_peer", 92),
     ("tests/src/bin/conformance/main.rs::main", 238),
     ("tests/src/bin/demo.rs::main", 235),
-    ("tests/src/k8s/control_plane.rs::start", 138),
+    ("tests/src/k8s/control_plane.rs::start", 128),
     ("tests/src/k8s/node.rs::start", 137),
     ("tests/src/world.rs::build", 84),
     (

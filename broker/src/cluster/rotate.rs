@@ -78,24 +78,8 @@ impl Clusters {
         cp::ask(&dir, how).map_err(ServiceError::internal)?;
         tracing::info!(cluster = %name, until = %humantime::format_rfc3339_seconds(until),
                        "CAs rotated: the users CA now, the cluster's at its next start");
-        let handle = {
-            let running = self.running.lock().expect("lock");
-            running.get(name).map(|h| (h.life.clone(), h.state.clone()))
-        };
         drop(lock);
-        let mut made = false;
-        if let Some((life, mut rx)) = handle
-            && matches!(*rx.borrow(), ClusterState::Ready)
-        {
-            life.ask_restart();
-            // Out of ready (the restart began), then to where the start ends.
-            past(&mut rx, wait, |s| matches!(s, ClusterState::Ready)).await;
-            past(&mut rx, wait, |s| {
-                matches!(s, ClusterState::Starting { .. })
-            })
-            .await;
-            made = !cp::asked(&dir);
-        }
+        let made = self.restarted_with_new_cas(name, &dir, wait).await;
         let cluster_cas = match (made, how) {
             (false, _) => "at_next_start",
             (true, Rotation::AtOnce) => "made",
@@ -110,6 +94,34 @@ impl Clusters {
             nodes,
             info: self.info(name).await?,
         })
+    }
+
+    /// Starts cluster `name`'s control plane again if it is ready, and waits at most `wait`
+    /// for the start to end: whether it carried out the rotation asked for in `dir`.
+    async fn restarted_with_new_cas(
+        &self,
+        name: &str,
+        dir: &std::path::Path,
+        wait: Duration,
+    ) -> bool {
+        let handle = {
+            let running = self.running.lock().expect("lock");
+            running.get(name).map(|h| (h.life.clone(), h.state.clone()))
+        };
+        let Some((life, mut rx)) = handle else {
+            return false;
+        };
+        if !matches!(*rx.borrow(), ClusterState::Ready) {
+            return false;
+        }
+        life.ask_restart();
+        // Out of ready (the restart began), then to where the start ends.
+        past(&mut rx, wait, |s| matches!(s, ClusterState::Ready)).await;
+        past(&mut rx, wait, |s| {
+            matches!(s, ClusterState::Starting { .. })
+        })
+        .await;
+        !cp::asked(dir)
     }
 
     /// Cluster `name`'s nodes and those on their way: the broker's provisions, and, if its

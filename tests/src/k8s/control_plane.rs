@@ -155,18 +155,7 @@ impl<'a> ControlPlane<'a> {
         .with_context(|| tail(&logs.join("etcd.log"), 20))?;
         timings.push(("etcd", t.elapsed()));
 
-        let creds = Credentials {
-            trust: pki.ca_cert(),
-            ca_cert: pki.ca_cert(),
-            ca_key: pki.ca_key(),
-            serving_cert: serving.cert.clone(),
-            serving_key: serving.key.clone(),
-            kubelet_client_cert: kubelet_client.cert.clone(),
-            kubelet_client_key: kubelet_client.key.clone(),
-            sa_pub: sa_key.with_extension("pub"),
-            sa_key: sa_key.clone(),
-            front_proxy: None,
-        };
+        let creds = credentials(&pki, &serving, &kubelet_client, &sa_key);
         let apiserver = start(
             "apiserver",
             cpconf::apiserver_args(
@@ -361,5 +350,26 @@ impl<'a> ControlPlane<'a> {
             ("controller-manager", self.controller_manager.is_running()),
             ("scheduler", self.scheduler.is_running()),
         ]
+    }
+}
+
+/// The control plane's credentials from its PKI (no front proxy: no aggregation here).
+fn credentials(
+    pki: &Pki,
+    serving: &socialweb_broker::pki::Pair,
+    kubelet_client: &socialweb_broker::pki::Pair,
+    sa_key: &std::path::Path,
+) -> Credentials {
+    Credentials {
+        trust: pki.ca_cert(),
+        ca_cert: pki.ca_cert(),
+        ca_key: pki.ca_key(),
+        serving_cert: serving.cert.clone(),
+        serving_key: serving.key.clone(),
+        kubelet_client_cert: kubelet_client.cert.clone(),
+        kubelet_client_key: kubelet_client.key.clone(),
+        sa_pub: sa_key.with_extension("pub"),
+        sa_key: sa_key.to_path_buf(),
+        front_proxy: None,
     }
 }
