@@ -30,12 +30,24 @@ const ISSUED_WITHIN: Duration = Duration::from_secs(120);
 /// Follows the published CAs until `stop`.
 pub async fn follow(cx: Arc<Ctx>, client: kube::Client, stop: CancellationToken) {
     let mut said: Option<String> = None;
+    // A failure is said when it changes, not every few seconds (a cluster whose
+    // `cluster-info` is not public has nothing to follow).
+    let mut failing: Option<String> = None;
     loop {
         let delay = match step(&cx, &client, &mut said).await {
-            Ok(Some(Step::Moved(_)) | None) => EVERY,
-            Ok(Some(_)) => Duration::from_millis(500),
+            Ok(s) => {
+                failing = None;
+                match s {
+                    Some(Step::Moved(_)) | None => EVERY,
+                    Some(_) => Duration::from_millis(500),
+                }
+            }
             Err(e) => {
-                warn!("following the cluster's CA: {e:#}");
+                let e = format!("{e:#}");
+                if failing.as_ref() != Some(&e) {
+                    warn!("following the cluster's CA: {e} (said again when it changes)");
+                    failing = Some(e);
+                }
                 EVERY
             }
         };
