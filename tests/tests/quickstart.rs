@@ -284,6 +284,69 @@ fn the_quickstart_installs_a_broker_and_two_providers_and_a_users_job_runs_on_a_
     );
     step(t, &format!("the Job ran on a VM node (kernel {said})"));
     control_plane_under_the_unit(&broker, t);
+    sandboxed_as_the_unit_says(&broker, t);
+}
+
+/// The packaged unit's sandboxing held the broker all along (the page ran to its end under
+/// it): the capabilities it drops are out of its bounding set, and so of every process it
+/// starts. And real systemd (`systemd-analyze`, no PID 1 needed) finds nothing wrong with
+/// the unit and rates its exposure.
+fn sandboxed_as_the_unit_says(broker: &Machine, t: Instant) {
+    let pid = broker.read("/run/systemctl-standin/socialweb-broker.pid");
+    let out = broker
+        .command("cat")
+        .arg(format!("/proc/{}/status", pid.trim()))
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&out.stdout).into_owned();
+    let bounding = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no CapBnd: {status}"));
+    // capability(7): CAP_SYS_BOOT 22, CAP_SYS_TIME 25; CAP_NET_ADMIN 12 and CAP_SYS_ADMIN 21
+    // stay (network namespaces, cgroups).
+    for (cap, bit, kept) in [
+        ("SYS_BOOT", 22, false),
+        ("SYS_TIME", 25, false),
+        ("NET_ADMIN", 12, true),
+        ("SYS_ADMIN", 21, true),
+    ] {
+        assert_eq!(
+            bounding & (1 << bit) != 0,
+            kept,
+            "CAP_{cap} in {bounding:x}"
+        );
+    }
+    let unit = "/lib/systemd/system/socialweb-broker.service";
+    let verify = broker
+        .command("systemd-analyze")
+        .args(["verify", unit])
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success()
+            && !String::from_utf8_lossy(&verify.stderr).contains("socialweb-broker.service"),
+        "systemd-analyze verify: {}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    let security = broker
+        .command("systemd-analyze")
+        .args(["security", "--offline=yes", unit])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&security.stdout);
+    let exposure = text
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or_else(|| panic!("systemd-analyze security: {text}"));
+    step(
+        t,
+        &format!(
+            "the broker ran sandboxed as its unit says; {}",
+            exposure.trim()
+        ),
+    );
 }
 
 /// The memory cgroup of the machine's process `pid`, as its `/proc/<pid>/cgroup` says (v2:
