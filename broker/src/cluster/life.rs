@@ -117,7 +117,7 @@ impl Clusters {
             .cluster(name)
             .await?
             .ok_or_else(|| anyhow::anyhow!("no cluster {name:?} in the store"))?;
-        let spec = self.spec(&record, self.ports(name).await?);
+        let spec = self.spec(&record, self.ports(name).await?)?;
         if !self.keep_authorities(&spec, &stop).await? {
             return Ok(());
         }

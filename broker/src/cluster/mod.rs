@@ -539,24 +539,33 @@ impl Clusters {
             .map(|k| crate::vault::Vault::new(self.store.clone(), k))
     }
 
-    fn spec(&self, c: &socialweb_broker_core::Cluster, ports: Ports) -> Spec {
-        Spec {
+    /// What runs cluster `c`. Its datastore is the one its record names (NULL: made before
+    /// there was a choice, etcd); a name the broker does not know is an error, never a
+    /// datastore it was not made with (an empty etcd in place of its kine data).
+    fn spec(&self, c: &socialweb_broker_core::Cluster, ports: Ports) -> Result<Spec> {
+        let kind = DatastoreKind::parse(c.datastore.as_deref().unwrap_or("etcd")).map_err(|e| {
+            anyhow::anyhow!(
+                "cluster {}: its record's datastore {e}; not started on another",
+                c.name
+            )
+        })?;
+        let kine = || self.settings.kine_binary.clone();
+        let datastore = match kind {
+            DatastoreKind::Etcd => Datastore::Etcd,
+            DatastoreKind::Kine => Datastore::Kine { binary: kine() },
+            DatastoreKind::Postgres => Datastore::KinePostgres {
+                binary: kine(),
+                server: self.settings.postgres.clone(),
+                database: crate::control_plane::postgres::database_name(c.dir_name()),
+            },
+        };
+        Ok(Spec {
             cluster: c.name.clone(),
             dir: self.dir_of(c),
             kube: self.settings.kube.clone(),
             ports,
             isolated: self.isolated(c),
-            datastore: match c.datastore.as_deref() {
-                Some("kine") => Datastore::Kine {
-                    binary: self.settings.kine_binary.clone(),
-                },
-                Some("postgres") => Datastore::KinePostgres {
-                    binary: self.settings.kine_binary.clone(),
-                    server: self.settings.postgres.clone(),
-                    database: crate::control_plane::postgres::database_name(c.dir_name()),
-                },
-                _ => Datastore::Etcd,
-            },
+            datastore,
             gogc: self.settings.gogc,
             budget: self.settings.budget,
             cgroup_parent: self.settings.cgroup_parent,
@@ -564,7 +573,7 @@ impl Clusters {
             metrics: self.settings.metrics.clone(),
             tied: self.settings.fleet.is_some(),
             certificates: self.settings.certificates,
-        }
+        })
     }
 
     /// The cluster's ports, leased once and kept (free on loopback, where the components
