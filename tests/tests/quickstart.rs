@@ -283,8 +283,13 @@ fn the_quickstart_installs_a_broker_and_two_providers_and_a_users_job_runs_on_a_
         "one qemu guest among the providers: {guests:#?}"
     );
     step(t, &format!("the Job ran on a VM node (kernel {said})"));
-    control_plane_under_the_unit(&broker, t);
-    sandboxed_as_the_unit_says(&broker, t);
+    under_the_packaged_unit(&broker, t);
+}
+
+/// What the packaged unit holds the broker to: its cgroup, its sandboxing.
+fn under_the_packaged_unit(broker: &Machine, t: Instant) {
+    control_plane_under_the_unit(broker, t);
+    sandboxed_as_the_unit_says(broker, t);
 }
 
 /// The packaged unit's sandboxing held the broker all along (the page ran to its end under
