@@ -20,67 +20,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::Clusters;
-use super::ownership::{Acquired, elsewhere, fence_out_datastore};
+use super::ownership::{Acquired, elsewhere, fence_out_datastore, wake_lease_fail_point};
+use super::period::{Ended, Start};
 use super::writer::{Writer, now_millis};
 use crate::control_plane::runner::{Spec, stop_leftovers};
 use crate::front::Mount;
-
-/// A wake's look at the cluster's lease fails here when the failpoint `broker::wake_lease` is
-/// set (the tests' store out of reach at a wake).
-fn wake_lease_fail_point() -> Result<()> {
-    #[cfg(feature = "failpoints")]
-    fail::fail_point!("broker::wake_lease", |_| Err(anyhow::anyhow!(
-        "failpoint broker::wake_lease"
-    )));
-    Ok(())
-}
 
 /// How long a fleet's host waits after the `failures`-th failure in a row before it tries
 /// again: 2 s, doubled each failure, at most a minute.
 fn retry_delay(failures: u32) -> Duration {
     Duration::from_secs(1 << failures.min(6)).min(Duration::from_secs(60))
-}
-
-/// How an awake period ended.
-pub(super) enum Ended {
-    /// The broker stops, or the cluster is being deleted.
-    Stopped,
-    /// Idle: the control plane is stopped and the store says it hibernates.
-    Hibernated,
-    /// This host lost the cluster's lease (a fleet): its control plane was killed; another
-    /// host runs it, or this one will again once it may.
-    Lost,
-    /// This host was drained: its control plane was stopped, for another host to take.
-    Moved,
-    /// Its leaf certificates were due: its control plane was stopped to start again at once
-    /// with new ones (the lease, a fleet's, kept).
-    Renewed,
-}
-
-/// How an awake period begins.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Start {
-    /// Created, the broker starting, or claimed from another host.
-    Plain,
-    /// A request at this host's front woke it, at that time.
-    Woken(Instant),
-    /// The previous period ended to renew its certificates.
-    Renewal,
-}
-
-impl Start {
-    pub(super) fn woke(self) -> Option<Instant> {
-        match self {
-            Start::Woken(t0) => Some(t0),
-            _ => None,
-        }
-    }
-
-    /// Asked for by a request or a period that ran: its lease is taken whether or not the
-    /// store says it is awake, and a store out of reach is waited out with requests held.
-    pub(super) fn wanted(self) -> bool {
-        !matches!(self, Start::Plain)
-    }
 }
 
 /// What a turn of the life begins with.

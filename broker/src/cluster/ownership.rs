@@ -299,3 +299,13 @@ pub(super) async fn fence_out_datastore(
     }
     Ok(())
 }
+
+/// A wake's look at the cluster's lease fails here when the failpoint `broker::wake_lease` is
+/// set (the tests' store out of reach at a wake).
+pub(super) fn wake_lease_fail_point() -> Result<()> {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("broker::wake_lease", |_| Err(anyhow::anyhow!(
+        "failpoint broker::wake_lease"
+    )));
+    Ok(())
+}

@@ -12,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::Clusters;
-use super::life::{Ended, Start};
 use super::ownership::Lease;
 use super::writer::{Writer, now_millis};
 use crate::control_plane::runner::{Files, Spec};
@@ -22,6 +21,48 @@ use crate::provision::ClusterCtx;
 use crate::scale::driver::Watches;
 use crate::tunnel::controlplane::ControlPlaneEgress;
 use crate::tunnel::egress::Egress;
+
+/// How an awake period ended.
+pub(super) enum Ended {
+    /// The broker stops, or the cluster is being deleted.
+    Stopped,
+    /// Idle: the control plane is stopped and the store says it hibernates.
+    Hibernated,
+    /// This host lost the cluster's lease (a fleet): its control plane was killed; another
+    /// host runs it, or this one will again once it may.
+    Lost,
+    /// This host was drained: its control plane was stopped, for another host to take.
+    Moved,
+    /// Its leaf certificates were due: its control plane was stopped to start again at once
+    /// with new ones (the lease, a fleet's, kept).
+    Renewed,
+}
+
+/// How an awake period begins.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Start {
+    /// Created, the broker starting, or claimed from another host.
+    Plain,
+    /// A request at this host's front woke it, at that time.
+    Woken(Instant),
+    /// The previous period ended to renew its certificates.
+    Renewal,
+}
+
+impl Start {
+    pub(super) fn woke(self) -> Option<Instant> {
+        match self {
+            Start::Woken(t0) => Some(t0),
+            _ => None,
+        }
+    }
+
+    /// Asked for by a request or a period that ran: its lease is taken whether or not the
+    /// store says it is awake, and a store out of reach is waited out with requests held.
+    pub(super) fn wanted(self) -> bool {
+        !matches!(self, Start::Plain)
+    }
+}
 
 /// Tells a bring-up's steps through the cluster's state, and opens the front to it as soon
 /// as its apiserver answers.
