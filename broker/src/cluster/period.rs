@@ -76,6 +76,9 @@ struct Starting<'a> {
     early: bool,
     /// The lease this host runs it under (a fleet's).
     lease: Option<&'a Lease>,
+    /// The front's way to the apiserver once made early (a wake, a renewal), for the period
+    /// to serve on with rather than make again.
+    early_upstream: std::sync::Mutex<Option<Upstream>>,
 }
 
 impl Progress for Starting<'_> {
@@ -97,6 +100,7 @@ impl Progress for Starting<'_> {
         crash_point("broker::wake_apiserver_ready");
         match upstream(files) {
             Ok(up) => {
+                *self.early_upstream.lock().expect("lock") = Some(up.clone());
                 self.life.serve(up);
                 self.life.now(Event::ApiserverAnswers);
             }
@@ -223,6 +227,7 @@ impl Clusters {
             wake: start.woke().map(|t| (t, &self.settings.metrics)),
             early: start.wanted(),
             lease,
+            early_upstream: std::sync::Mutex::new(None),
         };
         let Some(up) = bring_up(spec.clone(), files, &extra, &progress, &period).await? else {
             return Ok(Ended::Stopped);
@@ -230,7 +235,8 @@ impl Clusters {
         let files = up.running.files.clone();
         self.keep_up(spec, &up.client, &period).await;
         let watches = Watches::start(&up.client, &period);
-        let (ctx, upstream) = match self.served(spec, &up, &watches, &to_cluster, &period) {
+        let early = progress.early_upstream.lock().expect("lock").take();
+        let (ctx, upstream) = match self.served(spec, &up, &watches, &to_cluster, &period, early) {
             Ok(s) => s,
             Err(e) => {
                 // Nothing runs past the period: a lease's renewal ends with it.
@@ -301,7 +307,8 @@ impl Clusters {
     }
 
     /// What an awake period serves once its control plane is up: the apiserver's egress to
-    /// the nodes, and the scale driver's and the front's way to the apiserver.
+    /// the nodes, and the scale driver's and the front's way to the apiserver (`early`: made
+    /// already, when the apiserver first answered).
     fn served(
         &self,
         spec: &Spec,
@@ -309,6 +316,7 @@ impl Clusters {
         watches: &Watches,
         to_cluster: &OnceLock<Egress>,
         period: &CancellationToken,
+        early: Option<Upstream>,
     ) -> Result<(ClusterCtx, Upstream)> {
         let files = &up.running.files;
         let egress = Egress {
@@ -326,7 +334,11 @@ impl Clusters {
             ca_pin: socialweb_wire::ca::pin(files.ca_pem.as_bytes()).map_err(anyhow::Error::msg)?,
             client: up.client.clone(),
         };
-        Ok((ctx, upstream(files)?))
+        let upstream = match early {
+            Some(u) => u,
+            None => upstream(files)?,
+        };
+        Ok((ctx, upstream))
     }
 
     /// Ends an awake period for `why` (the period cancelled): a lost lease kills the control
