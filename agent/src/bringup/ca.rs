@@ -30,11 +30,12 @@ const ISSUED_WITHIN: Duration = Duration::from_secs(120);
 /// Follows the published CAs until `stop`.
 pub async fn follow(cx: Arc<Ctx>, client: kube::Client, stop: CancellationToken) {
     let mut said: Option<String> = None;
+    let mut reader = Reader::default();
     // A failure is said when it changes, not every few seconds (a cluster whose
     // `cluster-info` is not public has nothing to follow).
     let mut failing: Option<String> = None;
     loop {
-        let delay = match step(&cx, &client, &mut said).await {
+        let delay = match step(&cx, &client, &mut reader, &mut said).await {
             Ok(s) => {
                 failing = None;
                 match s {
@@ -58,11 +59,36 @@ pub async fn follow(cx: Arc<Ctx>, client: kube::Client, stop: CancellationToken)
     }
 }
 
+/// The anonymous client `cluster-info` is read with, kept while the node trusts the same CAs
+/// (one connection kept open, not a handshake every look).
+#[derive(Default)]
+struct Reader {
+    trusting: Vec<[u8; 32]>,
+    client: Option<kube::Client>,
+}
+
+impl Reader {
+    fn for_trust(&mut self, cx: &Ctx, held: &Held) -> Result<kube::Client> {
+        let pins: Vec<[u8; 32]> = held.trusted.iter().map(|c| c.pin).collect();
+        if self.trusting != pins || self.client.is_none() {
+            let c = crate::join::trust::anonymous_client(&cx.id.server_url, &held.trusted)?;
+            (self.trusting, self.client) = (pins, Some(c));
+        }
+        Ok(self.client.clone().expect("made above"))
+    }
+}
+
 /// One look, and the step it calls for carried out.
-async fn step(cx: &Ctx, client: &kube::Client, said: &mut Option<String>) -> Result<Option<Step>> {
+async fn step(
+    cx: &Ctx,
+    client: &kube::Client,
+    reader: &mut Reader,
+    said: &mut Option<String>,
+) -> Result<Option<Step>> {
     let m = &cx.config.machine;
     let held = held(m)?;
-    let published = crate::join::trust::published_cas(&cx.id.server_url, &held.trusted)
+    let anonymous = reader.for_trust(cx, &held)?;
+    let published = crate::join::trust::published_cas(&cx.id.server_url, &anonymous)
         .await
         .context("reading kube-public/cluster-info")?;
     let Some(step) = rotation::next(&published, &held) else {

@@ -141,18 +141,19 @@ async fn fetch_pinned(server: &Url, pin: &[u8; 32]) -> Result<PinnedCert, TrustE
         })
 }
 
-/// The CAs the control plane publishes now (`cluster-info`, the signer first), read
-/// anonymously as the join reads them -- nothing secret goes out -- and over TLS verified
-/// against `trusted`, the CAs the node trusts already: what comes back is the control
-/// plane's word (a CA rotation, `join::rotation`).
-pub async fn published_cas(
-    server: &Url,
-    trusted: &[PinnedCert],
-) -> Result<Vec<PinnedCert>, TrustError> {
+/// An anonymous client of `server` that trusts `trusted` only: nothing secret goes out, and
+/// what comes back is the control plane's word ([`published_cas`]).
+pub fn anonymous_client(server: &Url, trusted: &[PinnedCert]) -> Result<Client, TrustError> {
     let mut c = base_config(server)?;
     c.root_cert = Some(trusted.iter().map(|c| c.der.clone()).collect());
-    let client = Client::try_from(c).map_err(|e| TrustError::Other(format!("{e}")))?;
-    let cm = Api::<ConfigMap>::namespaced(client, "kube-public")
+    Client::try_from(c).map_err(|e| TrustError::Other(format!("{e}")))
+}
+
+/// The CAs the control plane publishes now (`cluster-info`, the signer first), read
+/// anonymously as the join reads them, through a client of [`anonymous_client`] that
+/// trusts the CAs the node trusts already (a CA rotation, `join::rotation`).
+pub async fn published_cas(server: &Url, client: &Client) -> Result<Vec<PinnedCert>, TrustError> {
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), "kube-public")
         .get("cluster-info")
         .await
         .map_err(|e| classify(server, e))?;

@@ -110,14 +110,18 @@ impl Store {
             socialweb_proc::owner_only::file(std::path::Path::new(path))
                 .with_context(|| format!("creating {} owner-only", path))?;
         }
+        let sqlite = backend == "sqlite";
         let pool = AnyPoolOptions::new()
-            // SQLite allows one writer; one connection keeps every write in order.
-            .max_connections(if backend == "sqlite" { 1 } else { 5 })
-            .acquire_timeout(Duration::from_secs(10))
+            // SQLite allows one writer; one connection keeps every write in order. Every
+            // query waits its turn on it: under a slow disk (each write is fsynced) a burst
+            // of them, a broker's start with nodes reconnecting, queued past 10 s once and
+            // the start failed; a queue is what one connection means, so it waits longer.
+            .max_connections(if sqlite { 1 } else { 5 })
+            .acquire_timeout(Duration::from_secs(if sqlite { 60 } else { 10 }))
             .connect(url)
             .await
             .with_context(|| format!("opening the store {}", redact(url)))?;
-        if backend == "sqlite" {
+        if sqlite {
             // Nothing written is lost to a crash (the default journal would also do, WAL is
             // faster and lets the CLI read while the daemon writes).
             sqlx::query("PRAGMA journal_mode=WAL")
