@@ -185,13 +185,7 @@ fn an_etcd_datastore_comes_back_from_its_snapshot() {
     assert!(cluster.join("etcd.snapshot").exists() && !cluster.join("etcd").exists());
     b.start_broker().unwrap();
     b.wait_state("kv", "ready", Duration::from_secs(120));
-    let kept = b
-        .kubectl(
-            "kv",
-            &["get", "configmap", "kept", "-o", "jsonpath={.data.k}"],
-        )
-        .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
-    assert_eq!(kept, "v");
+    assert_eq!(value_of(&b, "kv", "kept"), "v");
     let later = b.kubectl("kv", &["get", "configmap", "later"]).unwrap_err();
     assert!(format!("{later:#}").contains("NotFound"), "{later:#}");
     assert!(
@@ -205,17 +199,20 @@ fn an_etcd_datastore_comes_back_from_its_snapshot() {
     );
     let woke = b.cli_json(&["cluster", "wake", "sleepy"]).unwrap();
     assert_eq!(woke["state"], "ready", "{woke}");
-    let v = b
-        .kubectl(
-            "sleepy",
-            &["get", "configmap", "slept", "-o", "jsonpath={.data.k}"],
-        )
-        .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()));
-    assert_eq!(v, "v");
+    assert_eq!(value_of(&b, "sleepy", "slept"), "v");
     step(
         t,
         "the hibernating cluster's etcd, backed up as its files, serves them woken",
     );
+}
+
+/// ConfigMap `name`'s `k` in cluster `cluster`'s `default` namespace.
+fn value_of(b: &Broker<'_>, cluster: &str, name: &str) -> String {
+    b.kubectl(
+        cluster,
+        &["get", "configmap", name, "-o", "jsonpath={.data.k}"],
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.diagnostics()))
 }
 
 /// The serving etcd's snapshot entry in backup manifest `m`, checked: a snapshot, none of

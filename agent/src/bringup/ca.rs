@@ -111,7 +111,7 @@ async fn step(
             info!(
                 "the kubelet's serving certificate is the old CA's; the kubelet asks for another"
             );
-            remove(&m.kubelet_cert_dir().join("kubelet-server-current.pem"))?;
+            socialweb_proc::gone::file(&m.kubelet_cert_dir().join("kubelet-server-current.pem"))?;
             restart(cx, &["kubelet"]).await?;
         }
         Step::Moved(pin) if said.as_deref() != Some(pin) => {
@@ -159,15 +159,6 @@ async fn restart(cx: &Ctx, names: &[&str]) -> Result<()> {
         cx.children.restart(name, CHILD_GRACE).await?;
     }
     Ok(())
-}
-
-fn remove(path: &Path) -> Result<()> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(e).with_context(|| format!("removing {}", path.display()))
-        }
-        _ => Ok(()),
-    }
 }
 
 /// A new client certificate for the kubelet, as the kubelet's own renewal gets one: a CSR
@@ -243,7 +234,7 @@ async fn issued(api: &Api<CertificateSigningRequest>, name: &str) -> Result<Vec<
 /// Points the symlink `link` at `target`, replacing it in one rename (as the kubelet does).
 fn relink(target: &Path, link: &Path) -> Result<()> {
     let tmp: PathBuf = link.with_extension("pem.new");
-    remove(&tmp)?;
+    socialweb_proc::gone::file(&tmp)?;
     std::os::unix::fs::symlink(target, &tmp)
         .with_context(|| format!("linking {}", tmp.display()))?;
     std::fs::rename(&tmp, link).with_context(|| format!("replacing {}", link.display()))

@@ -39,11 +39,11 @@ pub async fn client_once(kubeconfig: &Path) -> Result<Client> {
 /// through a client made from them. Requests under way finish on the client they started
 /// with; a watch moves over at its next request.
 pub async fn client(kubeconfig: &Path) -> Result<Client> {
-    let now = Following::stamp(kubeconfig);
+    let made = Made::now(kubeconfig);
     let first = client_once(kubeconfig).await?;
     let svc = Following {
         path: kubeconfig.to_path_buf(),
-        current: Arc::new(tokio::sync::Mutex::new((now, first))),
+        current: Arc::new(tokio::sync::Mutex::new((made, first))),
     };
     Ok(Client::new(svc, "default"))
 }
@@ -52,36 +52,55 @@ pub async fn client(kubeconfig: &Path) -> Result<Client> {
 #[derive(Clone)]
 struct Following {
     path: PathBuf,
-    current: Arc<tokio::sync::Mutex<(Stamp, Client)>>,
+    current: Arc<tokio::sync::Mutex<(Made, Client)>>,
 }
 
-/// What a client was made from: the kubeconfig's and the client certificate's modification
-/// times (the certificate through its `-current` symlink).
-type Stamp = Vec<Option<std::time::SystemTime>>;
+/// What a client was made from: the kubeconfig's modification time, the client certificate
+/// it names (read from it once per change, not at every request) and that file's (through
+/// its `-current` symlink).
+#[derive(PartialEq)]
+struct Made {
+    kubeconfig: Option<std::time::SystemTime>,
+    cert: Option<PathBuf>,
+    cert_modified: Option<std::time::SystemTime>,
+}
 
-impl Following {
-    fn stamp(kubeconfig: &Path) -> Stamp {
-        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+fn modified(p: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+impl Made {
+    fn now(kubeconfig: &Path) -> Made {
         let cert = kube::config::Kubeconfig::read_from(kubeconfig)
             .ok()
             .and_then(|kc| kc.auth_infos.into_iter().next())
             .and_then(|a| a.auth_info)
-            .and_then(|a| a.client_certificate);
-        vec![
-            modified(kubeconfig),
-            cert.and_then(|c| modified(Path::new(&c))),
-        ]
+            .and_then(|a| a.client_certificate)
+            .map(PathBuf::from);
+        Made {
+            kubeconfig: modified(kubeconfig),
+            cert_modified: cert.as_deref().and_then(modified),
+            cert,
+        }
     }
 
+    /// Whether the files changed since: two `stat`s.
+    fn changed(&self, kubeconfig: &Path) -> bool {
+        modified(kubeconfig) != self.kubeconfig
+            || self.cert.as_deref().and_then(modified) != self.cert_modified
+    }
+}
+
+impl Following {
     /// The client for the files as they are now.
     async fn now(&self) -> Client {
-        let stamp = Self::stamp(&self.path);
         let mut cur = self.current.lock().await;
-        if cur.0 != stamp {
+        if cur.0.changed(&self.path) {
+            let made = Made::now(&self.path);
             match client_once(&self.path).await {
                 Ok(c) => {
                     info!(kubeconfig = %self.path.display(), "the node's kubeconfig or certificate changed; using them from now on");
-                    *cur = (stamp, c);
+                    *cur = (made, c);
                 }
                 // Half written: the next request tries again.
                 Err(e) => warn!("{e:#}; keeping the client made before"),

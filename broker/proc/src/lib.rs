@@ -2,10 +2,12 @@
 //! gone; a pid with its kernel start time cannot, so that pair is what the broker (its
 //! control-plane components) and the provider (its machines and their agents) write down
 //! and, after a restart, adopt only if it still names the same process. And their state
-//! on disk, owner-only ([`owner_only`]); and the byte plumbing of the tunnel's streams that
+//! on disk, owner-only ([`owner_only`]) and removed where it may be gone already
+//! ([`gone`]); and the byte plumbing of the tunnel's streams that
 //! the agent and the broker share ([`stream`]).
 
 pub mod cgroup;
+pub mod gone;
 pub mod log;
 pub mod owner_only;
 pub mod stream;

@@ -87,15 +87,15 @@ pub fn retiring(cluster_dir: &Path) -> bool {
 pub fn apply_pending(cluster_dir: &Path) -> Result<Option<Rotation>> {
     let pki = cluster_dir.join("pki");
     if retiring(cluster_dir) && !asked(cluster_dir) {
-        remove_dir(&previous(cluster_dir))?;
+        socialweb_proc::gone::dir(&previous(cluster_dir))?;
         for f in [CROSS, "ca-bundle.crt", "apiserver-chain.crt"] {
-            remove_file(&pki.join(f))?;
+            socialweb_proc::gone::file(&pki.join(f))?;
         }
-        remove_file(&pki.join(RETIRE))?;
+        socialweb_proc::gone::file(&pki.join(RETIRE))?;
     }
     if !asked(cluster_dir) {
         // A start cut short between the marker's removal and the key's.
-        remove_file(&previous(cluster_dir).join("ca.key"))?;
+        socialweb_proc::gone::file(&previous(cluster_dir).join("ca.key"))?;
         return Ok(None);
     }
     let how = match std::fs::read(marker(cluster_dir))? {
@@ -104,10 +104,10 @@ pub fn apply_pending(cluster_dir: &Path) -> Result<Option<Rotation>> {
     };
     match how {
         Rotation::Overlap => keep_previous(cluster_dir)?,
-        Rotation::AtOnce => remove_dir(&previous(cluster_dir))?,
+        Rotation::AtOnce => socialweb_proc::gone::dir(&previous(cluster_dir))?,
     }
     for sub in ["front-proxy", "etcd"] {
-        remove_dir(&pki.join(sub))?;
+        socialweb_proc::gone::dir(&pki.join(sub))?;
     }
     for e in std::fs::read_dir(&pki).with_context(|| format!("reading {}", pki.display()))? {
         let e = e?;
@@ -116,7 +116,7 @@ pub fn apply_pending(cluster_dir: &Path) -> Result<Option<Rotation>> {
                 .with_context(|| format!("removing {}", e.path().display()))?;
         }
     }
-    remove_file(&pki.join(RETIRE))?;
+    socialweb_proc::gone::file(&pki.join(RETIRE))?;
     if how == Rotation::AtOnce {
         std::fs::remove_file(marker(cluster_dir)).context("removing the rotation's marker")?;
     }
@@ -138,7 +138,7 @@ fn keep_previous(cluster_dir: &Path) -> Result<()> {
         );
     }
     let tmp = pki.join("previous.new");
-    remove_dir(&tmp)?;
+    socialweb_proc::gone::dir(&tmp)?;
     std::fs::create_dir_all(&tmp)?;
     for f in ["ca.crt", "ca.key"] {
         std::fs::copy(pki.join(f), tmp.join(f))
@@ -168,24 +168,6 @@ pub fn cross_sign(cluster_dir: &Path, ca: &crate::pki::Pki) -> Result<()> {
 /// The cross certificate while nodes move (PEM).
 pub fn cross(cluster_dir: &Path) -> Option<String> {
     std::fs::read_to_string(cluster_dir.join("pki").join(CROSS)).ok()
-}
-
-fn remove_file(p: &Path) -> Result<()> {
-    match std::fs::remove_file(p) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(e).with_context(|| format!("removing {}", p.display()))
-        }
-        _ => Ok(()),
-    }
-}
-
-fn remove_dir(p: &Path) -> Result<()> {
-    match std::fs::remove_dir_all(p) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(e).with_context(|| format!("removing {}", p.display()))
-        }
-        _ => Ok(()),
-    }
 }
 
 #[cfg(test)]
